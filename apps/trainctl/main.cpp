@@ -1,0 +1,69 @@
+// trainctl: parse the command line (the only file that includes CLI11), then hand a plain options
+// struct to the subcommand's own file. Phases: build the CLI, parse, dispatch.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "commands.hpp"
+
+namespace app = trainctl::app;
+
+int main(int argc, char** argv) {
+  CLI::App cli{"trainctl: train GPT/Llama-style transformers (dense and MoE) from one YAML recipe",
+               "trainctl"};
+  cli.require_subcommand(0, 1);
+  bool show_version = false;
+  cli.add_flag("--version", show_version, "Print the version and build facts, then exit");
+
+  app::RunOptions run;
+  CLI::App* run_cmd = cli.add_subcommand("run", "Train the model a recipe describes");
+  run_cmd->add_option("recipe", run.recipe_path, "Recipe YAML file")->required();
+  run_cmd->add_option("--set", run.overrides, "Override a recipe key: --set model.layers=2")
+      ->type_name("KEY=VALUE");
+  run_cmd->add_option("--run-dir", run.run_dir, "Run directory (default: runs/<recipe name>)");
+  run_cmd->add_flag("--overwrite", run.overwrite,
+                    "Reuse a run directory that already holds a run (its files are replaced)");
+
+  app::ValidateOptions validate;
+  CLI::App* validate_cmd =
+      cli.add_subcommand("validate", "Check a recipe and print it resolved, or every problem");
+  validate_cmd->add_option("recipe", validate.recipe_path, "Recipe YAML file");
+  validate_cmd->add_option("--set", validate.overrides, "Override a recipe key")
+      ->type_name("KEY=VALUE");
+  validate_cmd->add_flag("--explain", validate.explain,
+                         "Print every recipe key with its type, default, range and help");
+
+  app::VersionOptions version;
+  CLI::App* version_cmd =
+      cli.add_subcommand("version", "Print the version, build type, backends and libraries");
+
+  try {
+    cli.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return cli.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return cli.exit(e);
+  } catch (const CLI::ParseError& e) {
+    cli.exit(e);  // prints the message and usage hint
+    return app::kExitBadInput;
+  }
+
+  try {
+    if (show_version || version_cmd->parsed()) return app::run_version(version);
+    if (run_cmd->parsed()) return app::run_run(run);
+    if (validate_cmd->parsed()) {
+      if (!validate.explain && validate.recipe_path.empty()) {
+        std::fprintf(stderr, "trainctl validate: a recipe file is required (or --explain)\n");
+        return app::kExitBadInput;
+      }
+      return app::run_validate(validate);
+    }
+    std::fputs(cli.help().c_str(), stdout);
+    return app::kExitOk;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "trainctl: error: %s\n", e.what());
+    return app::kExitFailure;
+  }
+}

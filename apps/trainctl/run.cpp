@@ -1,0 +1,236 @@
+// `trainctl run RECIPE`: validate everything that can be wrong with the input before anything
+// touches the disk, then build the backend, model and data, create the run directory, train, and
+// report. Phases: input -> build -> run directory -> train -> summary.
+#include <fmt/core.h>
+#include <fmt/os.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "backend/cuda/device.hpp"
+#include "commands.hpp"
+#include "convert.hpp"
+#include "data/data.hpp"
+#include "data/sampler.hpp"
+#include "model/model.hpp"
+#include "recipe/recipe.hpp"
+#include "telemetry/telemetry.hpp"
+#include "train/trainer.hpp"
+
+namespace fs = std::filesystem;
+
+namespace trainctl::app {
+
+namespace {
+
+void print_problems(const recipe::RecipeError& e, const std::string& file) {
+  for (const recipe::Problem& p : e.problems())
+    std::fprintf(stderr, "%s\n", recipe::format_problem(p).c_str());
+  std::fprintf(stderr, "%zu problem%s in %s\n", e.problems().size(),
+               e.problems().size() == 1 ? "" : "s", file.c_str());
+}
+
+int bad_input(const std::string& message) {
+  std::fprintf(stderr, "trainctl run: error: %s\n", message.c_str());
+  return kExitBadInput;
+}
+
+telemetry::ProgressMode progress_mode(recipe::Progress p) {
+  switch (p) {
+    case recipe::Progress::automatic: return telemetry::ProgressMode::automatic;
+    case recipe::Progress::plain: return telemetry::ProgressMode::plain;
+    case recipe::Progress::none: return telemetry::ProgressMode::none;
+  }
+  return telemetry::ProgressMode::plain;
+}
+
+// FNV-1a over the bytes of the parameter values: a cheap fingerprint two runs can compare.
+std::string weights_fingerprint(backend::Backend& be, const model::ParamStore& params) {
+  const tensor::Tensor values = params.values();
+  std::vector<unsigned char> host(values.bytes());
+  be.copy_to_host(host.data(), values);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : host) h = (h ^ c) * 0x100000001b3ull;
+  return fmt::format("{:016x}", h);
+}
+
+nlohmann::json metrics_record(const train::StepMetrics& m, bool fp16, bool moe) {
+  nlohmann::json j{{"step", m.step},           {"loss", m.loss},   {"lr", m.lr},
+                   {"grad_norm", m.grad_norm}, {"tokens", m.tokens}, {"tokens_per_s", m.tokens_per_s},
+                   {"step_ms", m.step_ms}};
+  if (fp16) {
+    j["loss_scale"] = m.loss_scale;
+    j["skipped"] = m.skipped;
+  }
+  if (moe) {
+    j["aux_loss"] = m.aux_loss;
+    j["z_loss"] = m.z_loss;
+    j["expert_load"] = m.expert_load;
+    j["dropped_tokens"] = m.dropped_tokens;
+  }
+  if (m.val_loss) j["val_loss"] = *m.val_loss;
+  return j;
+}
+
+}  // namespace
+
+int run_run(const RunOptions& options) {
+  // ---- 1. input: every check that can fail on bad input happens before the disk is touched ----
+  recipe::Recipe r;
+  try {
+    r = recipe::load_recipe(options.recipe_path, options.overrides);
+  } catch (const recipe::RecipeError& e) {
+    print_problems(e, options.recipe_path);
+    return kExitBadInput;
+  }
+  if (r.world_size() != 1)
+    return bad_input(fmt::format(
+        "parallel: world size tp*ep*dp*pp = {}*{}*{}*{} = {} but this build trains on one rank; "
+        "set every parallel degree to 1",
+        r.parallel.tp, r.parallel.ep, r.parallel.dp, r.parallel.pp, r.world_size()));
+  if (r.cluster.device == recipe::Device::cuda)
+    return bad_input(
+        "cluster.device: cuda: the CUDA training backend is not part of this build yet; use "
+        "cluster.device: auto or cpu");
+  const backend::DeviceReport devices = backend::detect_gpus();
+  const std::string device_line =
+      devices.gpus.empty()
+          ? fmt::format("device: {}, using CPU", devices.status)
+          : fmt::format("device: {}; the CUDA training backend is not available yet, using CPU",
+                        devices.status);
+
+  data::Dataset dataset;
+  std::optional<data::Sampler> sampler;
+  std::optional<data::ValidationSet> val;
+  try {
+    dataset = data::open_dataset(to_data_config(r));
+    sampler.emplace(*dataset.train, r.model.seq_len, static_cast<uint64_t>(r.determinism.seed),
+                    true, r.model.vocab);
+    if (dataset.val && dataset.val->size() > r.model.seq_len) {
+      val.emplace(*dataset.val, r.model.seq_len, r.model.vocab);
+      if (val->num_batches(r.training.micro_batch) < 1) val.reset();
+    }
+  } catch (const data::DataError& e) {
+    return bad_input(fmt::format("data: {}", e.what()));
+  }
+
+  const fs::path run_dir = options.run_dir.empty() ? fs::path("runs") / r.name : fs::path(options.run_dir);
+  if (fs::exists(run_dir / "metrics.jsonl") && !options.overwrite)
+    return bad_input(fmt::format(
+        "run directory {} already holds a run (metrics.jsonl); choose another with --run-dir or "
+        "pass --overwrite to replace it",
+        run_dir.string()));
+
+  // ---- 2. build ----
+  std::unique_ptr<backend::Backend> be = backend::make_cpu_backend();
+  const model::ModelConfig model_config = to_model_config(r);
+  model::Transformer model(model_config, *be, r.training.micro_batch);
+  model.params().initialize(static_cast<uint64_t>(r.determinism.seed));
+  const train::TrainConfig train_config = to_train_config(r);
+  train::Trainer trainer(train_config, model, *be, *sampler, val ? &*val : nullptr);
+
+  // ---- 3. run directory ----
+  fs::create_directories(run_dir / "logs");
+  {
+    std::ofstream out(run_dir / "recipe.yaml");
+    out << "# resolved recipe (hash " << recipe::recipe_hash(r) << ")\n" << recipe::dump_recipe(r);
+  }
+  telemetry::MetricsWriter metrics(run_dir / "metrics.jsonl");
+  std::optional<telemetry::TensorBoardWriter> tensorboard;
+  if (r.logging.tensorboard) tensorboard.emplace(run_dir);
+  std::FILE* log_file = std::fopen((run_dir / "logs" / "rank_0.log").c_str(), "w");
+  if (!log_file) throw std::runtime_error("cannot write " + (run_dir / "logs/rank_0.log").string());
+  telemetry::Progress progress(r.training.steps, progress_mode(r.logging.progress), stderr,
+                               r.logging.every_steps);
+  telemetry::Progress log(r.training.steps, telemetry::ProgressMode::plain, log_file,
+                          r.logging.every_steps, false);
+  auto say = [&](const std::string& line) {
+    progress.message(line);
+    log.message(line);
+  };
+  say(device_line);
+  say(fmt::format("model: {} ({} parameters, {})", model::describe(model_config),
+                  telemetry::format_count(static_cast<uint64_t>(model.params().table().numel())),
+                  tensor::dtype_name(model_config.storage)));
+  say(fmt::format("data: {} train tokens ({}), {} validation tokens", dataset.train->size(),
+                  dataset.train->describe(), dataset.val ? dataset.val->size() : 0));
+  say(fmt::format("run directory: {}", run_dir.string()));
+
+  // ---- 4. train ----
+  const bool fp16 = model_config.storage == tensor::DType::f16;
+  const bool moe = model_config.moe.experts > 0;
+  const auto start = std::chrono::steady_clock::now();
+  std::optional<double> last_val;
+  train::StepMetrics last;
+  int64_t skipped = 0;
+  trainer.run([&](const train::StepMetrics& m) {
+    metrics.write(metrics_record(m, fp16, moe));
+    telemetry::StepInfo info{m.step, m.loss, m.lr, m.tokens_per_s, m.step_ms, {{"grad_norm", m.grad_norm}}};
+    if (fp16) info.extras.push_back({"scale", m.loss_scale});
+    if (m.val_loss) info.extras.push_back({"val_loss", *m.val_loss});
+    progress.update(info);
+    log.update(info);
+    if (tensorboard) {
+      std::vector<std::pair<std::string, double>> scalars{{"train/loss", m.loss},
+                                                          {"train/lr", m.lr},
+                                                          {"train/grad_norm", m.grad_norm},
+                                                          {"perf/tokens_per_s", m.tokens_per_s}};
+      if (fp16) scalars.push_back({"train/loss_scale", m.loss_scale});
+      if (moe) {
+        scalars.push_back({"moe/aux_loss", m.aux_loss});
+        scalars.push_back({"moe/z_loss", m.z_loss});
+      }
+      if (m.val_loss) scalars.push_back({"val/loss", *m.val_loss});
+      tensorboard->add_scalars(m.step, scalars);
+    }
+    if (m.skipped) {
+      ++skipped;
+      say(fmt::format("step {}: non-finite gradients, step skipped, loss scale now {}", m.step,
+                      trainer.loss_scaler().scale()));
+    }
+    if (m.val_loss) last_val = m.val_loss;
+    last = m;
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  progress.finish();
+  if (tensorboard) tensorboard->flush();
+
+  // ---- 5. summary ----
+  const model::ParamStore::Bytes pb = model.params().bytes();
+  telemetry::MemoryReport memory;
+  memory.params = pb.params;
+  memory.grads = pb.grads;
+  memory.optimizer = pb.optimizer;
+  memory.activations = model.activation_bytes().total();
+  const double tokens_per_s = static_cast<double>(last.tokens) / seconds;
+  const std::string fingerprint = weights_fingerprint(*be, model.params());
+  nlohmann::json summary{{"steps", last.step},
+                         {"final_loss", last.loss},
+                         {"tokens", last.tokens},
+                         {"seconds", seconds},
+                         {"tokens_per_s", tokens_per_s},
+                         {"skipped_steps", skipped},
+                         {"weights_fnv1a64", fingerprint},
+                         {"memory_bytes", memory.to_json()},
+                         {"forward_flops_per_token", model.forward_flops_per_token()}};
+  if (last_val) summary["final_val_loss"] = *last_val;
+  std::ofstream(run_dir / "summary.json") << summary.dump(2) << "\n";
+
+  say(fmt::format("done: {} steps in {} | loss {:.4f}{} | {} tokens/s | weights {}", last.step,
+                  telemetry::format_duration(seconds), last.loss,
+                  last_val ? fmt::format(" | val_loss {:.4f}", *last_val) : std::string(),
+                  telemetry::format_count(static_cast<uint64_t>(tokens_per_s)), fingerprint));
+  say("peak memory by category:\n" + memory.to_string());
+  std::fclose(log_file);
+  return kExitOk;
+}
+
+}  // namespace trainctl::app

@@ -1,0 +1,46 @@
+// `trainctl version`: version, build type, compiled backends and linked library versions.
+#include <cblas.h>
+#include <fmt/core.h>
+#include <hwloc.h>
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include <string>
+
+#include "backend/cuda/device.hpp"
+#include "commands.hpp"
+
+#ifndef TRAINCTL_VERSION
+#define TRAINCTL_VERSION "0.0.0"
+#endif
+#ifndef TRAINCTL_YAML_CPP_VERSION
+#define TRAINCTL_YAML_CPP_VERSION "unknown"
+#endif
+#ifndef TRAINCTL_BUILD_TYPE
+#define TRAINCTL_BUILD_TYPE "unknown"
+#endif
+
+namespace trainctl::app {
+
+int run_version(const VersionOptions&) {
+  fmt::print("trainctl {}\n", TRAINCTL_VERSION);
+  fmt::print("build:     {} ({} {}.{}.{}, C++{})\n", TRAINCTL_BUILD_TYPE, "gcc", __GNUC__,
+             __GNUC_MINOR__, __GNUC_PATCHLEVEL__, __cplusplus / 100 % 10000);
+  std::string backends = "cpu";
+  const auto archs = backend::compiled_cuda_architectures();
+  if (!archs.empty()) {
+    backends += "; cuda kernels (";
+    for (size_t i = 0; i < archs.size(); ++i) backends += (i ? ", " : "") + archs[i];
+    backends += ", CUDA runtime " + backend::cuda_runtime_version() +
+                ") compiled, CUDA training backend not yet available";
+  }
+  fmt::print("backends:  {}\n", backends);
+  fmt::print("libraries: OpenBLAS ({}) | yaml-cpp {} | fmt {}.{}.{} | nlohmann-json {}.{}.{} | hwloc API {}.{}.{}\n",
+             openblas_get_config(), TRAINCTL_YAML_CPP_VERSION, FMT_VERSION / 10000, FMT_VERSION / 100 % 100, FMT_VERSION % 100,
+             NLOHMANN_JSON_VERSION_MAJOR, NLOHMANN_JSON_VERSION_MINOR, NLOHMANN_JSON_VERSION_PATCH,
+             HWLOC_API_VERSION >> 16, (HWLOC_API_VERSION >> 8) & 0xff, HWLOC_API_VERSION & 0xff);
+  fmt::print("devices:   {}\n", backend::detect_gpus().status);
+  return kExitOk;
+}
+
+}  // namespace trainctl::app

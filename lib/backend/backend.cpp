@@ -1,0 +1,70 @@
+// The backend-independent parts of backend.hpp: derived dtypes, capabilities, Allocation.
+#include "backend/backend.hpp"
+
+#include <stdexcept>
+#include <utility>
+
+namespace trainctl::backend {
+
+DType grad_dtype(DType storage) {
+  return storage == DType::f64 ? DType::f64 : DType::f32;
+}
+
+DType stats_dtype(DType storage) {
+  return storage == DType::f64 ? DType::f64 : DType::f32;
+}
+
+bool Capabilities::supports(DType storage) const {
+  switch (storage) {
+    case DType::f64:
+      return f64;
+    case DType::f32:
+      return f32;
+    case DType::bf16:
+      return bf16;
+    case DType::f16:
+      return f16;
+    case DType::e4m3:
+    case DType::e5m2:
+      return fp8;
+    case DType::i32:
+    case DType::u16:
+      return false;  // not a storage type for parameters and activations
+  }
+  return false;
+}
+
+Allocation::Allocation(Allocation&& other) noexcept
+    : owner_(std::exchange(other.owner_, nullptr)),
+      data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
+
+Allocation& Allocation::operator=(Allocation&& other) noexcept {
+  if (this != &other) {
+    if (owner_ && data_) owner_->deallocate(data_);
+    owner_ = std::exchange(other.owner_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+Allocation::~Allocation() {
+  if (owner_ && data_) owner_->deallocate(data_);
+}
+
+Tensor Allocation::view(DType dtype, Shape shape, size_t byte_offset) const {
+  Tensor t;
+  t.data = static_cast<char*>(data_) + byte_offset;
+  t.dtype = dtype;
+  t.shape = shape;
+  t.device = owner_ ? owner_->device() : Device::cpu;
+  if (byte_offset + t.bytes() > bytes_)
+    throw std::out_of_range("Allocation::view: " + shape.to_string() + " of " +
+                            std::string(tensor::dtype_name(dtype)) + " at byte offset " +
+                            std::to_string(byte_offset) + " exceeds the " + std::to_string(bytes_) +
+                            "-byte allocation");
+  return t;
+}
+
+}  // namespace trainctl::backend

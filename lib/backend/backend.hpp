@@ -1,0 +1,235 @@
+// The Backend: every numerical operation the model and the optimizer need, written once against
+// this interface and implemented by `cpu` (the numerical reference, OpenBLAS + loops) and later by
+// `cuda` (cuBLASLt + kernels/). Ops are synchronous from the caller's point of view.
+//
+// Types. A run has one storage type S for parameters and activations (f64 | f32 | bf16 | f16).
+// Derived from it:
+//   G = parameter-gradient type: f64 when S is f64, else f32 (fp32 accumulation across micro-batches)
+//   A = statistics type (norm mean/rstd, log-sum-exp, router probabilities): f64 when S is f64, else f32
+// Every op computes in fp32 (fp64 for S = f64) and rounds once when it stores an S value.
+//
+// Gradient contract (as in llm.c): parameter gradients ACCUMULATE (+=) so micro-batches add up;
+// activation gradients are OVERWRITTEN (the model adds residual branches explicitly).
+//
+// Layouts: activations are row-major [N, C] with N = B*T tokens (b major, t minor). Linear weights
+// are [out, in] (PyTorch/Hugging Face layout), y = x W^T + b. The attention input is the fused
+// projection qkv [N, (H + 2*KV) * D]: H query heads, then KV key heads, then KV value heads, each
+// head D contiguous values. Grouped-query attention maps query head h to kv head h / (H / KV).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "tensor/tensor.hpp"
+
+namespace trainctl::backend {
+
+using tensor::Device;
+using tensor::DType;
+using tensor::Shape;
+using tensor::Tensor;
+
+DType grad_dtype(DType storage);   // G above
+DType stats_dtype(DType storage);  // A above
+
+// What a backend can do, declared up front so a recipe asking for something it lacks fails at
+// validation, not mid-run.
+struct Capabilities {
+  bool f64 = false;
+  bool f32 = true;
+  bool bf16 = false;
+  bool f16 = false;
+  bool fp8 = false;
+  bool supports(DType storage) const;
+};
+
+class Backend;
+
+// Owning device memory from a backend. Move-only; frees itself.
+class Allocation {
+ public:
+  Allocation() = default;
+  Allocation(Backend* owner, void* data, size_t bytes) : owner_(owner), data_(data), bytes_(bytes) {}
+  Allocation(Allocation&& other) noexcept;
+  Allocation& operator=(Allocation&& other) noexcept;
+  Allocation(const Allocation&) = delete;
+  Allocation& operator=(const Allocation&) = delete;
+  ~Allocation();
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Tensor view(DType dtype, Shape shape, size_t byte_offset = 0) const;
+
+ private:
+  Backend* owner_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// C = alpha * op(A) op(B) + beta * C, row-major, contiguous; op(A) is [m, k], op(B) is [k, n].
+// A stored [m, k] (or [k, m] when trans_a), B stored [k, n] (or [n, k] when trans_b).
+// A and B share one dtype; C may be that dtype or G (weight gradients accumulate into f32 with
+// beta = 1). `bias` (optional, [n], dtype of C or S) is added to every row after the product.
+// batch > 1 runs `batch` independent products at element strides stride_a/b/c.
+struct GemmArgs {
+  Tensor a, b, c;
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  double alpha = 1.0;
+  double beta = 0.0;
+  Tensor bias;
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+};
+
+// Attention geometry: B sequences of T tokens, H query heads, KV key/value heads, head size D.
+struct AttentionShape {
+  int64_t B = 0, T = 0, H = 0, KV = 0, D = 0;
+  int64_t qkv_width() const { return (H + 2 * KV) * D; }
+};
+
+// Mixture-of-experts routing of N tokens over E experts, top-k, with `capacity` slots per expert
+// (tokens beyond it are dropped: they skip the expert and keep only the residual path).
+struct RouterArgs {
+  Tensor logits;      // [N, E] S         router logits
+  Tensor probs;       // [N, E] A         out: softmax(logits)
+  Tensor expert_idx;  // [N, k] i32       out: chosen experts, best first (ties: lower index)
+  Tensor gates;       // [N, k] A         out: probs of the chosen experts
+  Tensor slot;        // [N, k] i32       out: row in the expert buffer e*capacity + position, or -1
+  Tensor counts;      // [E]    i32       out: tokens kept per expert (<= capacity)
+  Tensor load;        // [E]    A         out: share of the N*k assignments each expert was chosen for
+  int64_t top_k = 1;
+  int64_t capacity = 0;  // slots per expert; positions are given in order (slot j, then token n)
+};
+
+struct RouterLosses {
+  double aux_loss = 0;  // Switch/GShard balance: E * sum_e load_e * mean_n probs[n, e]
+  double z_loss = 0;    // ST-MoE: mean_n logsumexp(logits[n])^2
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  virtual Device device() const = 0;
+  virtual Capabilities capabilities() const = 0;
+
+  // ---- memory ----
+  virtual Allocation allocate(size_t bytes) = 0;  // zero-filled
+  virtual void deallocate(void* data) = 0;
+  virtual void copy_to_host(void* dst, const Tensor& src) = 0;
+  virtual void copy_from_host(const Tensor& dst, const void* src) = 0;
+
+  // ---- elementwise and reductions (any float dtypes; shapes must match in numel) ----
+  virtual void cast(const Tensor& dst, const Tensor& src) = 0;         // dst = round(src)
+  virtual void fill(const Tensor& dst, double value) = 0;
+  virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b
+  virtual void accumulate(const Tensor& dst, const Tensor& src) = 0;          // dst += src
+  virtual void scale(const Tensor& dst, double factor) = 0;                   // dst *= factor
+  virtual double sum(const Tensor& src) = 0;          // fixed order, f64 accumulation
+  virtual double sum_squares(const Tensor& src) = 0;  // fixed order, f64 accumulation
+  virtual bool all_finite(const Tensor& src) = 0;
+
+  // ---- GEMM ----
+  virtual void gemm(const GemmArgs& args) = 0;
+  // dbias[C] (G) += column sums of dout[N, C] (S)
+  virtual void bias_backward(const Tensor& dbias, const Tensor& dout) = 0;
+
+  // ---- norms over the last dim of [N, C] ----
+  // LayerNorm: out = (x - mean) * rstd * weight + bias (bias optional). mean, rstd: [N] A.
+  virtual void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                 const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                 double eps) = 0;
+  virtual void layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                                  const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                  const Tensor& mean, const Tensor& rstd) = 0;
+  // RMSNorm: out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps).
+  virtual void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                               const Tensor& weight, double eps) = 0;
+  virtual void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                                const Tensor& x, const Tensor& weight, const Tensor& rstd) = 0;
+
+  // ---- activations ----
+  // GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+  virtual void gelu_forward(const Tensor& out, const Tensor& x) = 0;
+  virtual void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) = 0;
+  // SwiGLU: gate_up [N, 2F] holds gate in columns [0, F), up in [F, 2F); out [N, F] =
+  // silu(gate) * up.
+  virtual void swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;
+  virtual void swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
+                               const Tensor& gate_up) = 0;
+
+  // ---- rotary position embedding (rotate-half / GPT-NeoX / Hugging Face Llama convention) ----
+  // x, out: [B*T, width]; the first `rotated_heads` heads of D columns of each row are rotated by
+  // the angle of their position t (row % T), the remaining columns are copied. `inverse` applies
+  // the transpose rotation: the backward pass.
+  virtual void rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads,
+                    int64_t D, double theta, bool inverse) = 0;
+
+  // ---- causal attention, softmax scale 1/sqrt(D) ----
+  // out [N, H*D] S; lse [B, H, T] A (log-sum-exp of each score row, kept for backward).
+  virtual void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                 const AttentionShape& shape) = 0;
+  // dqkv [N, (H+2KV)*D] is overwritten.
+  virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                  const Tensor& out, const Tensor& lse,
+                                  const AttentionShape& shape) = 0;
+
+  // ---- embeddings ----
+  // out[n] = wte[tokens[n]] + (wpe ? wpe[n % T] : 0). tokens: [N] i32.
+  virtual void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                 const Tensor& wpe, int64_t T) = 0;
+  // dwte (G) += scatter of dout by token; dwpe (G, optional) += sum over sequences. Fixed order.
+  virtual void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                  const Tensor& tokens, int64_t T) = 0;
+
+  // ---- loss ----
+  // losses[n] = logsumexp(logits[n]) - logits[n, targets[n]] (A); lse[n] kept (A).
+  // A target < 0 is ignored (loss 0, gradient 0).
+  virtual void cross_entropy_forward(const Tensor& losses, const Tensor& lse, const Tensor& logits,
+                                     const Tensor& targets) = 0;
+  // dlogits[n] = (softmax(logits[n]) - onehot(targets[n])) * grad_scale   (overwritten, S)
+  virtual void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits,
+                                      const Tensor& lse, const Tensor& targets,
+                                      double grad_scale) = 0;
+
+  // ---- mixture of experts ----
+  virtual RouterLosses moe_router_forward(const RouterArgs& args) = 0;
+  // dlogits (S, overwritten) from dgates [N, k] (A), plus the gradients of
+  // aux_coef * aux_loss and z_coef * z_loss, all multiplied by grad_scale.
+  virtual void moe_router_backward(const Tensor& dlogits, const Tensor& dgates,
+                                   const RouterArgs& args, double aux_coef, double z_coef,
+                                   double grad_scale) = 0;
+  // expert_in[slot[n, j]] = x[n] for every kept assignment; unused rows are zeroed.
+  virtual void moe_permute(const Tensor& expert_in, const Tensor& x, const Tensor& slot) = 0;
+  // dx[n] = sum_j dexpert_in[slot[n, j]] (overwritten).
+  virtual void moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in,
+                                    const Tensor& slot) = 0;
+  // out[n] = sum_j gates[n, j] * expert_out[slot[n, j]] over kept assignments (overwritten).
+  virtual void moe_unpermute(const Tensor& out, const Tensor& expert_out, const Tensor& gates,
+                             const Tensor& slot) = 0;
+  // dexpert_out[slot] = gates * dout (unused rows zeroed); dgates[n, j] = dot(dout[n],
+  // expert_out[slot[n, j]]) (0 where dropped). Both overwritten.
+  virtual void moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dgates,
+                                      const Tensor& dout, const Tensor& expert_out,
+                                      const Tensor& gates, const Tensor& slot) = 0;
+
+  // ---- optimizer ----
+  // AdamW with decoupled weight decay on one contiguous parameter range. grad (G) is multiplied
+  // by grad_scale first (un-scaling and clipping). master (f32) is updated when present and the
+  // storage param (S) is set to round(master); without master the param itself is updated.
+  // m, v: f32 (f64 when S is f64). step counts from 1 (bias correction).
+  struct AdamW {
+    double lr, beta1, beta2, eps, weight_decay, grad_scale;
+    int64_t step;
+  };
+  virtual void adamw(const Tensor& param, const Tensor& master, const Tensor& grad,
+                     const Tensor& m, const Tensor& v, const AdamW& hyper) = 0;
+};
+
+// The CPU backend (lib/backend/cpu). `threads` = 0: OpenBLAS default.
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace trainctl::backend

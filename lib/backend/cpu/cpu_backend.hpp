@@ -1,0 +1,170 @@
+// The CPU backend: the numerical reference every other backend is compared against.
+// Internal to lib/backend (users call make_cpu_backend()). One file per op family implements the
+// member functions declared here; this header also holds the shared helpers those files use:
+//   - Tag<S> and dispatch_float(): switch on a storage dtype once, then run a kernel templated on
+//     S in {double, float, bf16, f16}; the compute type is tensor::compute_t<S>, and the statistics
+//     and gradient types (A, G in backend.hpp) are the same C++ type as compute_t<S>.
+//   - expect_*(): cheap argument checks that throw std::invalid_argument naming the op, the
+//     argument and the mismatch.
+//   - ScratchPool: growing scratch buffers owned by the backend, so warm calls do not allocate.
+// Determinism: every kernel runs on one thread in a fixed order; reductions over many elements
+// (sum, sum_squares) accumulate in double.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "backend/backend.hpp"
+#include "tensor/tensor.hpp"
+
+namespace trainctl::backend::cpu {
+
+using tensor::bf16;
+using tensor::compute_t;
+using tensor::f16;
+
+template <class S>
+struct Tag {
+  using type = S;
+};
+
+[[noreturn]] void fail(std::string_view op, const std::string& message);
+[[noreturn]] void fail_unsupported_dtype(std::string_view op, std::string_view name, DType dtype);
+
+// Runs f(Tag<S>{}) for the C++ storage type of `dtype` (f64, f32, bf16 or f16).
+template <class F>
+decltype(auto) dispatch_float(DType dtype, std::string_view op, std::string_view name, F&& f) {
+  switch (dtype) {
+    case DType::f64:
+      return f(Tag<double>{});
+    case DType::f32:
+      return f(Tag<float>{});
+    case DType::bf16:
+      return f(Tag<bf16>{});
+    case DType::f16:
+      return f(Tag<f16>{});
+    default:
+      fail_unsupported_dtype(op, name, dtype);
+  }
+}
+
+// The DType of a storage C++ type.
+template <class S>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<S, double>) return DType::f64;
+  if constexpr (std::is_same_v<S, float>) return DType::f32;
+  if constexpr (std::is_same_v<S, bf16>) return DType::bf16;
+  if constexpr (std::is_same_v<S, f16>) return DType::f16;
+}
+
+void expect_present(std::string_view op, std::string_view name, const Tensor& t);
+void expect_dtype(std::string_view op, std::string_view name, const Tensor& t, DType expected);
+void expect_numel(std::string_view op, std::string_view name, const Tensor& t, int64_t expected);
+// Rows of a [rows, width] matrix given its row width; throws when numel is not a multiple.
+int64_t rows_of(std::string_view op, std::string_view name, const Tensor& t, int64_t width);
+
+// Growing scratch buffers, one per slot. A pointer stays valid until the same slot is asked for
+// more memory. Slots are assigned per op family (see kSlot* below) so no op overwrites the
+// scratch of another op that is still using it.
+class ScratchPool {
+ public:
+  template <class T>
+  T* get(size_t slot, size_t count) {
+    return static_cast<T*>(raw(slot, count * sizeof(T)));
+  }
+
+ private:
+  void* raw(size_t slot, size_t bytes);
+  std::array<tensor::Buffer, 12> buffers_;
+};
+
+// GEMM uses slots 0-2; attention 3-11 (it calls blas_gemm directly, never Backend::gemm). Ops
+// that never call gemm (rope's angle table, the router backward) borrow slot 0 for their call.
+inline constexpr size_t kSlotGemmA = 0, kSlotGemmB = 1, kSlotGemmC = 2, kSlotAttention = 3;
+
+// Row-major C = alpha op(A) op(B) + beta C in the compute type (float -> sgemm, double -> dgemm).
+template <class T>
+void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+               int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+
+class CpuBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "cpu"; }
+  Device device() const override { return Device::cpu; }
+  Capabilities capabilities() const override;
+
+  Allocation allocate(size_t bytes) override;
+  void deallocate(void* data) override;
+  void copy_to_host(void* dst, const Tensor& src) override;
+  void copy_from_host(const Tensor& dst, const void* src) override;
+
+  void cast(const Tensor& dst, const Tensor& src) override;
+  void fill(const Tensor& dst, double value) override;
+  void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void accumulate(const Tensor& dst, const Tensor& src) override;
+  void scale(const Tensor& dst, double factor) override;
+  double sum(const Tensor& src) override;
+  double sum_squares(const Tensor& src) override;
+  bool all_finite(const Tensor& src) override;
+
+  void gemm(const GemmArgs& args) override;
+  void bias_backward(const Tensor& dbias, const Tensor& dout) override;
+
+  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                         const Tensor& weight, const Tensor& bias, double eps) override;
+  void layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                          const Tensor& dout, const Tensor& x, const Tensor& weight,
+                          const Tensor& mean, const Tensor& rstd) override;
+  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                       double eps) override;
+  void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                        const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
+
+  void gelu_forward(const Tensor& out, const Tensor& x) override;
+  void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) override;
+  void swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
+  void swiglu_backward(const Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) override;
+
+  void rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads, int64_t D,
+            double theta, bool inverse) override;
+
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                         const AttentionShape& shape) override;
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                          const Tensor& out, const Tensor& lse,
+                          const AttentionShape& shape) override;
+
+  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                         const Tensor& wpe, int64_t T) override;
+  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                          const Tensor& tokens, int64_t T) override;
+
+  void cross_entropy_forward(const Tensor& losses, const Tensor& lse, const Tensor& logits,
+                             const Tensor& targets) override;
+  void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
+                              const Tensor& targets, double grad_scale) override;
+
+  RouterLosses moe_router_forward(const RouterArgs& args) override;
+  void moe_router_backward(const Tensor& dlogits, const Tensor& dgates, const RouterArgs& args,
+                           double aux_coef, double z_coef, double grad_scale) override;
+  void moe_permute(const Tensor& expert_in, const Tensor& x, const Tensor& slot) override;
+  void moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in,
+                            const Tensor& slot) override;
+  void moe_unpermute(const Tensor& out, const Tensor& expert_out, const Tensor& gates,
+                     const Tensor& slot) override;
+  void moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dgates, const Tensor& dout,
+                              const Tensor& expert_out, const Tensor& gates,
+                              const Tensor& slot) override;
+
+  void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
+             const Tensor& v, const AdamW& hyper) override;
+
+ private:
+  ScratchPool scratch_;
+};
+
+}  // namespace trainctl::backend::cpu

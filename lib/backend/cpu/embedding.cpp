@@ -1,0 +1,93 @@
+// Token (+ learned position) embedding. Forward: out[n] = wte[tokens[n]] + wpe[n % T], summed in
+// the compute type and rounded once. Backward accumulates (+=) into G gradients in token order
+// n = 0, 1, ..., so repeated tokens always add up in the same order.
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "backend/cpu/cpu_backend.hpp"
+
+namespace trainctl::backend::cpu {
+
+namespace {
+
+struct EmbeddingDims {
+  int64_t N, C, V;
+};
+
+EmbeddingDims check_embedding(std::string_view op, const Tensor& table, const Tensor& rows,
+                              const Tensor& tokens, int64_t T) {
+  expect_dtype(op, "tokens", tokens, DType::i32);
+  expect_present(op, op.find("backward") != std::string_view::npos ? "dwte" : "wte", table);
+  if (table.shape.rank != 2)
+    fail(op, fmt::format("the token table must be [V, C], got {}", table.shape.to_string()));
+  const int64_t V = table.shape[0], C = table.shape[1];
+  const int64_t N = tokens.numel();
+  expect_numel(op, op.find("backward") != std::string_view::npos ? "dout" : "out", rows, N * C);
+  if (T <= 0 || N % T != 0)
+    fail(op, fmt::format("{} tokens are not whole sequences of T={}", N, T));
+  const int32_t* tok = tokens.as<int32_t>();
+  for (int64_t n = 0; n < N; ++n)
+    if (tok[n] < 0 || tok[n] >= V)
+      fail(op, fmt::format("tokens[{}] = {} is outside the vocabulary [0, {}): check the data's "
+                           "vocab_size against the model's",
+                           n, tok[n], V));
+  return {N, C, V};
+}
+
+void check_positions(std::string_view op, std::string_view name, const Tensor& wpe, DType dtype,
+                     int64_t T, int64_t C) {
+  expect_dtype(op, name, wpe, dtype);
+  if (wpe.numel() < T * C)
+    fail(op, fmt::format("{} has shape {}, fewer than T={} positions of C={}", name,
+                         wpe.shape.to_string(), T, C));
+}
+
+}  // namespace
+
+void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                   const Tensor& wpe, int64_t T) {
+  constexpr std::string_view op = "embedding_forward";
+  const auto [N, C, V] = check_embedding(op, wte, out, tokens, T);
+  expect_dtype(op, "out", out, wte.dtype);
+  if (!wpe.empty()) check_positions(op, "wpe", wpe, wte.dtype, T, C);
+  dispatch_float(wte.dtype, op, "wte", [&]<class S>(Tag<S>) {
+    using Cm = compute_t<S>;
+    const int32_t* tok = tokens.as<int32_t>();
+    for (int64_t n = 0; n < N; ++n) {
+      const S* w = wte.as<S>() + tok[n] * C;
+      const S* p = wpe.empty() ? nullptr : wpe.as<S>() + (n % T) * C;
+      S* o = out.as<S>() + n * C;
+      for (int64_t c = 0; c < C; ++c) {
+        Cm value = tensor::load(w[c]);
+        if (p) value += tensor::load(p[c]);
+        o[c] = tensor::store<S>(value);
+      }
+    }
+  });
+}
+
+void CpuBackend::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                    const Tensor& tokens, int64_t T) {
+  constexpr std::string_view op = "embedding_backward";
+  expect_present(op, "dout", dout);
+  const auto [N, C, V] = check_embedding(op, dwte, dout, tokens, T);
+  expect_dtype(op, "dwte", dwte, grad_dtype(dout.dtype));
+  if (!dwpe.empty()) check_positions(op, "dwpe", dwpe, grad_dtype(dout.dtype), T, C);
+  dispatch_float(dout.dtype, op, "dout", [&]<class S>(Tag<S>) {
+    using G = compute_t<S>;
+    const int32_t* tok = tokens.as<int32_t>();
+    for (int64_t n = 0; n < N; ++n) {
+      const S* d = dout.as<S>() + n * C;
+      G* w = dwte.as<G>() + tok[n] * C;
+      G* p = dwpe.empty() ? nullptr : dwpe.as<G>() + (n % T) * C;
+      for (int64_t c = 0; c < C; ++c) {
+        const G g = tensor::load(d[c]);
+        w[c] += g;
+        if (p) p[c] += g;
+      }
+    }
+  });
+}
+
+}  // namespace trainctl::backend::cpu

@@ -1,0 +1,142 @@
+// GEMM on OpenBLAS. f64 -> dgemm, f32 -> sgemm; bf16/f16 inputs are widened to f32 scratch (kept
+// by the backend, so warm calls do not allocate), multiplied with sgemm, and rounded once into C
+// when C is narrow. The bias epilogue is added in the compute type before that single rounding.
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include "backend/cpu/cpu_backend.hpp"
+
+namespace trainctl::backend::cpu {
+
+template <class T>
+void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+               int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  const CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+  const auto i = [](int64_t v) { return static_cast<blasint>(v); };
+  if constexpr (std::is_same_v<T, double>)
+    cblas_dgemm(CblasRowMajor, ta, tb, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c,
+                i(ldc));
+  else
+    cblas_sgemm(CblasRowMajor, ta, tb, i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c,
+                i(ldc));
+}
+
+template void blas_gemm<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                               const float*, int64_t, float, float*, int64_t);
+template void blas_gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*,
+                                int64_t, const double*, int64_t, double, double*, int64_t);
+
+namespace {
+
+void check_gemm(const GemmArgs& g) {
+  constexpr std::string_view op = "gemm";
+  expect_present(op, "a", g.a);
+  expect_present(op, "b", g.b);
+  expect_present(op, "c", g.c);
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0)
+    fail(op,
+         fmt::format("m={}, n={}, k={}, batch={} must all be positive", g.m, g.n, g.k, g.batch));
+  if (g.b.dtype != g.a.dtype)
+    fail(op, fmt::format("a is {} but b is {}: a and b must share one dtype",
+                         tensor::dtype_name(g.a.dtype), tensor::dtype_name(g.b.dtype)));
+  if (g.c.dtype != g.a.dtype && g.c.dtype != grad_dtype(g.a.dtype))
+    fail(op, fmt::format("c is {} for {} inputs: expected {} or {}", tensor::dtype_name(g.c.dtype),
+                         tensor::dtype_name(g.a.dtype), tensor::dtype_name(g.a.dtype),
+                         tensor::dtype_name(grad_dtype(g.a.dtype))));
+  const auto need = [&](std::string_view name, const Tensor& t, int64_t size, int64_t stride) {
+    const int64_t last = (g.batch - 1) * stride + size;
+    if (t.numel() < last)
+      fail(op, fmt::format("{} has {} elements but batch {} with stride {} needs {}", name,
+                           t.numel(), g.batch, stride, last));
+  };
+  need("a", g.a, g.m * g.k, g.stride_a);
+  need("b", g.b, g.k * g.n, g.stride_b);
+  need("c", g.c, g.m * g.n, g.stride_c);
+  if (!g.bias.empty()) {
+    expect_numel(op, "bias", g.bias, g.n);
+    if (g.bias.dtype != g.c.dtype && g.bias.dtype != g.a.dtype)
+      fail(op, fmt::format("bias is {}: expected the dtype of c ({}) or of a ({})",
+                           tensor::dtype_name(g.bias.dtype), tensor::dtype_name(g.c.dtype),
+                           tensor::dtype_name(g.a.dtype)));
+  }
+}
+
+// c[m, n] (compute type T) += bias[n] on every row.
+template <class T>
+void add_bias(T* c, int64_t m, int64_t n, const Tensor& bias) {
+  dispatch_float(bias.dtype, "gemm", "bias", [&]<class B>(Tag<B>) {
+    const B* b = bias.as<B>();
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        c[i * n + j] += static_cast<T>(tensor::load(b[j]));
+  });
+}
+
+template <class S>
+void widen(float* dst, const S* src, int64_t count) {
+  for (int64_t i = 0; i < count; ++i)
+    dst[i] = tensor::load(src[i]);
+}
+
+}  // namespace
+
+void CpuBackend::gemm(const GemmArgs& g) {
+  check_gemm(g);
+  const int64_t lda = g.trans_a ? g.m : g.k;
+  const int64_t ldb = g.trans_b ? g.k : g.n;
+  dispatch_float(g.a.dtype, "gemm", "a", [&]<class S>(Tag<S>) {
+    if constexpr (std::is_same_v<S, double> || std::is_same_v<S, float>) {
+      // c has the dtype of a here: grad_dtype(f32) = f32, grad_dtype(f64) = f64.
+      for (int64_t p = 0; p < g.batch; ++p) {
+        S* c = g.c.as<S>() + p * g.stride_c;
+        blas_gemm<S>(g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<S>(g.alpha),
+                     g.a.as<S>() + p * g.stride_a, lda, g.b.as<S>() + p * g.stride_b, ldb,
+                     static_cast<S>(g.beta), c, g.n);
+        if (!g.bias.empty()) add_bias(c, g.m, g.n, g.bias);
+      }
+    } else {
+      float* a32 = scratch_.get<float>(kSlotGemmA, static_cast<size_t>(g.m * g.k));
+      float* b32 = scratch_.get<float>(kSlotGemmB, static_cast<size_t>(g.k * g.n));
+      const bool narrow_c = g.c.dtype != DType::f32;
+      float* c32 =
+          narrow_c ? scratch_.get<float>(kSlotGemmC, static_cast<size_t>(g.m * g.n)) : nullptr;
+      for (int64_t p = 0; p < g.batch; ++p) {
+        widen(a32, g.a.as<S>() + p * g.stride_a, g.m * g.k);
+        widen(b32, g.b.as<S>() + p * g.stride_b, g.k * g.n);
+        if (!narrow_c) {
+          float* c = g.c.as<float>() + p * g.stride_c;
+          blas_gemm<float>(g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<float>(g.alpha), a32,
+                           lda, b32, ldb, static_cast<float>(g.beta), c, g.n);
+          if (!g.bias.empty()) add_bias(c, g.m, g.n, g.bias);
+          continue;
+        }
+        S* c = g.c.as<S>() + p * g.stride_c;
+        if (g.beta != 0) widen(c32, c, g.m * g.n);
+        blas_gemm<float>(g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<float>(g.alpha), a32, lda,
+                         b32, ldb, static_cast<float>(g.beta), c32, g.n);
+        if (!g.bias.empty()) add_bias(c32, g.m, g.n, g.bias);
+        for (int64_t i = 0; i < g.m * g.n; ++i)
+          c[i] = tensor::store<S>(c32[i]);
+      }
+    }
+  });
+}
+
+void CpuBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
+  constexpr std::string_view op = "bias_backward";
+  expect_present(op, "dout", dout);
+  expect_dtype(op, "dbias", dbias, grad_dtype(dout.dtype));
+  const int64_t C = dbias.numel();
+  const int64_t N = rows_of(op, "dout", dout, C);
+  dispatch_float(dout.dtype, op, "dout", [&]<class S>(Tag<S>) {
+    using G = compute_t<S>;
+    G* db = dbias.as<G>();
+    const S* d = dout.as<S>();
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = 0; c < C; ++c)
+        db[c] += tensor::load(d[n * C + c]);
+  });
+}
+
+}  // namespace trainctl::backend::cpu

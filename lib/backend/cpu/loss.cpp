@@ -1,0 +1,93 @@
+// Cross-entropy over the last dim of logits [N, V], max-subtracted. losses and lse are A; dlogits
+// (S) is overwritten and may alias logits (each element is read before it is written).
+// A negative target marks an ignored position: loss 0, gradient 0.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "backend/cpu/cpu_backend.hpp"
+
+namespace trainctl::backend::cpu {
+
+namespace {
+
+int64_t check_targets(std::string_view op, const Tensor& logits, const Tensor& targets,
+                      int64_t& V) {
+  expect_present(op, "logits", logits);
+  expect_dtype(op, "targets", targets, DType::i32);
+  const int64_t N = targets.numel();
+  if (N <= 0) fail(op, "targets is empty");
+  V = logits.numel() / N;
+  if (V <= 0 || logits.numel() != N * V)
+    fail(op, fmt::format("logits {} is not [N={}, V]", logits.shape.to_string(), N));
+  const int32_t* t = targets.as<int32_t>();
+  for (int64_t n = 0; n < N; ++n)
+    if (t[n] >= V)
+      fail(op, fmt::format("targets[{}] = {} is outside the vocabulary [0, {})", n, t[n], V));
+  return N;
+}
+
+}  // namespace
+
+void CpuBackend::cross_entropy_forward(const Tensor& losses, const Tensor& lse,
+                                       const Tensor& logits, const Tensor& targets) {
+  constexpr std::string_view op = "cross_entropy_forward";
+  int64_t V = 0;
+  const int64_t N = check_targets(op, logits, targets, V);
+  expect_dtype(op, "losses", losses, stats_dtype(logits.dtype));
+  expect_numel(op, "losses", losses, N);
+  expect_dtype(op, "lse", lse, stats_dtype(logits.dtype));
+  expect_numel(op, "lse", lse, N);
+  dispatch_float(logits.dtype, op, "logits", [&]<class S>(Tag<S>) {
+    using A = compute_t<S>;
+    const int32_t* tgt = targets.as<int32_t>();
+    for (int64_t n = 0; n < N; ++n) {
+      const S* row = logits.as<S>() + n * V;
+      A mx = -std::numeric_limits<A>::infinity();
+      for (int64_t j = 0; j < V; ++j)
+        mx = std::max(mx, tensor::load(row[j]));
+      A total = 0;
+      for (int64_t j = 0; j < V; ++j)
+        total += std::exp(tensor::load(row[j]) - mx);
+      const A l = mx + std::log(total);
+      lse.as<A>()[n] = l;
+      losses.as<A>()[n] = tgt[n] < 0 ? A(0) : l - tensor::load(row[tgt[n]]);
+    }
+  });
+}
+
+void CpuBackend::cross_entropy_backward(const Tensor& dlogits, const Tensor& logits,
+                                        const Tensor& lse, const Tensor& targets,
+                                        double grad_scale) {
+  constexpr std::string_view op = "cross_entropy_backward";
+  int64_t V = 0;
+  const int64_t N = check_targets(op, logits, targets, V);
+  expect_dtype(op, "dlogits", dlogits, logits.dtype);
+  expect_numel(op, "dlogits", dlogits, N * V);
+  expect_dtype(op, "lse", lse, stats_dtype(logits.dtype));
+  expect_numel(op, "lse", lse, N);
+  dispatch_float(logits.dtype, op, "logits", [&]<class S>(Tag<S>) {
+    using A = compute_t<S>;
+    const A gs = static_cast<A>(grad_scale);
+    const int32_t* tgt = targets.as<int32_t>();
+    for (int64_t n = 0; n < N; ++n) {
+      const S* row = logits.as<S>() + n * V;
+      S* d = dlogits.as<S>() + n * V;
+      if (tgt[n] < 0) {
+        for (int64_t j = 0; j < V; ++j)
+          d[j] = tensor::store<S>(A(0));
+        continue;
+      }
+      const A l = lse.as<A>()[n];
+      for (int64_t j = 0; j < V; ++j) {
+        const A p = std::exp(tensor::load(row[j]) - l);
+        d[j] = tensor::store<S>((p - (j == tgt[n] ? A(1) : A(0))) * gs);
+      }
+    }
+  });
+}
+
+}  // namespace trainctl::backend::cpu

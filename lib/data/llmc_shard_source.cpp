@@ -1,0 +1,135 @@
+#include <glob.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "data/sources.hpp"
+
+namespace trainctl::data {
+
+static_assert(std::endian::native == std::endian::little,
+              "llm.c shards are little-endian; reading them on a big-endian host needs byte swaps");
+
+namespace {
+
+// Checks one mapped shard against the llm.c layout and returns its token count.
+int64_t validate_shard(const detail::MappedFile& file) {
+  using S = LlmcShardSource;
+  const auto file_bytes = static_cast<int64_t>(file.size());
+  if (file_bytes < S::kHeaderBytes) {
+    throw DataError(fmt::format(
+        "{}: not an llm.c token shard: {} bytes is shorter than the {}-byte header; re-create it "
+        "with llm.c's data scripts or scripts/make-llmc-shard",
+        file.path(), file_bytes, S::kHeaderBytes));
+  }
+  int32_t header[S::kHeaderInts];
+  std::memcpy(header, file.data(), sizeof(header));
+  if (header[0] != S::kMagic) {
+    throw DataError(fmt::format(
+        "{}: not an llm.c token shard: header[0] is {}, expected the magic number {}; point the "
+        "data path at llm.c .bin shards",
+        file.path(), header[0], S::kMagic));
+  }
+  if (header[1] != S::kVersion) {
+    throw DataError(fmt::format(
+        "{}: llm.c shard version {} is not supported (only version {}: uint16 GPT-2 tokens); "
+        "re-create the shard as version {}",
+        file.path(), header[1], S::kVersion, S::kVersion));
+  }
+  const int64_t num_tokens = header[2];
+  if (num_tokens < 1) {
+    throw DataError(
+        fmt::format("{}: llm.c shard header says {} tokens; a shard must hold at least one token",
+                    file.path(), num_tokens));
+  }
+  const int64_t expected_bytes = S::kHeaderBytes + 2 * num_tokens;
+  if (file_bytes < expected_bytes) {
+    throw DataError(fmt::format(
+        "{}: truncated llm.c shard: the header says {} tokens ({} bytes with the header) but the "
+        "file has {} bytes; re-create or re-download the shard",
+        file.path(), num_tokens, expected_bytes, file_bytes));
+  }
+  if (file_bytes > expected_bytes) {
+    throw DataError(fmt::format(
+        "{}: llm.c shard has {} bytes after its {} tokens (expected {} bytes, the file has {}); "
+        "re-create the shard",
+        file.path(), file_bytes - expected_bytes, num_tokens, expected_bytes, file_bytes));
+  }
+  return num_tokens;
+}
+
+}  // namespace
+
+LlmcShardSource::LlmcShardSource(const std::vector<std::string>& paths) {
+  if (paths.empty()) {
+    throw DataError("llm.c shards: no shard files given; give a path or glob pattern that matches");
+  }
+  shards_.reserve(paths.size());
+  for (const std::string& path : paths) {
+    detail::MappedFile file(path);
+    const int64_t num_tokens = validate_shard(file);
+    first_token_.push_back(total_tokens_);
+    total_tokens_ += num_tokens;
+    shards_.push_back(std::move(file));
+  }
+}
+
+void LlmcShardSource::read(int64_t offset, int64_t count, int32_t* out) const {
+  check_range(offset, count);
+  // The shard holding `offset`: the last one whose first token is <= offset.
+  auto shard =
+      static_cast<size_t>(std::upper_bound(first_token_.begin(), first_token_.end(), offset) -
+                          first_token_.begin() - 1);
+  while (count > 0) {
+    const int64_t shard_end =
+        shard + 1 < first_token_.size() ? first_token_[shard + 1] : total_tokens_;
+    const int64_t local = offset - first_token_[shard];
+    const int64_t take = std::min(count, shard_end - offset);
+    const unsigned char* bytes = shards_[shard].data() + kHeaderBytes + 2 * local;
+    for (int64_t i = 0; i < take; ++i) {
+      uint16_t token;
+      std::memcpy(&token, bytes + 2 * i, sizeof(token));
+      out[i] = token;
+    }
+    out += take;
+    offset += take;
+    count -= take;
+    ++shard;
+  }
+}
+
+std::string LlmcShardSource::describe() const {
+  if (shards_.size() == 1) {
+    return fmt::format("llm.c shard {} ({} tokens)", shards_.front().path(), total_tokens_);
+  }
+  return fmt::format("llm.c shards {} .. {} ({} files, {} tokens)", shards_.front().path(),
+                     shards_.back().path(), shards_.size(), total_tokens_);
+}
+
+std::vector<std::string> expand_shard_pattern(const std::string& pattern) {
+  glob_t matches{};
+  const int status = ::glob(pattern.c_str(), 0, nullptr, &matches);
+  std::vector<std::string> paths;
+  if (status == 0) {
+    for (size_t i = 0; i < matches.gl_pathc; ++i)
+      paths.emplace_back(matches.gl_pathv[i]);
+  }
+  ::globfree(&matches);
+  if (status == GLOB_NOMATCH || (status == 0 && paths.empty())) {
+    throw DataError(fmt::format(
+        "{}: no file matches this data path; check the path or glob pattern (relative paths are "
+        "taken from the working directory)",
+        pattern));
+  }
+  if (status != 0) {
+    throw DataError(
+        fmt::format("{}: cannot expand the data path (glob error {})", pattern, status));
+  }
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+}  // namespace trainctl::data

@@ -1,0 +1,105 @@
+// The concrete token sources: seeded synthetic tokens, byte-level text and llm.c token shards.
+// See token_source.hpp for the contract they all keep.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "data/mapped_file.hpp"
+#include "data/token_source.hpp"
+
+namespace trainctl::data {
+
+// Seeded, learnable synthetic tokens, computed on the fly (no memory, random access).
+//
+// The stream is cut into blocks of kBlockLength tokens. A block starts with a uniformly random
+// token; every later token follows a fixed sparse bigram table: token t is followed by one of
+// `branching` distinct successors of t, each with probability 1/branching. The table and the
+// choices are pure functions of (seed, token, position), so the same seed always gives the same
+// tokens and another seed gives others.
+//
+// Entropy: ln(branching) nats per token inside a block, ln(vocab) at a block start, so the best
+// possible next-token loss is entropy_nats_per_token() (~1.39 nats for branching 4), far below the
+// ln(vocab) of a model that has learnt nothing (5.55 nats for vocab 256): a training test can watch
+// the loss fall towards that floor.
+class SyntheticSource final : public TokenSource {
+ public:
+  static constexpr int64_t kBlockLength = 1024;
+  static constexpr int32_t kDefaultBranching = 4;
+
+  // Throws DataError unless vocab >= 2, 1 <= branching <= vocab and num_tokens >= 1.
+  SyntheticSource(uint64_t seed, int32_t vocab, int64_t num_tokens,
+                  int32_t branching = kDefaultBranching);
+
+  int64_t size() const override { return num_tokens_; }
+  void read(int64_t offset, int64_t count, int32_t* out) const override;
+  int32_t vocab_hint() const override { return vocab_; }
+  std::string describe() const override;
+
+  // The mean entropy of the stream in nats per token: the floor of the next-token loss,
+  // ((kBlockLength - 1) * ln(branching) + ln(vocab)) / kBlockLength.
+  double entropy_nats_per_token() const;
+
+  // The k-th successor (k in [0, branching)) of `token` in the bigram table; for tests.
+  int32_t successor(int32_t token, int32_t k) const;
+
+ private:
+  int32_t block_start_token(int64_t block) const;
+  int32_t next_token(int32_t previous, int64_t position) const;
+
+  uint64_t seed_;
+  int32_t vocab_;
+  int64_t num_tokens_;
+  int32_t branching_;
+};
+
+// A text file read byte by byte: each byte is one token (vocab 256). The file is memory-mapped.
+// Throws DataError when the file is missing, unreadable or empty.
+class TextSource final : public TokenSource {
+ public:
+  explicit TextSource(const std::string& path);
+
+  int64_t size() const override { return static_cast<int64_t>(file_.size()); }
+  void read(int64_t offset, int64_t count, int32_t* out) const override;
+  int32_t vocab_hint() const override { return 256; }
+  std::string describe() const override;
+
+ private:
+  detail::MappedFile file_;
+};
+
+// llm.c token shards (the .bin files of llm.c's dev/data scripts), concatenated in the given order.
+// Layout of one shard: a header of 256 little-endian int32 (header[0] = 20240520 magic,
+// header[1] = 1 version, header[2] = number of tokens), then that many uint16 tokens.
+// Version 1 shards hold GPT-2 tokens, so vocab_hint() is 50257.
+// Each shard is memory-mapped and checked on open: magic, version, a token count > 0 and a file
+// length of exactly 1024 + 2 * tokens bytes; any mismatch is a DataError naming the file.
+class LlmcShardSource final : public TokenSource {
+ public:
+  static constexpr int32_t kMagic = 20240520;
+  static constexpr int32_t kVersion = 1;
+  static constexpr int64_t kHeaderInts = 256;
+  static constexpr int64_t kHeaderBytes = kHeaderInts * 4;
+  static constexpr int32_t kGpt2Vocab = 50257;
+
+  explicit LlmcShardSource(const std::vector<std::string>& paths);
+
+  int64_t size() const override { return total_tokens_; }
+  void read(int64_t offset, int64_t count, int32_t* out) const override;
+  int32_t vocab_hint() const override { return kGpt2Vocab; }
+  std::string describe() const override;
+
+  int64_t num_shards() const { return static_cast<int64_t>(shards_.size()); }
+
+ private:
+  std::vector<detail::MappedFile> shards_;
+  std::vector<int64_t> first_token_;  // first_token_[i]: global index of shard i's first token
+  int64_t total_tokens_ = 0;
+};
+
+// Expands a glob pattern (e.g. "data/fineweb_train_*.bin") into the sorted list of matching
+// paths; a pattern without wildcards names one file. Throws DataError when nothing matches.
+std::vector<std::string> expand_shard_pattern(const std::string& pattern);
+
+}  // namespace trainctl::data

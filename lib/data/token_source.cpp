@@ -1,0 +1,74 @@
+#include "data/token_source.hpp"
+
+#include <cmath>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace trainctl::data {
+
+void TokenSource::check_range(int64_t offset, int64_t count) const {
+  if (offset < 0 || count < 0 || offset > size() || count > size() - offset) {
+    throw DataError(fmt::format("read of tokens [{}, {}) is outside {} which has {} tokens", offset,
+                                offset + count, describe(), size()));
+  }
+}
+
+namespace {
+
+class SliceSource final : public TokenSource {
+ public:
+  SliceSource(std::shared_ptr<const TokenSource> base, int64_t offset, int64_t count)
+      : base_(std::move(base)), offset_(offset), count_(count) {}
+
+  int64_t size() const override { return count_; }
+  void read(int64_t offset, int64_t count, int32_t* out) const override {
+    check_range(offset, count);
+    base_->read(offset_ + offset, count, out);
+  }
+  int32_t vocab_hint() const override { return base_->vocab_hint(); }
+  std::string describe() const override {
+    return fmt::format("{} tokens [{}, {})", base_->describe(), offset_, offset_ + count_);
+  }
+
+ private:
+  std::shared_ptr<const TokenSource> base_;
+  int64_t offset_;
+  int64_t count_;
+};
+
+}  // namespace
+
+std::shared_ptr<const TokenSource> slice_source(std::shared_ptr<const TokenSource> base,
+                                                int64_t offset, int64_t count) {
+  if (base == nullptr) throw DataError("slice_source: no base source given");
+  if (offset < 0 || count < 0 || offset > base->size() || count > base->size() - offset) {
+    throw DataError(fmt::format("slice [{}, {}) does not fit inside {} which has {} tokens", offset,
+                                offset + count, base->describe(), base->size()));
+  }
+  return std::make_shared<SliceSource>(std::move(base), offset, count);
+}
+
+HoldoutSplit split_holdout(std::shared_ptr<const TokenSource> source, double val_fraction) {
+  if (source == nullptr) throw DataError("split_holdout: no source given");
+  if (!(val_fraction > 0.0 && val_fraction < 1.0)) {
+    throw DataError(fmt::format(
+        "validation fraction {} is not in (0, 1); hold out e.g. 0.05 (5%) of the tokens",
+        val_fraction));
+  }
+  const int64_t total = source->size();
+  const auto num_val =
+      static_cast<int64_t>(std::llround(static_cast<double>(total) * val_fraction));
+  if (num_val < 1 || num_val >= total) {
+    throw DataError(fmt::format(
+        "holding out {} of {} ({} tokens) leaves {} validation and {} training tokens; both must "
+        "be non-empty: use more data or another validation fraction",
+        val_fraction, source->describe(), total, num_val, total - num_val));
+  }
+  HoldoutSplit split;
+  split.train = slice_source(source, 0, total - num_val);
+  split.val = slice_source(source, total - num_val, num_val);
+  return split;
+}
+
+}  // namespace trainctl::data

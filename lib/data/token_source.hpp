@@ -1,0 +1,66 @@
+// The token-source abstraction of lib/data: a finite, immutable sequence of token ids that the
+// sampler reads windows from, plus views of a source (slices, a train/validation holdout split).
+//
+// Contract of every TokenSource:
+//   - size() tokens, each an int32 id in [0, vocab) for the vocabulary the data was made for;
+//   - read() is const, random access and deterministic: the same range always yields the same
+//     tokens, whichever rank or thread asks (no hidden cursor), so any sample can be re-read after
+//     a resume;
+//   - a source never changes after construction (files are mapped read-only).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace trainctl::data {
+
+// Every user-facing problem with data (missing or malformed files, a window that does not fit,
+// a sampler state that belongs to other data). The message names the file or value that was wrong
+// and what to do about it.
+class DataError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+
+  // Number of tokens.
+  virtual int64_t size() const = 0;
+
+  // Copies tokens [offset, offset + count) into out[0, count). Throws DataError when the range
+  // is not inside [0, size()).
+  virtual void read(int64_t offset, int64_t count, int32_t* out) const = 0;
+
+  // The vocabulary size the tokens were made for (every id is below it): 256 for byte-level text,
+  // the configured vocab for synthetic data, 50257 (GPT-2) for llm.c version-1 shards. The model's
+  // vocabulary must be at least this large.
+  virtual int32_t vocab_hint() const = 0;
+
+  // One line for logs and error messages, e.g. "text data/kjv.txt (1027235 bytes)".
+  virtual std::string describe() const = 0;
+
+ protected:
+  // Throws the DataError for a read outside [0, size()); shared by implementations.
+  void check_range(int64_t offset, int64_t count) const;
+};
+
+// A view of tokens [offset, offset + count) of `base` (shared, so the view keeps it alive).
+// Throws DataError when the range does not fit inside base.
+std::shared_ptr<const TokenSource> slice_source(std::shared_ptr<const TokenSource> base,
+                                                int64_t offset, int64_t count);
+
+struct HoldoutSplit {
+  std::shared_ptr<const TokenSource> train;  // tokens [0, size - num_val)
+  std::shared_ptr<const TokenSource> val;    // the last num_val tokens
+};
+
+// Holds out the last `val_fraction` of `source` (rounded to whole tokens) as validation data and
+// keeps the rest for training; the two never overlap. val_fraction must be in (0, 1) and both
+// parts must be non-empty, otherwise DataError.
+HoldoutSplit split_holdout(std::shared_ptr<const TokenSource> source, double val_fraction);
+
+}  // namespace trainctl::data

@@ -1,0 +1,63 @@
+// The model's own description, independent of the recipe (apps/ converts a Recipe into this), so
+// the model can be built directly by tests and benchmarks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "tensor/dtype.hpp"
+
+namespace trainctl::model {
+
+enum class NormKind { layernorm, rmsnorm };
+enum class ActivationKind { gelu, swiglu };
+enum class PositionKind { learned, rope };
+enum class RecomputeMode { none, selective, full };
+
+struct MoeConfig {
+  int experts = 0;  // 0: dense model
+  int top_k = 2;
+  double capacity_factor = 1.25;  // 0: unlimited capacity (no dropping)
+  double aux_loss_coef = 0.01;
+  double z_loss_coef = 0.001;
+  int every = 2;          // layer i is MoE when (i + 1) % every == 0
+  int expert_ffn_hidden = 0;  // 0: ffn_hidden
+};
+
+struct ModelConfig {
+  int layers = 4;
+  int hidden = 128;
+  int heads = 4;
+  int kv_heads = 4;
+  int ffn_hidden = 512;
+  int vocab = 256;
+  int seq_len = 128;
+  NormKind norm = NormKind::layernorm;
+  ActivationKind activation = ActivationKind::gelu;
+  PositionKind position = PositionKind::learned;
+  double rope_theta = 10000.0;
+  bool tied_embeddings = true;
+  bool bias = true;
+  double norm_eps = 1e-5;
+  double init_std = 0.02;
+  MoeConfig moe;
+  tensor::DType storage = tensor::DType::f32;  // parameters and activations
+  RecomputeMode recompute = RecomputeMode::none;
+
+  int head_dim() const { return hidden / heads; }
+  bool is_moe_layer(int layer) const { return moe.experts > 0 && (layer + 1) % moe.every == 0; }
+  int expert_ffn() const { return moe.expert_ffn_hidden > 0 ? moe.expert_ffn_hidden : ffn_hidden; }
+  // Rows of the first MLP matrix: SwiGLU fuses gate and up projections.
+  int fc1_rows(int ffn) const { return activation == ActivationKind::swiglu ? 2 * ffn : ffn; }
+  // Throws std::invalid_argument naming the broken rule (the recipe validates first; this guards
+  // direct users such as tests and benchmarks).
+  void check() const;
+};
+
+// Presets matching the recipe's model.arch.
+ModelConfig gpt_preset();
+ModelConfig llama_preset();
+
+std::string describe(const ModelConfig& config);
+
+}  // namespace trainctl::model

@@ -1,0 +1,120 @@
+// The layers of the transformer, each an explicit forward/backward pair over Backend ops.
+//
+// Contract (llm.c's): backward ACCUMULATES (+=) into parameter gradients and OVERWRITES
+// activation gradients. `Saved` holds what forward keeps for backward; `Scratch` holds backward
+// temporaries that the caller may share between layers.
+//
+// Dimension legend: N = B*T tokens of a micro-batch, C = hidden, H query heads, KV key/value heads,
+// D = head dim, F = ffn hidden, F1 = rows of fc1 (F, or 2F for SwiGLU), E experts, k = top_k,
+// cap = tokens per expert buffer, V = vocab.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "model/config.hpp"
+#include "model/params.hpp"
+
+namespace trainctl::model {
+
+// y[N, out] = x[N, in] W^T + b.   Optional bias: a Param whose value is empty.
+struct Linear {
+  Param weight;
+  Param bias;
+  void forward(Backend& be, const Tensor& y, const Tensor& x) const;
+  // dx may be empty (no input gradient wanted).
+  void backward(Backend& be, const Tensor& dx, const Tensor& dy, const Tensor& x) const;
+};
+
+// LayerNorm (weight, optional bias) or RMSNorm (weight) over the last dim of [N, C].
+struct Norm {
+  NormKind kind = NormKind::layernorm;
+  Param weight;
+  Param bias;
+  double eps = 1e-5;
+  struct Saved {
+    Tensor mean, rstd;  // [N] A; mean unused by RMSNorm
+  };
+  void forward(Backend& be, const Tensor& out, const Saved& saved, const Tensor& x) const;
+  void backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x,
+                const Saved& saved) const;
+};
+
+// Causal self-attention: qkv projection, optional RoPE on q and k, attention, output projection.
+struct Attention {
+  Linear qkv, proj;
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  bool rope = false;
+  double rope_theta = 10000.0;
+  struct Saved {
+    Tensor qkv;       // [N, (H+2KV)D] after RoPE
+    Tensor attn_out;  // [N, H*D]
+    Tensor lse;       // [B, H, T] A
+  };
+  struct Scratch {
+    Tensor qkv_raw;   // [N, (H+2KV)D] before RoPE (forward only, rope only)
+    Tensor dattn;     // [N, H*D]
+    Tensor dqkv;      // [N, (H+2KV)D]
+    Tensor dqkv_raw;  // [N, (H+2KV)D] (rope only)
+  };
+  backend::AttentionShape shape(int64_t B, int64_t T) const {
+    return {B, T, heads, kv_heads, head_dim};
+  }
+  void forward(Backend& be, const Tensor& out, const Tensor& x, int64_t B, int64_t T,
+               const Saved& saved, const Scratch& scratch) const;
+  void backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x, int64_t B,
+                int64_t T, const Saved& saved, const Scratch& scratch) const;
+};
+
+// Feed-forward: fc1, GELU or SwiGLU, fc2.
+struct Mlp {
+  Linear fc1, fc2;
+  ActivationKind activation = ActivationKind::gelu;
+  struct Saved {
+    Tensor fc1_out;  // [N, F1]
+    Tensor act_out;  // [N, F]
+  };
+  struct Scratch {
+    Tensor dact;  // [N, F]
+    Tensor dfc1;  // [N, F1]
+  };
+  void forward(Backend& be, const Tensor& out, const Tensor& x, const Saved& saved) const;
+  void activate(Backend& be, const Saved& saved) const;  // act_out from fc1_out (recompute)
+  void backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x,
+                const Saved& saved, const Scratch& scratch) const;
+};
+
+// Mixture of experts: softmax router, top-k, capacity with dropping, E expert MLPs, weighted
+// combine. Dropped tokens contribute nothing (the block's residual carries them on).
+struct Moe {
+  Linear router;          // [E, C], no bias
+  std::vector<Mlp> experts;  // views into the stacked [E, ...] parameters
+  int64_t top_k = 1;
+  double capacity_factor = 0;
+  double aux_loss_coef = 0, z_loss_coef = 0;
+
+  int64_t num_experts() const { return static_cast<int64_t>(experts.size()); }
+  int64_t capacity(int64_t tokens) const;  // slots per expert
+  struct Saved {
+    backend::RouterArgs route;       // logits, probs, expert_idx, gates, slot, counts, load
+    Tensor expert_in, expert_out;    // [E*cap, C]
+    Mlp::Saved expert;               // [E*cap, F1] / [E*cap, F]; rows of expert e at e*cap
+    std::vector<int32_t> counts;     // host copy of route.counts
+  };
+  struct Scratch {
+    Tensor dexpert_in, dexpert_out;  // [E*cap, C]
+    Tensor dgates;                   // [N, k] A
+    Tensor dlogits;                  // [N, E]
+    Tensor dx_router;                // [N, C]
+    Mlp::Scratch expert;             // [E*cap, ...], row views taken per expert
+  };
+  backend::RouterLosses forward(Backend& be, const Tensor& out, const Tensor& x,
+                                Saved& saved) const;
+  void activate(Backend& be, const Saved& saved) const;
+  // loss_grad_scale: d(objective)/d(this layer's aux/z loss) before the coefficients.
+  void backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x,
+                const Saved& saved, const Scratch& scratch, double loss_grad_scale) const;
+};
+
+}  // namespace trainctl::model

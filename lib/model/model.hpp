@@ -1,0 +1,62 @@
+// The decoder-only transformer (GPT and Llama families, dense and mixture-of-experts) on one
+// rank: embedding -> blocks (norm, attention, residual, norm, MLP or MoE, residual) -> final norm
+// -> LM head -> cross-entropy. Built for one micro-batch size; activations come from one arena
+// planned up front for the recompute mode:
+//   none       every tensor backward needs is kept per layer
+//   selective  norm outputs and activation-function outputs are recomputed in backward (they
+//              cost only elementwise work); GEMM outputs, attention statistics and routing are kept
+//   full       only each block's input is kept; the block's forward is rerun in backward
+// All three give bit-identical gradients (recomputation repeats the same deterministic ops).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "model/config.hpp"
+#include "model/params.hpp"
+
+namespace trainctl::model {
+
+struct ForwardResult {
+  double loss = 0;      // mean cross-entropy over the micro-batch's tokens (nats/token)
+  double aux_loss = 0;  // sum over MoE layers of the load-balancing loss (before its coefficient)
+  double z_loss = 0;    // sum over MoE layers of the router z-loss (before its coefficient)
+  double objective = 0;  // loss + aux_coef * aux_loss + z_coef * z_loss: what backward differentiates
+  std::vector<std::vector<double>> expert_load;  // per MoE layer: share of assignments per expert
+  std::vector<int64_t> dropped_tokens;           // per MoE layer: assignments over capacity
+};
+
+struct ActivationBytes {
+  size_t kept = 0;     // saved for backward
+  size_t scratch = 0;  // shared temporaries (recompute targets, backward buffers, logits)
+  size_t total() const { return kept + scratch; }
+};
+
+class Transformer {
+ public:
+  Transformer(const ModelConfig& config, Backend& backend, int64_t micro_batch);
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  // tokens, targets: host int32 arrays of micro_batch * seq_len. Targets < 0 are ignored.
+  ForwardResult forward(const int32_t* tokens, const int32_t* targets);
+  // Differentiates the last forward's objective; parameter gradients += grad_scale * d objective.
+  void backward(double grad_scale);
+
+  ParamStore& params();
+  const ParamStore& params() const;
+  const ModelConfig& config() const;
+  int64_t micro_batch() const;
+  ActivationBytes activation_bytes() const;
+  // Forward FLOPs per token (matmuls + attention scores), for throughput and MFU.
+  double forward_flops_per_token() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trainctl::model

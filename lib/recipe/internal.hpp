@@ -1,0 +1,44 @@
+// Internals of lib/recipe shared between its .cpp files; not part of the public API (other modules
+// include recipe.hpp and schema.hpp only). Keeps yaml-cpp out of the public headers.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "recipe/schema.hpp"
+
+namespace trainctl::recipe::internal {
+
+// A YAML value converted to a key's type, or the reason it cannot be ("expected an integer, got
+// 'abc'", "must be >= 1, got 0"), without the key name: callers prefix it with where it came from.
+struct Converted {
+  std::optional<Value> value;
+  std::string error;
+};
+Converted convert_node(const KeySpec& key, const YAML::Node& node);
+
+// The candidate closest to `word` by edit distance (transpositions count 1, case ignored), or ""
+// when none is close enough to be a plausible typo.
+std::string closest(std::string_view word, const std::vector<std::string_view>& candidates);
+
+// "0.001", "1e-05", "65536": shortest text that parses back to the same double.
+std::string format_number(double x);
+
+// A broken cross-field rule. `keys` lists the keys involved, most specific first: the problem is
+// reported at the first of them that the recipe sets.
+struct RuleViolation {
+  std::vector<std::string_view> keys;
+  std::string message;
+};
+// Checks the cross-field rules on a recipe whose single values are in range. `usable(path)` is
+// false for keys whose value was wrong (rules that involve them are skipped: their value is a
+// placeholder, and one mistake should produce one message).
+std::vector<RuleViolation> check_rules(const Recipe& recipe,
+                                       const std::function<bool(std::string_view)>& usable);
+
+}  // namespace trainctl::recipe::internal

@@ -1,0 +1,286 @@
+// The recipe: one YAML file that says what to train and how. This header is the whole public
+// contract of lib/recipe: the typed struct tree every other module reads, and the functions that
+// build it (load_recipe, parse_recipe), print it (dump_recipe, explain_table) and fingerprint it
+// (recipe_hash).
+//
+// A Recipe is only ever built by this module, fully resolved (defaults and model.arch presets
+// filled in, --set overrides applied) and validated (types, ranges, cross-field rules). Code that
+// receives a `const Recipe&` may rely on every rule listed in docs/recipe.md holding. The member
+// names are the YAML key names, so `recipe.model.layers` is `model.layers` in the file. Enum values
+// named `automatic` are spelled `auto` in YAML (auto is a C++ keyword).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace trainctl::recipe {
+
+// ---- enums: the order of each EnumNames<E>::names array is the enum's order --------------------
+enum class Arch { gpt, llama };
+enum class Norm { layernorm, rmsnorm };
+enum class Activation { gelu, swiglu };
+enum class Position { learned, rope };
+enum class Recompute { none, selective, full };
+enum class Compute { fp32, bf16, fp16, fp64 };  // fp64: CPU reference only
+enum class LossScaleMode { dynamic, none, fixed };
+enum class OptimizerName { adamw };
+enum class Decay { cosine, linear, constant, wsd };
+enum class DataSource { synthetic, text, llmc };
+enum class Resume { never, automatic };
+enum class Progress { automatic, plain, none };
+enum class Device { automatic, cpu, cuda };
+
+// The YAML spelling of each enum value; the schema takes its choices from here.
+template <class E>
+struct EnumNames;
+template <>
+struct EnumNames<Arch> {
+  static constexpr std::array<std::string_view, 2> names{"gpt", "llama"};
+};
+template <>
+struct EnumNames<Norm> {
+  static constexpr std::array<std::string_view, 2> names{"layernorm", "rmsnorm"};
+};
+template <>
+struct EnumNames<Activation> {
+  static constexpr std::array<std::string_view, 2> names{"gelu", "swiglu"};
+};
+template <>
+struct EnumNames<Position> {
+  static constexpr std::array<std::string_view, 2> names{"learned", "rope"};
+};
+template <>
+struct EnumNames<Recompute> {
+  static constexpr std::array<std::string_view, 3> names{"none", "selective", "full"};
+};
+template <>
+struct EnumNames<Compute> {
+  static constexpr std::array<std::string_view, 4> names{"fp32", "bf16", "fp16", "fp64"};
+};
+template <>
+struct EnumNames<OptimizerName> {
+  static constexpr std::array<std::string_view, 1> names{"adamw"};
+};
+template <>
+struct EnumNames<Decay> {
+  static constexpr std::array<std::string_view, 4> names{"cosine", "linear", "constant", "wsd"};
+};
+template <>
+struct EnumNames<DataSource> {
+  static constexpr std::array<std::string_view, 3> names{"synthetic", "text", "llmc"};
+};
+template <>
+struct EnumNames<Resume> {
+  static constexpr std::array<std::string_view, 2> names{"never", "auto"};
+};
+template <>
+struct EnumNames<Progress> {
+  static constexpr std::array<std::string_view, 3> names{"auto", "plain", "none"};
+};
+template <>
+struct EnumNames<Device> {
+  static constexpr std::array<std::string_view, 3> names{"auto", "cpu", "cuda"};
+};
+
+// The YAML spelling of an enum value, e.g. to_string(Arch::llama) == "llama".
+template <class E>
+requires std::is_enum_v<E>
+constexpr std::string_view to_string(E value) {
+  return EnumNames<E>::names[static_cast<std::size_t>(value)];
+}
+
+// ---- the struct tree (no member initializers: defaults live in the schema table only; build a
+// Recipe with load_recipe, parse_recipe or default_recipe) -------------------------------------
+struct ModelConfig {
+  Arch arch;
+  int layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len;
+  Norm norm;
+  Activation activation;
+  Position position;
+  double rope_theta;
+  bool tied_embeddings, bias;
+  double norm_eps, init_std;
+  int head_dim() const { return hidden / heads; }
+  bool operator==(const ModelConfig&) const = default;
+};
+
+struct MoeConfig {
+  int experts;  // 0: dense model
+  int top_k;
+  double capacity_factor;  // 0: no capacity limit
+  double aux_loss_coef, z_loss_coef;
+  int every;              // layer i (0-based) is MoE when (i + 1) % every == 0
+  int expert_ffn_hidden;  // 0: model.ffn_hidden
+  bool operator==(const MoeConfig&) const = default;
+};
+
+struct ParallelConfig {
+  int dp, tp, pp, ep;
+  int zero;  // 0 or 1
+  Recompute recompute;
+  bool operator==(const ParallelConfig&) const = default;
+};
+
+// precision.loss_scale: `dynamic`, `none`, or a number (mode fixed, static scale in `value`).
+struct LossScale {
+  LossScaleMode mode;
+  double value;  // the static scale when mode == fixed, else 0
+  bool operator==(const LossScale&) const = default;
+};
+
+struct PrecisionConfig {
+  Compute compute;
+  LossScale loss_scale;
+  double initial_loss_scale;
+  int loss_scale_window;
+  double min_loss_scale;
+  bool operator==(const PrecisionConfig&) const = default;
+};
+
+struct OptimizerConfig {
+  OptimizerName name;
+  double lr;
+  std::array<double, 2> betas;
+  double eps, weight_decay, grad_clip;  // grad_clip 0: off
+  bool operator==(const OptimizerConfig&) const = default;
+};
+
+struct ScheduleConfig {
+  int64_t warmup_steps;
+  Decay decay;
+  double min_lr;
+  double wsd_decay_fraction;
+  bool operator==(const ScheduleConfig&) const = default;
+};
+
+struct DataConfig {
+  DataSource source;
+  std::string path, val_path;
+  double val_fraction;
+  bool operator==(const DataConfig&) const = default;
+};
+
+struct TrainingConfig {
+  int64_t steps;
+  int global_batch, micro_batch;
+  bool operator==(const TrainingConfig&) const = default;
+};
+
+struct CheckpointConfig {
+  int64_t every_steps;   // 0: off
+  double every_minutes;  // 0: off
+  int keep_last;
+  bool async;  // write checkpoints on a background thread
+  Resume resume;
+  bool operator==(const CheckpointConfig&) const = default;
+};
+
+struct DeterminismConfig {
+  int64_t seed;
+  bool deterministic;
+  bool operator==(const DeterminismConfig&) const = default;
+};
+
+struct LoggingConfig {
+  int64_t every_steps;
+  int64_t eval_every_steps;  // 0: only at the end
+  int eval_batches;
+  bool tensorboard;
+  Progress progress;
+  bool operator==(const LoggingConfig&) const = default;
+};
+
+struct ClusterConfig {
+  Device device;
+  std::string file;
+  int nodes, gpus_per_node;
+  bool operator==(const ClusterConfig&) const = default;
+};
+
+struct Recipe {
+  std::string name;
+  ModelConfig model;
+  MoeConfig moe;
+  ParallelConfig parallel;
+  PrecisionConfig precision;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  DataConfig data;
+  TrainingConfig training;
+  CheckpointConfig checkpoint;
+  DeterminismConfig determinism;
+  LoggingConfig logging;
+  ClusterConfig cluster;
+
+  bool operator==(const Recipe&) const = default;
+
+  // Whether block `layer` (0-based) holds a mixture-of-experts MLP.
+  bool is_moe_layer(int layer) const;
+  // tp * ep * dp * pp. Rank order: tp fastest, then ep, then dp, then pp.
+  int world_size() const;
+  // dp * ep: non-expert weights are replicated over dp*ep ranks, so the batch is split over them.
+  int data_parallel_size() const;
+  // global_batch / (micro_batch * dp * ep); exact (validation guarantees divisibility).
+  int grad_accum_steps() const;
+  // global_batch * seq_len.
+  int64_t tokens_per_step() const;
+};
+
+// ---- problems ---------------------------------------------------------------------------------
+// One thing wrong with a recipe. line/col are 1-based; 0 when the problem has no position (file
+// missing, required key absent). Problems from --set have an empty `file` and their message starts
+// with "--set KEY=VALUE: ".
+struct Problem {
+  std::string file;
+  int line = 0;
+  int col = 0;
+  std::string message;
+  bool operator==(const Problem&) const = default;
+};
+
+// "FILE:LINE:COL: error: MESSAGE", "FILE: error: MESSAGE" or "error: MESSAGE" (from --set).
+std::string format_problem(const Problem& problem);
+
+// Thrown by load_recipe/parse_recipe with EVERY problem found, sorted by position (file problems
+// by line and column, then --set problems in command-line order). what() lists them all.
+class RecipeError : public std::runtime_error {
+ public:
+  explicit RecipeError(std::vector<Problem> problems);
+  const std::vector<Problem>& problems() const { return problems_; }
+
+ private:
+  std::vector<Problem> problems_;
+};
+
+// ---- building, printing, fingerprinting --------------------------------------------------------
+// Reads the YAML recipe at `path`, applies `overrides` ("a.b=c", the value parsed as YAML, as from
+// --set) on top of the file, fills defaults and model.arch presets, and validates everything.
+// Throws RecipeError listing all problems at once.
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The same from YAML text in memory; `file_label` is what problems name as their file.
+Recipe parse_recipe(std::string_view yaml_text, const std::string& file_label,
+                    const std::vector<std::string>& overrides = {});
+
+// Every key at its default (presets of `arch`), name "default", data.source synthetic. Valid.
+// For tests and tools that need a Recipe without a file.
+Recipe default_recipe(Arch arch = Arch::gpt);
+
+// The resolved recipe as YAML: every key, block style, in schema order. parse_recipe/load_recipe
+// read it back to an identical Recipe (floats are printed in shortest round-trip form).
+std::string dump_recipe(const Recipe& recipe);
+
+// FNV-1a 64 of dump_recipe(recipe), as 16 lower-case hex digits. Equal recipes hash equally
+// whatever the key order, comments or defaults-vs-explicit style of their source files.
+std::string recipe_hash(const Recipe& recipe);
+
+// The schema as a text table: key, type, default, allowed values, help (trainctl validate
+// --explain).
+std::string explain_table();
+
+}  // namespace trainctl::recipe

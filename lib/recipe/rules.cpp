@@ -1,0 +1,130 @@
+// Cross-field rules: relations between keys that no single key's range can express. Each message
+// shows the formula with the recipe's numbers, so the fix is evident without reading code.
+#include <fmt/format.h>
+
+#include "recipe/internal.hpp"
+
+namespace trainctl::recipe::internal {
+namespace {
+
+class RuleChecker {
+ public:
+  RuleChecker(const std::function<bool(std::string_view)>& usable) : usable_(usable) {}
+
+  // Whether every key a rule reads holds a real value.
+  bool usable(std::initializer_list<std::string_view> keys) const {
+    for (auto k : keys)
+      if (!usable_(k)) return false;
+    return true;
+  }
+  void fail(std::vector<std::string_view> keys, std::string message) {
+    violations.push_back({std::move(keys), std::move(message)});
+  }
+  // `a % b == 0`, reported as "A % B == 0 fails: 130 % 4 = 2".
+  void divisible(std::string_view a_key, int64_t a, std::string_view b_key, int64_t b,
+                 std::vector<std::string_view> keys, std::string_view why = {}) {
+    if (!usable({a_key, b_key}) || b == 0 || a % b == 0) return;
+    std::string message =
+        fmt::format("{} % {} == 0 fails: {} % {} = {}", a_key, b_key, a, b, a % b);
+    if (!why.empty()) message += fmt::format(" ({})", why);
+    fail(std::move(keys), message);
+  }
+
+  std::vector<RuleViolation> violations;
+
+ private:
+  const std::function<bool(std::string_view)>& usable_;
+};
+
+void check_model(const Recipe& r, RuleChecker& c) {
+  const ModelConfig& m = r.model;
+  c.divisible("model.hidden", m.hidden, "model.heads", m.heads, {"model.heads", "model.hidden"},
+              "head_dim = hidden / heads must be whole");
+  if (c.usable({"model.kv_heads", "model.heads"})) {
+    if (m.kv_heads > m.heads) {
+      c.fail({"model.kv_heads", "model.heads"},
+             fmt::format("model.kv_heads <= model.heads fails: {} > {}", m.kv_heads, m.heads));
+    } else {
+      c.divisible("model.heads", m.heads, "model.kv_heads", m.kv_heads,
+                  {"model.kv_heads", "model.heads"},
+                  "each key/value head serves a whole group of query heads");
+    }
+  }
+  if (c.usable({"model.hidden", "model.heads", "model.position"}) && m.hidden % m.heads == 0 &&
+      m.position == Position::rope && (m.hidden / m.heads) % 2 != 0) {
+    c.fail({"model.hidden", "model.heads", "model.position", "model.arch"},
+           fmt::format("head_dim = model.hidden / model.heads = {} / {} = {} must be even with "
+                       "model.position: rope",
+                       m.hidden, m.heads, m.hidden / m.heads));
+  }
+}
+
+void check_parallel(const Recipe& r, RuleChecker& c) {
+  const ModelConfig& m = r.model;
+  const ParallelConfig& p = r.parallel;
+  for (auto [key, value] : {std::pair<std::string_view, int>{"model.heads", m.heads},
+                            {"model.kv_heads", m.kv_heads},
+                            {"model.ffn_hidden", m.ffn_hidden},
+                            {"model.vocab", m.vocab}}) {
+    c.divisible(key, value, "parallel.tp", p.tp, {key, "parallel.tp"});
+  }
+  c.divisible("model.layers", m.layers, "parallel.pp", p.pp, {"model.layers", "parallel.pp"},
+              "each pipeline stage holds the same number of layers");
+  if (c.usable({"training.global_batch", "training.micro_batch", "parallel.dp", "parallel.ep"})) {
+    int64_t per_pass = static_cast<int64_t>(r.training.micro_batch) * p.dp * p.ep;
+    if (r.training.global_batch % per_pass != 0) {
+      c.fail({"training.global_batch", "training.micro_batch", "parallel.dp", "parallel.ep"},
+             fmt::format("training.global_batch % (training.micro_batch * parallel.dp * "
+                         "parallel.ep) == 0 fails: {} % ({} * {} * {}) = {} % {} = {}",
+                         r.training.global_batch, r.training.micro_batch, p.dp, p.ep,
+                         r.training.global_batch, per_pass, r.training.global_batch % per_pass));
+    }
+  }
+}
+
+void check_moe(const Recipe& r, RuleChecker& c) {
+  const MoeConfig& e = r.moe;
+  if (c.usable({"moe.experts"}) && e.experts > 0) {
+    c.divisible("moe.experts", e.experts, "parallel.ep", r.parallel.ep,
+                {"moe.experts", "parallel.ep"}, "each expert-parallel rank holds whole experts");
+    if (c.usable({"moe.top_k"}) && e.top_k > e.experts)
+      c.fail({"moe.top_k", "moe.experts"},
+             fmt::format("moe.top_k <= moe.experts fails: {} > {}", e.top_k, e.experts));
+  }
+  if (c.usable({"moe.experts", "parallel.ep"}) && e.experts == 0 && r.parallel.ep > 1)
+    c.fail({"parallel.ep", "moe.experts"},
+           fmt::format("parallel.ep = {} needs an MoE model (moe.experts > 0), but moe.experts = 0",
+                       r.parallel.ep));
+}
+
+void check_schedule_and_data(const Recipe& r, RuleChecker& c) {
+  if (c.usable({"schedule.min_lr", "optimizer.lr"}) && r.schedule.min_lr > r.optimizer.lr)
+    c.fail({"schedule.min_lr", "optimizer.lr"},
+           fmt::format("schedule.min_lr <= optimizer.lr fails: {} > {}",
+                       format_number(r.schedule.min_lr), format_number(r.optimizer.lr)));
+  if (c.usable({"schedule.warmup_steps", "training.steps"}) &&
+      r.schedule.warmup_steps > r.training.steps)
+    c.fail({"schedule.warmup_steps", "training.steps"},
+           fmt::format("schedule.warmup_steps <= training.steps fails: {} > {}",
+                       r.schedule.warmup_steps, r.training.steps));
+  if (c.usable({"data.source", "data.path"}) && r.data.source != DataSource::synthetic &&
+      r.data.path.empty())
+    c.fail({"data.path", "data.source"},
+           fmt::format("data.path is required when data.source is {} (or use data.source: "
+                       "synthetic)",
+                       to_string(r.data.source)));
+}
+
+}  // namespace
+
+std::vector<RuleViolation> check_rules(const Recipe& recipe,
+                                       const std::function<bool(std::string_view)>& usable) {
+  RuleChecker checker(usable);
+  check_model(recipe, checker);
+  check_parallel(recipe, checker);
+  check_moe(recipe, checker);
+  check_schedule_and_data(recipe, checker);
+  return std::move(checker.violations);
+}
+
+}  // namespace trainctl::recipe::internal

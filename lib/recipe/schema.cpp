@@ -1,0 +1,381 @@
+// The schema table and the model.arch presets: the only places a recipe default is written.
+#include "recipe/schema.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+namespace trainctl::recipe {
+namespace {
+
+// ---- binding a row to its struct member ------------------------------------------------------
+template <class T>
+constexpr Kind kind_of() {
+  if constexpr (std::is_same_v<T, bool>)
+    return Kind::boolean;
+  else if constexpr (std::is_integral_v<T>)
+    return Kind::integer;
+  else if constexpr (std::is_floating_point_v<T>)
+    return Kind::number;
+  else if constexpr (std::is_enum_v<T>)
+    return Kind::choice;
+  else if constexpr (std::is_same_v<T, std::string>)
+    return Kind::string;
+  else if constexpr (std::is_same_v<T, std::array<double, 2>>)
+    return Kind::number_pair;
+  else {
+    static_assert(std::is_same_v<T, LossScale>, "no schema Kind for this member type");
+    return Kind::loss_scale;
+  }
+}
+
+template <class T>
+Value to_value(const T& v) {
+  if constexpr (std::is_same_v<T, bool>)
+    return v;
+  else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>)
+    return static_cast<int64_t>(v);
+  else
+    return v;
+}
+
+template <class T>
+T from_value(const Value& v) {
+  if constexpr (std::is_same_v<T, bool>)
+    return std::get<bool>(v);
+  else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>)
+    return static_cast<T>(std::get<int64_t>(v));
+  else
+    return std::get<T>(v);
+}
+
+// Section == nullptr-like marker for the top-level keys is not possible with pointers to members,
+// so top-level keys use TopBind and section keys use Bind.
+template <auto Section, auto Member>
+struct Bind {
+  using T = std::remove_cvref_t<decltype(std::declval<Recipe&>().*Section.*Member)>;
+  static void store(Recipe& r, const Value& v) { (r.*Section).*Member = from_value<T>(v); }
+  static Value fetch(const Recipe& r) { return to_value((r.*Section).*Member); }
+};
+template <auto Member>
+struct TopBind {
+  using T = std::remove_cvref_t<decltype(std::declval<Recipe&>().*Member)>;
+  static void store(Recipe& r, const Value& v) { r.*Member = from_value<T>(v); }
+  static Value fetch(const Recipe& r) { return to_value(r.*Member); }
+};
+
+template <class B>
+KeySpec row(std::string_view path, typename B::T default_value, Range range,
+            std::string_view help) {
+  using T = typename B::T;
+  KeySpec k;
+  k.path = path;
+  k.kind = kind_of<T>();
+  k.default_value = to_value(default_value);
+  k.range = range;
+  k.help = help;
+  k.store = &B::store;
+  k.fetch = &B::fetch;
+  if constexpr (std::is_enum_v<T>) k.choices = EnumNames<T>::names;
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+    k.integer_max = std::numeric_limits<T>::max();
+  return k;
+}
+template <class B>
+KeySpec preset_row(std::string_view path, Range range, std::string_view help) {
+  KeySpec k = row<B>(path, typename B::T{}, range, help);
+  k.preset = true;
+  return k;
+}
+
+Range none() {
+  return {};
+}
+Range interval(std::optional<double> low, std::optional<double> high, bool low_open,
+               bool high_open) {
+  Range r;
+  r.low = low;
+  r.high = high;
+  r.low_open = low_open;
+  r.high_open = high_open;
+  return r;
+}
+Range at_least(double x) {
+  return interval(x, {}, false, false);
+}
+Range above(double x) {
+  return interval(x, {}, true, false);
+}
+Range closed(double a, double b) {
+  return interval(a, b, false, false);
+}
+
+std::string check_name(const Value& v) {
+  const auto& s = std::get<std::string>(v);
+  if (s.empty()) return "must not be empty (it names the run directory)";
+  for (char c : s) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-';
+    if (!ok)
+      return fmt::format(
+          "'{}' may only use letters, digits, '.', '_' and '-' (it names the run "
+          "directory)",
+          s);
+  }
+  if (s == "." || s == "..") return fmt::format("'{}' is not a usable directory name", s);
+  return "";
+}
+
+#define B(section, member) Bind<&Recipe::section, &decltype(Recipe::section)::member>
+
+std::vector<KeySpec> build_schema() {
+  std::vector<KeySpec> t;
+  KeySpec name =
+      row<TopBind<&Recipe::name>>("name", "", none(), "run name; used as the run directory name");
+  name.required = true;
+  name.check = &check_name;
+  name.allowed_doc = "[A-Za-z0-9._-]+";
+  t.push_back(name);
+
+  // model
+  t.push_back(row<B(model, arch)>("model.arch", Arch::gpt, none(),
+                                  "architecture preset: fills the (preset) keys"));
+  t.push_back(row<B(model, layers)>("model.layers", 4, at_least(1), "transformer blocks"));
+  t.push_back(row<B(model, hidden)>("model.hidden", 128, at_least(1), "model width (channels)"));
+  t.push_back(row<B(model, heads)>("model.heads", 4, at_least(1), "attention (query) heads"));
+  t.push_back(preset_row<B(model, kv_heads)>(
+      "model.kv_heads", at_least(1),
+      "key/value heads; fewer than heads = grouped-query attention"));
+  t.push_back(preset_row<B(model, ffn_hidden)>("model.ffn_hidden", at_least(1), "MLP inner width"));
+  t.push_back(row<B(model, vocab)>("model.vocab", 256, at_least(2), "vocabulary size"));
+  t.push_back(row<B(model, seq_len)>("model.seq_len", 128, at_least(1),
+                                     "tokens per sequence (context length)"));
+  t.push_back(preset_row<B(model, norm)>("model.norm", none(), "normalisation layer"));
+  t.push_back(preset_row<B(model, activation)>("model.activation", none(), "MLP activation"));
+  t.push_back(preset_row<B(model, position)>("model.position", none(), "position encoding"));
+  t.push_back(
+      row<B(model, rope_theta)>("model.rope_theta", 10000.0, above(0), "RoPE base frequency"));
+  t.push_back(preset_row<B(model, tied_embeddings)>("model.tied_embeddings", none(),
+                                                    "output head shares the token embedding"));
+  t.push_back(
+      preset_row<B(model, bias)>("model.bias", none(), "biases in linear layers and norms"));
+  t.push_back(
+      row<B(model, norm_eps)>("model.norm_eps", 1.0e-5, above(0), "epsilon inside the norm"));
+  t.push_back(row<B(model, init_std)>("model.init_std", 0.02, above(0),
+                                      "standard deviation of the initial weights"));
+  // moe
+  t.push_back(row<B(moe, experts)>("moe.experts", 0, at_least(0),
+                                   "experts per MoE layer; 0 = dense model"));
+  t.push_back(row<B(moe, top_k)>("moe.top_k", 2, at_least(1), "experts each token is routed to"));
+  t.push_back(row<B(moe, capacity_factor)>(
+      "moe.capacity_factor", 1.25, at_least(0),
+      "expert capacity = factor * tokens * top_k / experts; 0 = no limit, no dropping"));
+  t.push_back(row<B(moe, aux_loss_coef)>("moe.aux_loss_coef", 0.01, at_least(0),
+                                         "Switch/GShard load-balancing loss weight"));
+  t.push_back(row<B(moe, z_loss_coef)>("moe.z_loss_coef", 0.001, at_least(0),
+                                       "ST-MoE router z-loss weight"));
+  t.push_back(row<B(moe, every)>("moe.every", 2, at_least(1),
+                                 "layer i (0-based) is MoE when (i+1) % every == 0"));
+  t.push_back(row<B(moe, expert_ffn_hidden)>("moe.expert_ffn_hidden", 0, at_least(0),
+                                             "expert MLP inner width; 0 = model.ffn_hidden"));
+  // parallel
+  t.push_back(row<B(parallel, dp)>("parallel.dp", 1, at_least(1), "data-parallel degree"));
+  t.push_back(row<B(parallel, tp)>("parallel.tp", 1, at_least(1), "tensor-parallel degree"));
+  t.push_back(row<B(parallel, pp)>("parallel.pp", 1, at_least(1), "pipeline-parallel degree"));
+  t.push_back(row<B(parallel, ep)>("parallel.ep", 1, at_least(1), "expert-parallel degree"));
+  t.push_back(
+      row<B(parallel, zero)>("parallel.zero", 0, closed(0, 1),
+                             "ZeRO stage: 1 shards optimizer state over data-parallel ranks"));
+  t.push_back(row<B(parallel, recompute)>("parallel.recompute", Recompute::none, none(),
+                                          "activation recomputation"));
+  // precision
+  t.push_back(row<B(precision, compute)>("precision.compute", Compute::bf16, none(),
+                                         "compute dtype (fp64: CPU reference only)"));
+  KeySpec loss_scale = row<B(precision, loss_scale)>(
+      "precision.loss_scale", LossScale{LossScaleMode::dynamic, 0.0}, above(0),
+      "loss scaling (used with fp16): dynamic, none or a static scale");
+  loss_scale.allowed_doc = "dynamic | none | number > 0";
+  t.push_back(loss_scale);
+  t.push_back(row<B(precision, initial_loss_scale)>("precision.initial_loss_scale", 65536.0,
+                                                    above(0), "first dynamic loss scale"));
+  t.push_back(row<B(precision, loss_scale_window)>(
+      "precision.loss_scale_window", 1000, at_least(1),
+      "grow the dynamic scale x2 after this many finite steps"));
+  t.push_back(row<B(precision, min_loss_scale)>("precision.min_loss_scale", 1.0, above(0),
+                                                "the dynamic scale never drops below this"));
+  // optimizer
+  t.push_back(row<B(optimizer, name)>("optimizer.name", OptimizerName::adamw, none(), "optimizer"));
+  t.push_back(row<B(optimizer, lr)>("optimizer.lr", 1.0e-3, above(0), "peak learning rate"));
+  t.push_back(row<B(optimizer, betas)>("optimizer.betas", std::array<double, 2>{0.9, 0.95},
+                                       interval(0, 1, false, true), "AdamW beta1, beta2"));
+  t.push_back(row<B(optimizer, eps)>("optimizer.eps", 1.0e-8, above(0), "AdamW epsilon"));
+  t.push_back(row<B(optimizer, weight_decay)>("optimizer.weight_decay", 0.1, at_least(0),
+                                              "decoupled weight decay"));
+  t.push_back(row<B(optimizer, grad_clip)>("optimizer.grad_clip", 1.0, at_least(0),
+                                           "clip the global gradient norm to this; 0 = off"));
+  // schedule
+  t.push_back(row<B(schedule, warmup_steps)>("schedule.warmup_steps", 20, at_least(0),
+                                             "linear warm-up steps from 0 to optimizer.lr"));
+  t.push_back(
+      row<B(schedule, decay)>("schedule.decay", Decay::cosine, none(),
+                              "learning-rate decay after warm-up (wsd = warmup-stable-decay)"));
+  t.push_back(row<B(schedule, min_lr)>("schedule.min_lr", 1.0e-4, at_least(0),
+                                       "learning rate at the end of the decay; <= optimizer.lr"));
+  t.push_back(row<B(schedule, wsd_decay_fraction)>(
+      "schedule.wsd_decay_fraction", 0.2, interval(0, 1, true, false),
+      "share of post-warm-up steps spent decaying (wsd only)"));
+  // data
+  t.push_back(
+      row<B(data, source)>("data.source", DataSource::text, none(),
+                           "token source: synthetic, byte-level text, or llm.c .bin shards"));
+  t.push_back(row<B(data, path)>(
+      "data.path", "", none(),
+      "text file (text) or .bin shard / glob of shards (llmc); required unless synthetic"));
+  t.push_back(row<B(data, val_path)>(
+      "data.val_path", "", none(),
+      "separate validation file/shard; empty: hold out val_fraction of path"));
+  t.push_back(
+      row<B(data, val_fraction)>("data.val_fraction", 0.05, closed(0, 0.5),
+                                 "share of path held out for validation when val_path is empty"));
+  // training
+  t.push_back(row<B(training, steps)>("training.steps", 200, at_least(1), "optimizer steps"));
+  t.push_back(row<B(training, global_batch)>("training.global_batch", 16, at_least(1),
+                                             "sequences per optimizer step"));
+  t.push_back(row<B(training, micro_batch)>("training.micro_batch", 4, at_least(1),
+                                            "sequences per forward/backward per rank"));
+  // checkpoint
+  t.push_back(row<B(checkpoint, every_steps)>("checkpoint.every_steps", 0, at_least(0),
+                                              "save every N steps; 0 = off"));
+  t.push_back(row<B(checkpoint, every_minutes)>("checkpoint.every_minutes", 0.0, at_least(0),
+                                                "save every N minutes; 0 = off"));
+  t.push_back(row<B(checkpoint, keep_last)>("checkpoint.keep_last", 3, at_least(1),
+                                            "checkpoints kept; older ones are deleted"));
+  t.push_back(row<B(checkpoint, async)>("checkpoint.async", true, none(),
+                                        "write checkpoints in the background"));
+  t.push_back(row<B(checkpoint, resume)>(
+      "checkpoint.resume", Resume::never, none(),
+      "auto: continue from the newest valid checkpoint in the run directory"));
+  // determinism
+  t.push_back(row<B(determinism, seed)>("determinism.seed", 1234, at_least(0),
+                                        "seed of every random stream"));
+  t.push_back(row<B(determinism, deterministic)>("determinism.deterministic", true, none(),
+                                                 "fixed reduction orders, no float atomics"));
+  // logging
+  t.push_back(row<B(logging, every_steps)>("logging.every_steps", 10, at_least(1),
+                                           "log metrics every N steps"));
+  t.push_back(row<B(logging, eval_every_steps)>("logging.eval_every_steps", 50, at_least(0),
+                                                "evaluate every N steps; 0 = only at the end"));
+  t.push_back(row<B(logging, eval_batches)>("logging.eval_batches", 4, at_least(1),
+                                            "micro-batches per evaluation"));
+  t.push_back(row<B(logging, tensorboard)>("logging.tensorboard", true, none(),
+                                           "write TensorBoard event files"));
+  t.push_back(row<B(logging, progress)>("logging.progress", Progress::automatic, none(),
+                                        "auto: a live line on a terminal, plain lines otherwise"));
+  // cluster
+  t.push_back(row<B(cluster, device)>("cluster.device", Device::automatic, none(),
+                                      "auto: cuda if a GPU is present, else cpu"));
+  t.push_back(row<B(cluster, file)>("cluster.file", "", none(),
+                                    "cluster description file (for trainctl plan)"));
+  t.push_back(row<B(cluster, nodes)>("cluster.nodes", 1, at_least(1), "nodes"));
+  t.push_back(
+      row<B(cluster, gpus_per_node)>("cluster.gpus_per_node", 0, at_least(0), "GPUs per node"));
+  return t;
+}
+#undef B
+
+// Llama's MLP width rule is 2/3 * 4 * hidden rounded up to a multiple of 256; we round to 64 so
+// that small models stay small (hidden 128 gives 384, not 512).
+int llama_ffn_hidden(const ModelConfig& m) {
+  int64_t width = 2 * (4 * static_cast<int64_t>(m.hidden)) / 3;
+  int64_t rounded = (width + 63) / 64 * 64;
+  return static_cast<int>(std::min<int64_t>(rounded, std::numeric_limits<int>::max()));
+}
+int gpt_ffn_hidden(const ModelConfig& m) {
+  return static_cast<int>(
+      std::min<int64_t>(4 * static_cast<int64_t>(m.hidden), std::numeric_limits<int>::max()));
+}
+int same_as_heads(const ModelConfig& m) {
+  return m.heads;
+}
+
+const ArchPreset kPresets[] = {
+    {Arch::gpt, Norm::layernorm, Activation::gelu, Position::learned, true, true, &same_as_heads,
+     &gpt_ffn_hidden, "heads", "4*hidden"},
+    {Arch::llama, Norm::rmsnorm, Activation::swiglu, Position::rope, false, false, &same_as_heads,
+     &llama_ffn_hidden, "heads", "2/3*4*hidden rounded up to a multiple of 64"},
+};
+
+}  // namespace
+
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> table = build_schema();
+  return table;
+}
+
+const KeySpec* find_key(std::string_view path) {
+  for (const auto& k : schema())
+    if (k.path == path) return &k;
+  return nullptr;
+}
+
+const std::vector<std::string_view>& section_names() {
+  static const std::vector<std::string_view> names = [] {
+    std::vector<std::string_view> out;
+    for (const auto& k : schema())
+      if (!k.section().empty() && std::find(out.begin(), out.end(), k.section()) == out.end())
+        out.push_back(k.section());
+    return out;
+  }();
+  return names;
+}
+
+std::string_view KeySpec::section() const {
+  auto dot = path.find('.');
+  return dot == std::string_view::npos ? std::string_view{} : path.substr(0, dot);
+}
+std::string_view KeySpec::leaf() const {
+  auto dot = path.find('.');
+  return dot == std::string_view::npos ? path : path.substr(dot + 1);
+}
+
+const ArchPreset& arch_preset(Arch arch) {
+  for (const auto& p : kPresets)
+    if (p.arch == arch) return p;
+  return kPresets[0];  // unreachable: every Arch has a row
+}
+
+void apply_preset(ModelConfig& m, const std::vector<std::string_view>& given) {
+  auto unset = [&](std::string_view path) {
+    return std::find(given.begin(), given.end(), path) == given.end();
+  };
+  const ArchPreset& p = arch_preset(m.arch);
+  if (unset("model.norm")) m.norm = p.norm;
+  if (unset("model.activation")) m.activation = p.activation;
+  if (unset("model.position")) m.position = p.position;
+  if (unset("model.tied_embeddings")) m.tied_embeddings = p.tied_embeddings;
+  if (unset("model.bias")) m.bias = p.bias;
+  if (unset("model.kv_heads")) m.kv_heads = p.kv_heads(m);
+  if (unset("model.ffn_hidden")) m.ffn_hidden = p.ffn_hidden(m);
+}
+
+std::string preset_doc(const KeySpec& key) {
+  std::string out;
+  for (const auto& p : kPresets) {
+    std::string value;
+    if (key.path == "model.kv_heads") {
+      value = std::string(p.kv_heads_doc);
+    } else if (key.path == "model.ffn_hidden") {
+      value = std::string(p.ffn_hidden_doc);
+    } else {
+      Recipe r = default_recipe(p.arch);
+      value = format_value(key, key.fetch(r));
+    }
+    if (!out.empty()) out += "; ";
+    out += fmt::format("{}: {}", to_string(p.arch), value);
+  }
+  return out;
+}
+
+}  // namespace trainctl::recipe

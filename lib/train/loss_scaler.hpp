@@ -1,0 +1,43 @@
+// Loss scaling for fp16: the loss gradient is multiplied by `scale` so small activation gradients
+// survive fp16's range; parameter gradients are divided by it before use. Dynamic mode (as in
+// Megatron and torch.cuda.amp.GradScaler): a step whose gradients hold inf/NaN is skipped and the
+// scale is multiplied by `backoff` (not below min_scale); after `window` finite steps in a row the
+// scale is multiplied by `growth`.
+#pragma once
+
+#include <cstdint>
+
+namespace trainctl::train {
+
+enum class LossScaleKind { none, fixed, dynamic };
+
+class LossScaler {
+ public:
+  struct Config {
+    LossScaleKind kind = LossScaleKind::none;
+    double initial_scale = 65536.0;  // also the fixed value
+    int64_t window = 1000;
+    double min_scale = 1.0;
+    double growth = 2.0;
+    double backoff = 0.5;
+  };
+  struct State {  // everything a checkpoint must carry
+    double scale = 1.0;
+    int64_t good_steps = 0;
+    int64_t skipped_steps = 0;
+  };
+
+  explicit LossScaler(const Config& config);
+  double scale() const { return state_.scale; }
+  // Records the outcome of a step. Returns true when the step must be applied, false when it is
+  // skipped (non-finite gradients). With kind none/fixed a non-finite step is skipped too.
+  bool update(bool grads_finite);
+  const State& state() const { return state_; }
+  void restore(const State& state) { state_ = state; }
+
+ private:
+  Config config_;
+  State state_;
+};
+
+}  // namespace trainctl::train

@@ -1,0 +1,34 @@
+// AdamW over a ParamStore: decoupled weight decay on matrices and embeddings, none on norms and
+// biases (ParamSpec::weight_decay). Moments live in the store's m/v buffers; for bf16/fp16
+// storage the update runs on the fp32 master weights and the storage copy is their rounding.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "backend/backend.hpp"
+#include "model/params.hpp"
+
+namespace trainctl::train {
+
+struct AdamWConfig {
+  double beta1 = 0.9, beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+};
+
+class AdamW {
+ public:
+  explicit AdamW(const AdamWConfig& config) : config_(config) {}
+  // One update with learning rate `lr`; every gradient is first multiplied by `grad_scale`
+  // (1 / loss scale times the clipping coefficient).
+  void step(backend::Backend& be, model::ParamStore& params, double lr, double grad_scale);
+  int64_t updates() const { return updates_; }  // Adam's t (bias correction)
+  void restore(int64_t updates) { updates_ = updates; }
+
+ private:
+  AdamWConfig config_;
+  int64_t updates_ = 0;
+};
+
+}  // namespace trainctl::train

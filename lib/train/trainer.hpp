@@ -1,0 +1,79 @@
+// The step loop of one rank: gradient accumulation over micro-batches, loss scaling, global
+// gradient-norm clipping, AdamW, LR schedule, periodic evaluation. What happens with the numbers
+// (progress line, metrics.jsonl, TensorBoard) is the caller's business: it receives StepMetrics.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "data/sampler.hpp"
+#include "model/model.hpp"
+#include "train/loss_scaler.hpp"
+#include "train/optimizer.hpp"
+#include "train/schedule.hpp"
+
+namespace trainctl::train {
+
+struct TrainConfig {
+  int64_t steps = 1;
+  int global_batch = 1;  // sequences per optimizer step
+  int micro_batch = 1;   // sequences per forward/backward
+  LrSchedule schedule;
+  AdamWConfig adamw;
+  double grad_clip = 1.0;  // 0: off
+  LossScaler::Config loss_scale;
+  int64_t eval_every_steps = 0;  // 0: only at the end
+  int eval_batches = 1;
+
+  int accum_steps() const { return global_batch / micro_batch; }
+};
+
+struct StepMetrics {
+  int64_t step = 0;   // 1-based number of the step just finished
+  double loss = 0;    // mean cross-entropy over the step's tokens (nats/token)
+  double lr = 0;
+  double grad_norm = 0;  // global L2 norm before clipping (unscaled); NaN/inf when skipped
+  int64_t tokens = 0;    // tokens processed so far
+  double tokens_per_s = 0;
+  double step_ms = 0;
+  double loss_scale = 1;
+  bool skipped = false;
+  double aux_loss = 0, z_loss = 0;                // MoE, summed over layers, averaged over micro-batches
+  std::vector<std::vector<double>> expert_load;   // per MoE layer, averaged over micro-batches
+  std::vector<int64_t> dropped_tokens;            // per MoE layer, summed over micro-batches
+  std::optional<double> val_loss;
+};
+
+class Trainer {
+ public:
+  // `val` may be null (no evaluation). All references must outlive the trainer.
+  Trainer(const TrainConfig& config, model::Transformer& model, backend::Backend& backend,
+          data::Sampler& train_data, const data::ValidationSet* val);
+
+  StepMetrics step();      // one optimizer step (accum_steps micro-batches)
+  double evaluate();       // mean loss over eval_batches validation micro-batches
+  // Runs until `steps`, calling `on_step` after each (with val_loss at evaluation steps).
+  void run(const std::function<void(const StepMetrics&)>& on_step);
+
+  int64_t steps_done() const { return step_; }
+  const LossScaler& loss_scaler() const { return scaler_; }
+
+ private:
+  void load_micro_batch(const int32_t* window);
+
+  TrainConfig config_;
+  model::Transformer& model_;
+  backend::Backend& be_;
+  data::Sampler& train_;
+  const data::ValidationSet* val_;
+  LossScaler scaler_;
+  AdamW optimizer_;
+  int64_t step_ = 0;
+  int64_t tokens_ = 0;
+  std::vector<int32_t> window_, inputs_, targets_;
+};
+
+}  // namespace trainctl::train

@@ -1,0 +1,239 @@
+// Valid recipes: presets, flow style, overrides, the dump round trip, the hash, --explain, and the
+// schema's bindings (each key reads and writes its own struct member).
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <unistd.h>
+
+#include "recipe/recipe.hpp"
+#include "recipe/schema.hpp"
+
+namespace {
+
+using namespace trainctl::recipe;
+
+// A folder for this process's recipe files, removed when the tests end.
+const std::filesystem::path& temp_dir() {
+  struct Dir {
+    std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                 ("trainctl_recipe_test_" + std::to_string(::getpid()));
+    Dir() { std::filesystem::create_directories(path); }
+    ~Dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
+}
+
+std::string write_temp(const std::string& text, const std::string& name = "good.yaml") {
+  auto path = temp_dir() / name;
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+Recipe load_text(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  return load_recipe(write_temp(text), overrides);
+}
+
+const char* kBlock = R"(# a small llama with experts
+name: run-1.b
+model:
+  arch: llama
+  layers: 6
+  hidden: 256
+  heads: 8
+  kv_heads: 2
+  vocab: 512
+moe:
+  experts: 4
+  top_k: 2
+  every: 1
+parallel:
+  dp: 2
+  ep: 2
+  tp: 2
+training:
+  global_batch: 32
+  micro_batch: 2
+data:
+  source: text
+  path: corpus.txt
+)";
+
+const char* kFlow =
+    "{name: run-1.b, model: {arch: llama, layers: 6, hidden: 256, heads: 8, kv_heads: 2, "
+    "vocab: 512}, moe: {experts: 4, top_k: 2, every: 1}, parallel: {dp: 2, ep: 2, tp: 2}, "
+    "training: {global_batch: 32, micro_batch: 2}, data: {source: text, path: corpus.txt}}\n";
+
+}  // namespace
+
+TEST_CASE("gpt preset fills unset model keys") {
+  Recipe r = load_text("name: g\ndata: {source: synthetic}\nmodel: {hidden: 64, heads: 2}\n");
+  CHECK(r.model.arch == Arch::gpt);
+  CHECK(r.model.kv_heads == 2);
+  CHECK(r.model.ffn_hidden == 256);
+  CHECK(r.model.norm == Norm::layernorm);
+  CHECK(r.model.activation == Activation::gelu);
+  CHECK(r.model.position == Position::learned);
+  CHECK(r.model.tied_embeddings);
+  CHECK(r.model.bias);
+  CHECK(r.model.layers == 4);  // plain default
+  CHECK(r.optimizer.betas == std::array<double, 2>{0.9, 0.95});
+  CHECK(r.precision.loss_scale == LossScale{LossScaleMode::dynamic, 0.0});
+}
+
+TEST_CASE("llama preset: rmsnorm, swiglu, rope, untied, no bias, ffn rounded up to 64") {
+  Recipe r = load_text("name: l\ndata: {source: synthetic}\nmodel: {arch: llama}\n");
+  CHECK(r.model.norm == Norm::rmsnorm);
+  CHECK(r.model.activation == Activation::swiglu);
+  CHECK(r.model.position == Position::rope);
+  CHECK_FALSE(r.model.tied_embeddings);
+  CHECK_FALSE(r.model.bias);
+  CHECK(r.model.kv_heads == r.model.heads);
+  CHECK(r.model.ffn_hidden == 384);  // 2/3 * 4 * 128 = 341.3 -> 384
+  Recipe big = load_text(
+      "name: l\ndata: {source: synthetic}\nmodel: {arch: llama, hidden: 4096, heads: 32}\n");
+  CHECK(big.model.ffn_hidden == 10944);  // 2/3 * 4 * 4096 = 10922.7 -> 10944
+}
+
+TEST_CASE("keys the recipe sets win over the preset") {
+  Recipe r = load_text(
+      "name: l\ndata: {source: synthetic}\n"
+      "model: {arch: llama, norm: layernorm, bias: yes, ffn_hidden: 100, kv_heads: 1}\n");
+  CHECK(r.model.norm == Norm::layernorm);
+  CHECK(r.model.bias);
+  CHECK(r.model.ffn_hidden == 100);
+  CHECK(r.model.kv_heads == 1);
+  CHECK(r.model.activation == Activation::swiglu);  // still from the preset
+}
+
+TEST_CASE("flow style and block style give the same recipe") {
+  Recipe block = load_text(kBlock);
+  Recipe flow = load_text(kFlow);
+  CHECK(block == flow);
+  CHECK(block.name == "run-1.b");
+  CHECK(block.model.kv_heads == 2);
+  CHECK(block.data.path == "corpus.txt");
+}
+
+TEST_CASE("derived quantities: world size, data-parallel size, accumulation, MoE layers") {
+  Recipe r = load_text(kBlock);
+  CHECK(r.world_size() == 8);          // tp 2 * ep 2 * dp 2 * pp 1
+  CHECK(r.data_parallel_size() == 4);  // dp * ep
+  CHECK(r.grad_accum_steps() == 4);    // 32 / (2 * 4)
+  CHECK(r.tokens_per_step() == 32 * 128);
+  CHECK(r.is_moe_layer(0));  // every: 1
+  Recipe every2 = load_text(kBlock, {"moe.every=2"});
+  CHECK_FALSE(every2.is_moe_layer(0));
+  CHECK(every2.is_moe_layer(1));
+  CHECK_FALSE(every2.is_moe_layer(2));
+  CHECK(every2.is_moe_layer(5));
+  Recipe dense = load_text("name: d\ndata: {source: synthetic}\nmoe: {every: 1}\n");
+  CHECK_FALSE(dense.is_moe_layer(0));
+}
+
+TEST_CASE("overrides (--set) replace file values, even ones that were wrong") {
+  Recipe r = load_text("name: o\ndata: {source: synthetic}\nmodel: {layers: abc}\n",
+                       {"model.layers=8", "optimizer.betas=[0.8, 0.99]", "data.val_path=",
+                        "precision.loss_scale=1024", "checkpoint.resume=auto", "name=other"});
+  CHECK(r.model.layers == 8);
+  CHECK(r.optimizer.betas == std::array<double, 2>{0.8, 0.99});
+  CHECK(r.data.val_path.empty());
+  CHECK(r.precision.loss_scale == LossScale{LossScaleMode::fixed, 1024.0});
+  CHECK(r.checkpoint.resume == Resume::automatic);
+  CHECK(r.name == "other");
+  Recipe none = load_text("name: o\ndata: {source: synthetic}\nprecision: {loss_scale: none}\n");
+  CHECK(none.precision.loss_scale.mode == LossScaleMode::none);
+}
+
+TEST_CASE("dump then load gives back the identical recipe") {
+  Recipe original =
+      load_text(kBlock, {"optimizer.lr=3e-4", "schedule.min_lr=3e-5", "precision.loss_scale=512.5",
+                         "data.val_fraction=0.1", "model.norm_eps=1e-6", "checkpoint.async=false",
+                         "data.val_path=a \"quoted\" \\ path"});
+  std::string dumped = dump_recipe(original);
+  Recipe reloaded = load_recipe(write_temp(dumped, "dumped.yaml"));
+  CHECK(reloaded == original);
+  CHECK(dump_recipe(reloaded) == dumped);
+  for (const auto& key : schema())  // every key is written out
+    CHECK(dumped.find(std::string(key.leaf()) + ": ") != std::string::npos);
+}
+
+TEST_CASE("default_recipe is valid and round-trips") {
+  for (Arch arch : {Arch::gpt, Arch::llama}) {
+    Recipe d = default_recipe(arch);
+    CHECK(parse_recipe(dump_recipe(d), "default") == d);
+  }
+}
+
+TEST_CASE("the hash depends on the values only, not on how the file is written") {
+  Recipe block = load_text(kBlock);
+  Recipe flow = load_text(kFlow);
+  Recipe explicit_defaults = load_text(std::string(kBlock) + "optimizer: {lr: 0.001}\n");
+  std::string h = recipe_hash(block);
+  CHECK(h.size() == 16);
+  CHECK(h.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(recipe_hash(flow) == h);
+  CHECK(recipe_hash(explicit_defaults) == h);
+  CHECK(recipe_hash(load_text(kBlock, {"determinism.seed=7"})) != h);
+}
+
+TEST_CASE("each schema key stores into and fetches from its own member only") {
+  const Recipe base = default_recipe();
+  for (const auto& key : schema()) {
+    INFO("key " << key.path);
+    Value changed = key.fetch(base);
+    switch (key.kind) {
+      case Kind::integer:
+        changed = std::get<int64_t>(changed) + 1;
+        break;
+      case Kind::number:
+        changed = std::get<double>(changed) + 0.5;
+        break;
+      case Kind::boolean:
+        changed = !std::get<bool>(changed);
+        break;
+      case Kind::string:
+        changed = std::string("changed");
+        break;
+      case Kind::number_pair:
+        changed = std::array<double, 2>{0.25, 0.5};
+        break;
+      case Kind::loss_scale:
+        changed = LossScale{LossScaleMode::fixed, 3.0};
+        break;
+      case Kind::choice:
+        if (key.choices.size() < 2) continue;
+        changed = (std::get<int64_t>(changed) + 1) % static_cast<int64_t>(key.choices.size());
+        break;
+    }
+    Recipe r = base;
+    key.store(r, changed);
+    CHECK(key.fetch(r) == changed);
+    for (const auto& other : schema())
+      if (&other != &key) CHECK(other.fetch(r) == other.fetch(base));
+  }
+}
+
+TEST_CASE("the explain table lists every key with its type, default and help") {
+  std::string table = explain_table();
+  for (const auto& key : schema()) {
+    INFO("key " << key.path);
+    std::string needle = "\n";
+    needle += key.path;
+    needle += ' ';
+    auto at = table.find(needle);
+    REQUIRE(at != std::string::npos);
+    std::string line = table.substr(at + 1, table.find('\n', at + 1) - at - 1);
+    CHECK(line.find(std::string(key.help)) != std::string::npos);
+    CHECK(line.find(std::string(kind_name(key.kind))) != std::string::npos);
+  }
+  CHECK(table.find("(preset) gpt: layernorm; llama: rmsnorm") != std::string::npos);
+  CHECK(table.find("gpt | llama") != std::string::npos);
+  CHECK(table.find("(required)") != std::string::npos);
+}

@@ -1,0 +1,329 @@
+// Malformed recipes: each one written to a file, loaded, and every problem compared word for word
+// (position included). The preamble makes a recipe valid, so each case shows only its own mistake.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "recipe/recipe.hpp"
+
+namespace {
+
+using trainctl::recipe::Problem;
+using trainctl::recipe::RecipeError;
+
+const std::string kOk = "name: t\ndata: {source: synthetic}\n";  // lines 1-2
+
+// A folder for this process's recipe files, removed when the tests end.
+const std::filesystem::path& temp_dir() {
+  struct Dir {
+    std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                 ("trainctl_recipe_test_" + std::to_string(::getpid()));
+    Dir() { std::filesystem::create_directories(path); }
+    ~Dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
+}
+
+std::string write_temp(const std::string& text) {
+  auto path = temp_dir() / "recipe.yaml";
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+// "LINE:COL: message" for file problems with a position, the bare message otherwise.
+std::string describe(const Problem& p) {
+  if (p.line == 0) return p.message;
+  return std::to_string(p.line) + ":" + std::to_string(p.col) + ": " + p.message;
+}
+
+std::vector<std::string> problems_of(const std::string& yaml,
+                                     const std::vector<std::string>& overrides) {
+  std::string path = write_temp(yaml);
+  try {
+    trainctl::recipe::load_recipe(path, overrides);
+  } catch (const RecipeError& e) {
+    std::vector<std::string> out;
+    for (const auto& p : e.problems()) {
+      if (!p.file.empty()) CHECK(p.file == path);
+      out.push_back(describe(p));
+    }
+    return out;
+  }
+  return {"(loaded without problems)"};
+}
+
+struct BadCase {
+  std::string what;
+  std::string yaml;
+  std::vector<std::string> overrides;
+  std::vector<std::string> expected;
+};
+
+const std::vector<BadCase> kBadCases = {
+    {"YAML syntax error",
+     kOk + "model: [1, 2\nmoe: 3\n",
+     {},
+     {"4:4: YAML syntax error: end of sequence flow not found"}},
+    {"top level is a list",
+     "- name\n- model\n",
+     {},
+     {"1:1: a recipe is a map of sections (name:, model:, training:, ...)"}},
+    {"empty file: required key and data.path",
+     "",
+     {},
+     {"missing required key 'name' (run name; used as the run directory name); add e.g. `name: "
+      "my-run`",
+      "data.path is required when data.source is text (or use data.source: synthetic)"}},
+    {"unknown section, did you mean",
+     kOk + "modle:\n  layers: 2\n",
+     {},
+     {"3:1: unknown section 'modle'; did you mean 'model'?"}},
+    {"unknown section, no near name",
+     kOk + "zzzzzz: 1\n",
+     {},
+     {"3:1: unknown section 'zzzzzz'; the sections are: name, model, moe, parallel, precision, "
+      "optimizer, schedule, data, training, checkpoint, determinism, logging, cluster"}},
+    {"unknown key, did you mean",
+     kOk + "model:\n  hiden: 64\n",
+     {},
+     {"4:3: unknown key 'model.hiden'; did you mean 'model.hidden'?"}},
+    {"key in the wrong section",
+     kOk + "training:\n  seed: 7\n",
+     {},
+     {"4:3: unknown key 'training.seed'; did you mean 'determinism.seed'?"}},
+    {"unknown key, no near name",
+     kOk + "cluster:\n  qqqqqqqq: 1\n",
+     {},
+     {"4:3: unknown key 'cluster.qqqqqqqq'; the keys of 'cluster' are: device, file, nodes, "
+      "gpus_per_node"}},
+    {"integer expected",
+     kOk + "model:\n  hidden: abc\n",
+     {},
+     {"4:11: model.hidden: expected an integer, got 'abc'"}},
+    {"integer expected, got a float",
+     kOk + "training:\n  steps: 2.5\n",
+     {},
+     {"4:10: training.steps: expected an integer, got '2.5'"}},
+    {"number expected",
+     kOk + "optimizer: {lr: fast}\n",
+     {},
+     {"3:17: optimizer.lr: expected a number, got 'fast'"}},
+    {"bool expected",
+     kOk + "checkpoint:\n  async: maybe\n",
+     {},
+     {"4:10: checkpoint.async: expected true or false, got 'maybe'"}},
+    {"scalar expected, got a map",
+     kOk + "model:\n  layers: {a: 1}\n",
+     {},
+     {"4:11: model.layers: expected an integer, got a map"}},
+    {"integer below its range",
+     kOk + "model:\n  layers: 0\n",
+     {},
+     {"4:11: model.layers: must be >= 1, got 0"}},
+    {"integer too large for its member",
+     kOk + "model:\n  layers: 99999999999\n",
+     {},
+     {"4:11: model.layers: must be <= 2147483647, got 99999999999"}},
+    {"float must be positive",
+     kOk + "optimizer:\n  lr: 0\n",
+     {},
+     {"4:7: optimizer.lr: must be > 0, got 0"}},
+    {"float above a closed interval",
+     "name: t\ndata: {source: synthetic, val_fraction: 0.7}\n",
+     {},
+     {"2:41: data.val_fraction: must be in [0, 0.5], got 0.7"}},
+    {"float in a half-open interval",
+     kOk + "schedule:\n  wsd_decay_fraction: 0\n",
+     {},
+     {"4:23: schedule.wsd_decay_fraction: must be in (0, 1], got 0"}},
+    {"bad choice, did you mean",
+     kOk + "model:\n  arch: lama\n",
+     {},
+     {"4:9: model.arch: expected one of gpt | llama, got 'lama'; did you mean 'llama'?"}},
+    {"bad choice, no near name",
+     kOk + "precision:\n  compute: int8\n",
+     {},
+     {"4:12: precision.compute: expected one of fp32 | bf16 | fp16 | fp64, got 'int8'"}},
+    {"betas: wrong length",
+     kOk + "optimizer:\n  betas: [0.9]\n",
+     {},
+     {"4:10: optimizer.betas: expected a list of 2 numbers like [0.9, 0.95], got 1 items"}},
+    {"betas: out of range",
+     kOk + "optimizer:\n  betas: [0.9, 1.0]\n",
+     {},
+     {"4:10: optimizer.betas: each value must be in [0, 1), got 1"}},
+    {"loss scale: not a mode or number",
+     kOk + "precision:\n  loss_scale: big\n",
+     {},
+     {"4:15: precision.loss_scale: expected dynamic, none or a number > 0, got 'big'"}},
+    {"name: bad characters",
+     "name: my run\ndata: {source: synthetic}\n",
+     {},
+     {"1:7: name: 'my run' may only use letters, digits, '.', '_' and '-' (it names the run "
+      "directory)"}},
+    {"duplicate key",
+     kOk + "model:\n  layers: 2\n  layers: 3\n",
+     {},
+     {"5:3: duplicate key 'model.layers' (first at line 4); keep one"}},
+    {"section is not a map",
+     kOk + "model: 4\n",
+     {},
+     {"3:8: section 'model' must be a map of keys, e.g. `model: {key: value}`"}},
+    {"hidden % heads",
+     kOk + "model:\n  hidden: 130\n  heads: 4\n",
+     {},
+     {"5:10: model.hidden % model.heads == 0 fails: 130 % 4 = 2 (head_dim = hidden / heads must "
+      "be whole)"}},
+    {"kv_heads > heads",
+     kOk + "model:\n  heads: 4\n  kv_heads: 8\n",
+     {},
+     {"5:13: model.kv_heads <= model.heads fails: 8 > 4"}},
+    {"heads % kv_heads",
+     kOk + "model:\n  hidden: 96\n  heads: 6\n  kv_heads: 4\n",
+     {},
+     {"6:13: model.heads % model.kv_heads == 0 fails: 6 % 4 = 2 (each key/value head serves a "
+      "whole group of query heads)"}},
+    {"global_batch % (micro_batch * dp * ep)",
+     kOk + "training:\n  global_batch: 10\n",
+     {},
+     {"4:17: training.global_batch % (training.micro_batch * parallel.dp * parallel.ep) == 0 "
+      "fails: 10 % (4 * 1 * 1) = 10 % 4 = 2"}},
+    {"tensor parallel divisibility, all four at once",
+     kOk + "model: {heads: 4, vocab: 250}\nparallel: {tp: 3}\n",
+     {},
+     {"3:16: model.heads % parallel.tp == 0 fails: 4 % 3 = 1",
+      "3:26: model.vocab % parallel.tp == 0 fails: 250 % 3 = 1",
+      "4:16: model.kv_heads % parallel.tp == 0 fails: 4 % 3 = 1",
+      "4:16: model.ffn_hidden % parallel.tp == 0 fails: 512 % 3 = 2"}},
+    {"layers % pp",
+     kOk + "model: {layers: 5}\nparallel: {pp: 2}\n",
+     {},
+     {"3:17: model.layers % parallel.pp == 0 fails: 5 % 2 = 1 (each pipeline stage holds the "
+      "same number of layers)"}},
+    {"experts % ep",
+     kOk + "moe: {experts: 6}\nparallel: {ep: 4, dp: 1}\ntraining: {global_batch: 16}\n",
+     {},
+     {"3:16: moe.experts % parallel.ep == 0 fails: 6 % 4 = 2 (each expert-parallel rank holds "
+      "whole experts)"}},
+    {"top_k > experts",
+     kOk + "moe:\n  experts: 2\n  top_k: 3\n",
+     {},
+     {"5:10: moe.top_k <= moe.experts fails: 3 > 2"}},
+    {"ep > 1 on a dense model",
+     kOk + "parallel:\n  ep: 2\n",
+     {},
+     {"4:7: parallel.ep = 2 needs an MoE model (moe.experts > 0), but moe.experts = 0"}},
+    {"rope needs an even head_dim",
+     kOk + "model:\n  arch: llama\n  hidden: 12\n  heads: 4\n",
+     {},
+     {"5:11: head_dim = model.hidden / model.heads = 12 / 4 = 3 must be even with "
+      "model.position: rope"}},
+    {"min_lr > lr",
+     kOk + "optimizer:\n  lr: 1e-5\n",
+     {},
+     {"4:7: schedule.min_lr <= optimizer.lr fails: 0.0001 > 1e-05"}},
+    {"warmup_steps > steps",
+     kOk + "training:\n  steps: 10\n",
+     {},
+     {"4:10: schedule.warmup_steps <= training.steps fails: 20 > 10"}},
+    {"data.path required for text",
+     "name: t\ndata:\n  source: llmc\n",
+     {},
+     {"3:11: data.path is required when data.source is llmc (or use data.source: synthetic)"}},
+    {"bad arch does not cascade into preset rules",
+     kOk + "model: {arch: bert, heads: 4}\n",
+     {},
+     {"3:15: model.arch: expected one of gpt | llama, got 'bert'"}},
+    {"many problems at once, sorted by position",
+     "model:\n  layers: 0\n  hiden: 3\nname: ok\noptimizer: {lr: -1}\ndata: {source: synthetic}\n"
+     "modle: {}\n",
+     {"training.steps=x"},
+     {"2:11: model.layers: must be >= 1, got 0",
+      "3:3: unknown key 'model.hiden'; did you mean 'model.hidden'?",
+      "5:17: optimizer.lr: must be > 0, got -1",
+      "7:1: unknown section 'modle'; did you mean 'model'?",
+      "--set training.steps=x: expected an integer, got 'x'"}},
+    {"--set: wrong type",
+     kOk,
+     {"model.hidden=abc"},
+     {"--set model.hidden=abc: expected an integer, got 'abc'"}},
+    {"--set: unknown key",
+     kOk,
+     {"model.hiden=256"},
+     {"--set model.hiden=256: unknown key 'model.hiden'; did you mean 'model.hidden'?"}},
+    {"--set: no '='",
+     kOk,
+     {"model.hidden"},
+     {"--set model.hidden: expected KEY=VALUE, e.g. --set model.layers=8"}},
+    {"--set: a whole section",
+     kOk,
+     {"model={layers: 2}"},
+     {"--set model={layers: 2}: 'model' is a section; set one key, e.g. --set model.KEY=VALUE"}},
+    {"--set: cross-field problem points at the override",
+     kOk,
+     {"parallel.tp=3"},
+     {"--set parallel.tp=3: model.heads % parallel.tp == 0 fails: 4 % 3 = 1",
+      "--set parallel.tp=3: model.kv_heads % parallel.tp == 0 fails: 4 % 3 = 1",
+      "--set parallel.tp=3: model.ffn_hidden % parallel.tp == 0 fails: 512 % 3 = 2",
+      "--set parallel.tp=3: model.vocab % parallel.tp == 0 fails: 256 % 3 = 1"}},
+    {"--set: choice with did-you-mean",
+     kOk,
+     {"schedule.decay=cosin"},
+     {"--set schedule.decay=cosin: expected one of cosine | linear | constant | wsd, got 'cosin'; "
+      "did you mean 'cosine'?"}},
+};
+
+}  // namespace
+
+TEST_CASE("malformed recipes report every problem with its exact position and text") {
+  REQUIRE(kBadCases.size() >= 24);
+  for (const auto& c : kBadCases) {
+    INFO("case: " << c.what << "\n--- yaml ---\n" << c.yaml);
+    CHECK(problems_of(c.yaml, c.overrides) == c.expected);
+  }
+}
+
+TEST_CASE("a missing recipe file is one problem naming the file") {
+  std::string path =
+      (std::filesystem::temp_directory_path() / "trainctl_no_such_recipe.yaml").string();
+  std::filesystem::remove(path);
+  try {
+    trainctl::recipe::load_recipe(path);
+    FAIL("loaded a file that does not exist");
+  } catch (const RecipeError& e) {
+    REQUIRE(e.problems().size() == 1);
+    CHECK(trainctl::recipe::format_problem(e.problems()[0]) ==
+          path + ": error: no such file; check the recipe path");
+  }
+}
+
+TEST_CASE("a directory is not a recipe") {
+  auto dir = std::filesystem::temp_directory_path().string();
+  try {
+    trainctl::recipe::load_recipe(dir);
+    FAIL("loaded a directory");
+  } catch (const RecipeError& e) {
+    REQUIRE(e.problems().size() == 1);
+    CHECK(e.problems()[0].message == "is a directory; give the path of a recipe .yaml file");
+  }
+}
+
+TEST_CASE("problems format as FILE:LINE:COL: error: MESSAGE and what() lists them all") {
+  std::string path = write_temp("name: t\ndata: {source: synthetic}\nmodel: {layers: 0}\n");
+  try {
+    trainctl::recipe::load_recipe(path, {"model.hidden=x"});
+    FAIL("no problem reported");
+  } catch (const RecipeError& e) {
+    CHECK(std::string(e.what()) == path + ":3:17: error: model.layers: must be >= 1, got 0\n" +
+                                       "error: --set model.hidden=x: expected an integer, got 'x'");
+  }
+}

@@ -5,10 +5,14 @@ namespace trainctl::app {
 namespace {
 tensor::DType storage_type(recipe::Compute compute) {
   switch (compute) {
-    case recipe::Compute::fp32: return tensor::DType::f32;
-    case recipe::Compute::bf16: return tensor::DType::bf16;
-    case recipe::Compute::fp16: return tensor::DType::f16;
-    case recipe::Compute::fp64: return tensor::DType::f64;
+    case recipe::Compute::fp32:
+      return tensor::DType::f32;
+    case recipe::Compute::bf16:
+      return tensor::DType::bf16;
+    case recipe::Compute::fp16:
+      return tensor::DType::f16;
+    case recipe::Compute::fp64:
+      return tensor::DType::f64;
   }
   return tensor::DType::f32;
 }
@@ -24,7 +28,8 @@ model::ModelConfig to_model_config(const recipe::Recipe& r) {
   c.ffn_hidden = m.ffn_hidden;
   c.vocab = m.vocab;
   c.seq_len = m.seq_len;
-  c.norm = m.norm == recipe::Norm::layernorm ? model::NormKind::layernorm : model::NormKind::rmsnorm;
+  c.norm =
+      m.norm == recipe::Norm::layernorm ? model::NormKind::layernorm : model::NormKind::rmsnorm;
   c.activation = m.activation == recipe::Activation::gelu ? model::ActivationKind::gelu
                                                           : model::ActivationKind::swiglu;
   c.position = m.position == recipe::Position::learned ? model::PositionKind::learned
@@ -34,13 +39,19 @@ model::ModelConfig to_model_config(const recipe::Recipe& r) {
   c.bias = m.bias;
   c.norm_eps = m.norm_eps;
   c.init_std = m.init_std;
-  c.moe = {r.moe.experts,       r.moe.top_k,       r.moe.capacity_factor,  r.moe.aux_loss_coef,
-           r.moe.z_loss_coef,   r.moe.every,       r.moe.expert_ffn_hidden};
+  c.moe = {r.moe.experts,     r.moe.top_k, r.moe.capacity_factor,  r.moe.aux_loss_coef,
+           r.moe.z_loss_coef, r.moe.every, r.moe.expert_ffn_hidden};
   c.storage = storage_type(r.precision.compute);
   switch (r.parallel.recompute) {
-    case recipe::Recompute::none: c.recompute = model::RecomputeMode::none; break;
-    case recipe::Recompute::selective: c.recompute = model::RecomputeMode::selective; break;
-    case recipe::Recompute::full: c.recompute = model::RecomputeMode::full; break;
+    case recipe::Recompute::none:
+      c.recompute = model::RecomputeMode::none;
+      break;
+    case recipe::Recompute::selective:
+      c.recompute = model::RecomputeMode::selective;
+      break;
+    case recipe::Recompute::full:
+      c.recompute = model::RecomputeMode::full;
+      break;
   }
   return c;
 }
@@ -48,9 +59,15 @@ model::ModelConfig to_model_config(const recipe::Recipe& r) {
 data::DataConfig to_data_config(const recipe::Recipe& r) {
   data::DataConfig c;
   switch (r.data.source) {
-    case recipe::DataSource::synthetic: c.kind = data::SourceKind::synthetic; break;
-    case recipe::DataSource::text: c.kind = data::SourceKind::text; break;
-    case recipe::DataSource::llmc: c.kind = data::SourceKind::llmc; break;
+    case recipe::DataSource::synthetic:
+      c.kind = data::SourceKind::synthetic;
+      break;
+    case recipe::DataSource::text:
+      c.kind = data::SourceKind::text;
+      break;
+    case recipe::DataSource::llmc:
+      c.kind = data::SourceKind::llmc;
+      break;
   }
   c.path = r.data.path;
   c.val_path = r.data.val_path;
@@ -70,10 +87,18 @@ train::TrainConfig to_train_config(const recipe::Recipe& r) {
   c.schedule.warmup_steps = r.schedule.warmup_steps;
   c.schedule.total_steps = r.training.steps;
   switch (r.schedule.decay) {
-    case recipe::Decay::cosine: c.schedule.decay = train::DecayKind::cosine; break;
-    case recipe::Decay::linear: c.schedule.decay = train::DecayKind::linear; break;
-    case recipe::Decay::constant: c.schedule.decay = train::DecayKind::constant; break;
-    case recipe::Decay::wsd: c.schedule.decay = train::DecayKind::wsd; break;
+    case recipe::Decay::cosine:
+      c.schedule.decay = train::DecayKind::cosine;
+      break;
+    case recipe::Decay::linear:
+      c.schedule.decay = train::DecayKind::linear;
+      break;
+    case recipe::Decay::constant:
+      c.schedule.decay = train::DecayKind::constant;
+      break;
+    case recipe::Decay::wsd:
+      c.schedule.decay = train::DecayKind::wsd;
+      break;
   }
   c.schedule.wsd_decay_fraction = r.schedule.wsd_decay_fraction;
   c.adamw = {r.optimizer.betas[0], r.optimizer.betas[1], r.optimizer.eps, r.optimizer.weight_decay};
@@ -83,9 +108,15 @@ train::TrainConfig to_train_config(const recipe::Recipe& r) {
   s.kind = train::LossScaleKind::none;
   if (r.precision.compute == recipe::Compute::fp16) {
     switch (r.precision.loss_scale.mode) {
-      case recipe::LossScaleMode::dynamic: s.kind = train::LossScaleKind::dynamic; break;
-      case recipe::LossScaleMode::fixed: s.kind = train::LossScaleKind::fixed; break;
-      case recipe::LossScaleMode::none: s.kind = train::LossScaleKind::none; break;
+      case recipe::LossScaleMode::dynamic:
+        s.kind = train::LossScaleKind::dynamic;
+        break;
+      case recipe::LossScaleMode::fixed:
+        s.kind = train::LossScaleKind::fixed;
+        break;
+      case recipe::LossScaleMode::none:
+        s.kind = train::LossScaleKind::none;
+        break;
     }
   }
   s.initial_scale = r.precision.loss_scale.mode == recipe::LossScaleMode::fixed

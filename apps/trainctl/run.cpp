@@ -45,9 +45,12 @@ int bad_input(const std::string& message) {
 
 telemetry::ProgressMode progress_mode(recipe::Progress p) {
   switch (p) {
-    case recipe::Progress::automatic: return telemetry::ProgressMode::automatic;
-    case recipe::Progress::plain: return telemetry::ProgressMode::plain;
-    case recipe::Progress::none: return telemetry::ProgressMode::none;
+    case recipe::Progress::automatic:
+      return telemetry::ProgressMode::automatic;
+    case recipe::Progress::plain:
+      return telemetry::ProgressMode::plain;
+    case recipe::Progress::none:
+      return telemetry::ProgressMode::none;
   }
   return telemetry::ProgressMode::plain;
 }
@@ -58,13 +61,15 @@ std::string weights_fingerprint(backend::Backend& be, const model::ParamStore& p
   std::vector<unsigned char> host(values.bytes());
   be.copy_to_host(host.data(), values);
   uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : host) h = (h ^ c) * 0x100000001b3ull;
+  for (unsigned char c : host)
+    h = (h ^ c) * 0x100000001b3ull;
   return fmt::format("{:016x}", h);
 }
 
 nlohmann::json metrics_record(const train::StepMetrics& m, bool fp16, bool moe) {
-  nlohmann::json j{{"step", m.step},           {"loss", m.loss},   {"lr", m.lr},
-                   {"grad_norm", m.grad_norm}, {"tokens", m.tokens}, {"tokens_per_s", m.tokens_per_s},
+  nlohmann::json j{{"step", m.step},      {"loss", m.loss},
+                   {"lr", m.lr},          {"grad_norm", m.grad_norm},
+                   {"tokens", m.tokens},  {"tokens_per_s", m.tokens_per_s},
                    {"step_ms", m.step_ms}};
   if (fp16) {
     j["loss_scale"] = m.loss_scale;
@@ -122,7 +127,8 @@ int run_run(const RunOptions& options) {
     return bad_input(fmt::format("data: {}", e.what()));
   }
 
-  const fs::path run_dir = options.run_dir.empty() ? fs::path("runs") / r.name : fs::path(options.run_dir);
+  const fs::path run_dir =
+      options.run_dir.empty() ? fs::path("runs") / r.name : fs::path(options.run_dir);
   if (fs::exists(run_dir / "metrics.jsonl") && !options.overwrite)
     return bad_input(fmt::format(
         "run directory {} already holds a run (metrics.jsonl); choose another with --run-dir or "
@@ -173,7 +179,8 @@ int run_run(const RunOptions& options) {
   int64_t skipped = 0;
   trainer.run([&](const train::StepMetrics& m) {
     metrics.write(metrics_record(m, fp16, moe));
-    telemetry::StepInfo info{m.step, m.loss, m.lr, m.tokens_per_s, m.step_ms, {{"grad_norm", m.grad_norm}}};
+    telemetry::StepInfo info{m.step,         m.loss,    m.lr,
+                             m.tokens_per_s, m.step_ms, {{"grad_norm", m.grad_norm}}};
     if (fp16) info.extras.push_back({"scale", m.loss_scale});
     if (m.val_loss) info.extras.push_back({"val_loss", *m.val_loss});
     progress.update(info);
@@ -199,7 +206,8 @@ int run_run(const RunOptions& options) {
     if (m.val_loss) last_val = m.val_loss;
     last = m;
   });
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   progress.finish();
   if (tensorboard) tensorboard->flush();
 

@@ -2,8 +2,8 @@
 #include <cblas.h>
 #include <fmt/core.h>
 #include <hwloc.h>
-#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 #include <string>
 
@@ -30,15 +30,19 @@ int run_version(const VersionOptions&) {
   const auto archs = backend::compiled_cuda_architectures();
   if (!archs.empty()) {
     backends += "; cuda kernels (";
-    for (size_t i = 0; i < archs.size(); ++i) backends += (i ? ", " : "") + archs[i];
+    for (size_t i = 0; i < archs.size(); ++i)
+      backends += (i ? ", " : "") + archs[i];
     backends += ", CUDA runtime " + backend::cuda_runtime_version() +
                 ") compiled, CUDA training backend not yet available";
   }
   fmt::print("backends:  {}\n", backends);
-  fmt::print("libraries: OpenBLAS ({}) | yaml-cpp {} | fmt {}.{}.{} | nlohmann-json {}.{}.{} | hwloc API {}.{}.{}\n",
-             openblas_get_config(), TRAINCTL_YAML_CPP_VERSION, FMT_VERSION / 10000, FMT_VERSION / 100 % 100, FMT_VERSION % 100,
-             NLOHMANN_JSON_VERSION_MAJOR, NLOHMANN_JSON_VERSION_MINOR, NLOHMANN_JSON_VERSION_PATCH,
-             HWLOC_API_VERSION >> 16, (HWLOC_API_VERSION >> 8) & 0xff, HWLOC_API_VERSION & 0xff);
+  fmt::print(
+      "libraries: OpenBLAS ({}) | yaml-cpp {} | fmt {}.{}.{} | nlohmann-json {}.{}.{} | hwloc API "
+      "{}.{}.{}\n",
+      openblas_get_config(), TRAINCTL_YAML_CPP_VERSION, FMT_VERSION / 10000,
+      FMT_VERSION / 100 % 100, FMT_VERSION % 100, NLOHMANN_JSON_VERSION_MAJOR,
+      NLOHMANN_JSON_VERSION_MINOR, NLOHMANN_JSON_VERSION_PATCH, HWLOC_API_VERSION >> 16,
+      (HWLOC_API_VERSION >> 8) & 0xff, HWLOC_API_VERSION & 0xff);
   fmt::print("devices:   {}\n", backend::detect_gpus().status);
   return kExitOk;
 }

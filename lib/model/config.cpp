@@ -19,13 +19,15 @@ void ModelConfig::check() const {
     fail("rope needs an even head dim, got " + std::to_string(head_dim()));
   if (moe.experts > 0) {
     if (moe.top_k < 1 || moe.top_k > moe.experts)
-      fail("moe.top_k = " + std::to_string(moe.top_k) + " must be in [1, experts = " +
-           std::to_string(moe.experts) + "]");
+      fail("moe.top_k = " + std::to_string(moe.top_k) +
+           " must be in [1, experts = " + std::to_string(moe.experts) + "]");
     if (moe.every < 1) fail("moe.every must be >= 1");
   }
 }
 
-ModelConfig gpt_preset() { return ModelConfig{}; }
+ModelConfig gpt_preset() {
+  return ModelConfig{};
+}
 
 ModelConfig llama_preset() {
   ModelConfig c;

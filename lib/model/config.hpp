@@ -20,7 +20,7 @@ struct MoeConfig {
   double capacity_factor = 1.25;  // 0: unlimited capacity (no dropping)
   double aux_loss_coef = 0.01;
   double z_loss_coef = 0.001;
-  int every = 2;          // layer i is MoE when (i + 1) % every == 0
+  int every = 2;              // layer i is MoE when (i + 1) % every == 0
   int expert_ffn_hidden = 0;  // 0: ffn_hidden
 };
 

@@ -120,8 +120,8 @@ void Mlp::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tens
 
 int64_t Moe::capacity(int64_t tokens) const {
   if (capacity_factor <= 0) return tokens;  // unlimited: every token fits
-  const double slots = capacity_factor * static_cast<double>(tokens * top_k) /
-                       static_cast<double>(num_experts());
+  const double slots =
+      capacity_factor * static_cast<double>(tokens * top_k) / static_cast<double>(num_experts());
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(slots)));
 }
 
@@ -158,24 +158,25 @@ void Moe::activate(Backend& be, const Saved& s) const {
   const int64_t cap = s.route.capacity;
   for (int64_t e = 0; e < num_experts(); ++e) {
     const int64_t count = s.counts[static_cast<size_t>(e)];
-    if (count > 0) experts[static_cast<size_t>(e)].activate(be, expert_saved(s.expert, e, cap, count));
+    if (count > 0)
+      experts[static_cast<size_t>(e)].activate(be, expert_saved(s.expert, e, cap, count));
   }
 }
 
 void Moe::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x,
                    const Saved& s, const Scratch& scratch, double loss_grad_scale) const {
-  be.moe_unpermute_backward(scratch.dexpert_out, scratch.dgates, dout, s.expert_out,
-                            s.route.gates, s.route.slot);
+  be.moe_unpermute_backward(scratch.dexpert_out, scratch.dgates, dout, s.expert_out, s.route.gates,
+                            s.route.slot);
   const int64_t cap = s.route.capacity;
   for (int64_t e = 0; e < num_experts(); ++e) {
     const int64_t count = s.counts[static_cast<size_t>(e)];
     if (count == 0) continue;
     const Mlp::Scratch rows{expert_rows(scratch.expert.dact, e, cap, count),
                             expert_rows(scratch.expert.dfc1, e, cap, count)};
-    experts[static_cast<size_t>(e)].backward(
-        be, expert_rows(scratch.dexpert_in, e, cap, count),
-        expert_rows(scratch.dexpert_out, e, cap, count), expert_rows(s.expert_in, e, cap, count),
-        expert_saved(s.expert, e, cap, count), rows);
+    experts[static_cast<size_t>(e)].backward(be, expert_rows(scratch.dexpert_in, e, cap, count),
+                                             expert_rows(scratch.dexpert_out, e, cap, count),
+                                             expert_rows(s.expert_in, e, cap, count),
+                                             expert_saved(s.expert, e, cap, count), rows);
   }
   be.moe_permute_backward(dx, scratch.dexpert_in, s.route.slot);
   be.moe_router_backward(scratch.dlogits, scratch.dgates, s.route, aux_loss_coef, z_loss_coef,

@@ -88,7 +88,7 @@ struct Mlp {
 // Mixture of experts: softmax router, top-k, capacity with dropping, E expert MLPs, weighted
 // combine. Dropped tokens contribute nothing (the block's residual carries them on).
 struct Moe {
-  Linear router;          // [E, C], no bias
+  Linear router;             // [E, C], no bias
   std::vector<Mlp> experts;  // views into the stacked [E, ...] parameters
   int64_t top_k = 1;
   double capacity_factor = 0;
@@ -97,10 +97,10 @@ struct Moe {
   int64_t num_experts() const { return static_cast<int64_t>(experts.size()); }
   int64_t capacity(int64_t tokens) const;  // slots per expert
   struct Saved {
-    backend::RouterArgs route;       // logits, probs, expert_idx, gates, slot, counts, load
-    Tensor expert_in, expert_out;    // [E*cap, C]
-    Mlp::Saved expert;               // [E*cap, F1] / [E*cap, F]; rows of expert e at e*cap
-    std::vector<int32_t> counts;     // host copy of route.counts
+    backend::RouterArgs route;     // logits, probs, expert_idx, gates, slot, counts, load
+    Tensor expert_in, expert_out;  // [E*cap, C]
+    Mlp::Saved expert;             // [E*cap, F1] / [E*cap, F]; rows of expert e at e*cap
+    std::vector<int32_t> counts;   // host copy of route.counts
   };
   struct Scratch {
     Tensor dexpert_in, dexpert_out;  // [E*cap, C]

@@ -23,7 +23,8 @@ struct ForwardResult {
   double loss = 0;      // mean cross-entropy over the micro-batch's tokens (nats/token)
   double aux_loss = 0;  // sum over MoE layers of the load-balancing loss (before its coefficient)
   double z_loss = 0;    // sum over MoE layers of the router z-loss (before its coefficient)
-  double objective = 0;  // loss + aux_coef * aux_loss + z_coef * z_loss: what backward differentiates
+  double objective =
+      0;  // loss + aux_coef * aux_loss + z_coef * z_loss: what backward differentiates
   std::vector<std::vector<double>> expert_load;  // per MoE layer: share of assignments per expert
   std::vector<int64_t> dropped_tokens;           // per MoE layer: assignments over capacity
 };

@@ -7,8 +7,7 @@
 
 namespace trainctl::model {
 
-const ParamSpec& ParamTable::add(std::string name, Shape shape, Init init, double std,
-                                 bool decay) {
+const ParamSpec& ParamTable::add(std::string name, Shape shape, Init init, double std, bool decay) {
   if (index_.count(name)) throw std::logic_error("ParamTable: duplicate parameter " + name);
   ParamSpec spec{std::move(name), shape, init, std, decay, numel_};
   numel_ += shape.numel();
@@ -42,7 +41,8 @@ ParamTable build_param_table(const ModelConfig& c) {
   };
 
   t.add("embed.wte", {V, C}, Init::normal, std, true);
-  if (c.position == PositionKind::learned) t.add("embed.wpe", {c.seq_len, C}, Init::normal, std, true);
+  if (c.position == PositionKind::learned)
+    t.add("embed.wpe", {c.seq_len, C}, Init::normal, std, true);
   for (int i = 0; i < c.layers; ++i) {
     const std::string l = "layers." + std::to_string(i);
     const int64_t qkv = (int64_t{c.heads} + 2 * c.kv_heads) * D;
@@ -67,14 +67,19 @@ ParamTable build_param_table(const ModelConfig& c) {
 }
 
 namespace {
-DType moment_dtype(DType storage) { return storage == DType::f64 ? DType::f64 : DType::f32; }
-bool needs_master(DType storage) { return storage == DType::bf16 || storage == DType::f16; }
+DType moment_dtype(DType storage) {
+  return storage == DType::f64 ? DType::f64 : DType::f32;
+}
+bool needs_master(DType storage) {
+  return storage == DType::bf16 || storage == DType::f16;
+}
 }  // namespace
 
 ParamStore::ParamStore(Backend& be, ParamTable table, DType storage)
     : backend_(be), table_(std::move(table)), storage_(storage) {
   if (!be.capabilities().supports(storage))
-    throw std::invalid_argument("backend '" + std::string(be.name()) + "' cannot store parameters in " +
+    throw std::invalid_argument("backend '" + std::string(be.name()) +
+                                "' cannot store parameters in " +
                                 std::string(tensor::dtype_name(storage)));
   const size_t n = static_cast<size_t>(table_.numel());
   values_ = be.allocate(n * tensor::dtype_size(storage));
@@ -84,15 +89,21 @@ ParamStore::ParamStore(Backend& be, ParamTable table, DType storage)
   v_ = be.allocate(n * tensor::dtype_size(moment_dtype(storage)));
 }
 
-Tensor ParamStore::values() const { return values_.view(storage_, {table_.numel()}); }
+Tensor ParamStore::values() const {
+  return values_.view(storage_, {table_.numel()});
+}
 Tensor ParamStore::grads() const {
   return grads_.view(backend::grad_dtype(storage_), {table_.numel()});
 }
 Tensor ParamStore::master() const {
   return master_.data() ? master_.view(DType::f32, {table_.numel()}) : Tensor{};
 }
-Tensor ParamStore::moment1() const { return m_.view(moment_dtype(storage_), {table_.numel()}); }
-Tensor ParamStore::moment2() const { return v_.view(moment_dtype(storage_), {table_.numel()}); }
+Tensor ParamStore::moment1() const {
+  return m_.view(moment_dtype(storage_), {table_.numel()});
+}
+Tensor ParamStore::moment2() const {
+  return v_.view(moment_dtype(storage_), {table_.numel()});
+}
 
 Tensor ParamStore::slice(const Tensor& whole, const ParamSpec& spec) {
   if (whole.empty()) return {};
@@ -134,8 +145,8 @@ void ParamStore::initialize(uint64_t seed) {
       } else {
         narrow.resize(f32.size());
         for (size_t i = 0; i < f32.size(); ++i)
-          narrow[i] = storage_ == DType::bf16 ? tensor::to_bf16(f32[i]).bits
-                                              : tensor::to_f16(f32[i]).bits;
+          narrow[i] =
+              storage_ == DType::bf16 ? tensor::to_bf16(f32[i]).bits : tensor::to_f16(f32[i]).bits;
         backend_.copy_from_host(value, narrow.data());
       }
     }
@@ -145,7 +156,9 @@ void ParamStore::initialize(uint64_t seed) {
   backend_.fill(moment2(), 0.0);
 }
 
-void ParamStore::zero_grads() { backend_.fill(grads(), 0.0); }
+void ParamStore::zero_grads() {
+  backend_.fill(grads(), 0.0);
+}
 
 ParamStore::Bytes ParamStore::bytes() const {
   Bytes b;

@@ -27,7 +27,7 @@ struct ParamSpec {
   std::string name;
   Shape shape;
   Init init = Init::normal;
-  double std = 0.0;         // for Init::normal
+  double std = 0.0;          // for Init::normal
   bool weight_decay = true;  // false for norms and biases
   int64_t offset = 0;        // element offset in the contiguous buffers
 };

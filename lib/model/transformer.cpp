@@ -118,8 +118,9 @@ struct Transformer::Impl {
       const std::string l = "layers." + std::to_string(i);
       b.ln1 = norm(l + ".attn_norm");
       b.ln2 = norm(l + ".mlp_norm");
-      b.attn = Attention{linear(l + ".attn.qkv"), linear(l + ".attn.proj"), cfg.heads, cfg.kv_heads,
-                         cfg.head_dim(), cfg.position == PositionKind::rope, cfg.rope_theta};
+      b.attn = Attention{
+          linear(l + ".attn.qkv"), linear(l + ".attn.proj"),           cfg.heads,     cfg.kv_heads,
+          cfg.head_dim(),          cfg.position == PositionKind::rope, cfg.rope_theta};
       if (cfg.is_moe_layer(i)) {
         Moe moe;
         moe.router = Linear{param(l + ".moe.router.weight"), Param{}};
@@ -155,11 +156,13 @@ struct Transformer::Impl {
     };
 
     resid.clear();
-    for (int l = 0; l <= cfg.layers; ++l) resid.push_back(kept.take(S, {N, C}));
+    for (int l = 0; l <= cfg.layers; ++l)
+      resid.push_back(kept.take(S, {N, C}));
     tokens = kept.take(DType::i32, {N});
     targets = kept.take(DType::i32, {N});
 
-    int64_t max_f = 0, max_f1 = 0, max_expert_rows = 0, max_experts = 0;
+    // Every dense layer has the same FFN shape and every MoE layer the same expert shapes.
+    int64_t expert_rows = 0;
     for (int i = 0; i < cfg.layers; ++i) {
       Block& b = blocks[static_cast<size_t>(i)];
       shared.rewind(0);
@@ -175,8 +178,6 @@ struct Transformer::Impl {
       if (b.mlp) {
         const int64_t F = cfg.ffn_hidden, F1 = cfg.fc1_rows(cfg.ffn_hidden);
         b.mlp_s = {keep_unless_full(S, {N, F1}), keep_if_none(S, {N, F})};
-        max_f = std::max(max_f, F);
-        max_f1 = std::max(max_f1, F1);
       } else {
         const int64_t E = cfg.moe.experts, k = cfg.moe.top_k, cap = b.moe->capacity(N);
         const int64_t F = cfg.expert_ffn(), F1 = cfg.fc1_rows(F);
@@ -193,10 +194,7 @@ struct Transformer::Impl {
         b.moe_s.expert_in = keep_unless_full(S, {E * cap, C});
         b.moe_s.expert_out = keep_unless_full(S, {E * cap, C});
         b.moe_s.expert = {keep_unless_full(S, {E * cap, F1}), keep_if_none(S, {E * cap, F})};
-        max_expert_rows = std::max(max_expert_rows, E * cap);
-        max_experts = std::max(max_experts, E);
-        max_f = std::max(max_f, F);
-        max_f1 = std::max(max_f1, F1);
+        expert_rows = E * cap;
       }
     }
     lnf_s = {kept.take(A, {N}), kept.take(A, {N})};
@@ -215,16 +213,19 @@ struct Transformer::Impl {
     const bool rope = cfg.position == PositionKind::rope;
     attn_scratch = {rope ? scratch.take(S, {N, W}) : Tensor{}, scratch.take(S, {N, H * D}),
                     scratch.take(S, {N, W}), rope ? scratch.take(S, {N, W}) : Tensor{}};
-    // Dense MLP scratch (MoE layers use the expert-sized buffers below).
-    mlp_scratch = {scratch.take(S, {N, max_f}), scratch.take(S, {N, max_f1})};
-    if (max_experts > 0) {
-      const int64_t R = max_expert_rows;
+    const bool any_dense =
+        std::any_of(blocks.begin(), blocks.end(), [](const Block& b) { return b.mlp.has_value(); });
+    if (any_dense)
+      mlp_scratch = {scratch.take(S, {N, cfg.ffn_hidden}),
+                     scratch.take(S, {N, cfg.fc1_rows(cfg.ffn_hidden)})};
+    if (expert_rows > 0) {
+      const int64_t R = expert_rows, F = cfg.expert_ffn();
       moe_scratch.dexpert_in = scratch.take(S, {R, C});
       moe_scratch.dexpert_out = scratch.take(S, {R, C});
       moe_scratch.dgates = scratch.take(A, {N, cfg.moe.top_k});
-      moe_scratch.dlogits = scratch.take(S, {N, max_experts});
+      moe_scratch.dlogits = scratch.take(S, {N, cfg.moe.experts});
       moe_scratch.dx_router = scratch.take(S, {N, C});
-      moe_scratch.expert = {scratch.take(S, {R, max_f}), scratch.take(S, {R, max_f1})};
+      moe_scratch.expert = {scratch.take(S, {R, F}), scratch.take(S, {R, cfg.fc1_rows(F)})};
     }
   }
 
@@ -284,9 +285,10 @@ struct Transformer::Impl {
     valid_targets = 0;
     for (int64_t i = 0; i < N; ++i) {
       if (host_tokens[i] < 0 || host_tokens[i] >= cfg.vocab || host_targets[i] >= cfg.vocab)
-        throw std::out_of_range("token id " + std::to_string(std::max(host_tokens[i], host_targets[i])) +
-                                " at position " + std::to_string(i) + " is outside the vocabulary [0, " +
-                                std::to_string(cfg.vocab) + ")");
+        throw std::out_of_range(
+            "token id " + std::to_string(std::max(host_tokens[i], host_targets[i])) +
+            " at position " + std::to_string(i) + " is outside the vocabulary [0, " +
+            std::to_string(cfg.vocab) + ")");
       valid_targets += host_targets[i] >= 0;
     }
     be.copy_from_host(tokens, host_tokens);
@@ -309,7 +311,8 @@ struct Transformer::Impl {
         }
         result.expert_load.push_back(std::move(load));
         int64_t kept_assignments = 0;
-        for (int32_t c : b.moe_s.counts) kept_assignments += c;
+        for (int32_t c : b.moe_s.counts)
+          kept_assignments += c;
         result.dropped_tokens.push_back(N * cfg.moe.top_k - kept_assignments);
       }
     }
@@ -317,8 +320,8 @@ struct Transformer::Impl {
     Linear{head, Param{}}.forward(be, logits, lnf_out);
     be.cross_entropy_forward(losses, lse, logits, targets);
     result.loss = valid_targets ? be.sum(losses) / static_cast<double>(valid_targets) : 0.0;
-    result.objective = result.loss + cfg.moe.aux_loss_coef * result.aux_loss +
-                       cfg.moe.z_loss_coef * result.z_loss;
+    result.objective =
+        result.loss + cfg.moe.aux_loss_coef * result.aux_loss + cfg.moe.z_loss_coef * result.z_loss;
     have_forward = true;
     return result;
   }
@@ -365,12 +368,26 @@ Transformer::~Transformer() = default;
 ForwardResult Transformer::forward(const int32_t* tokens, const int32_t* targets) {
   return impl_->forward(tokens, targets);
 }
-void Transformer::backward(double grad_scale) { impl_->backward(grad_scale); }
-ParamStore& Transformer::params() { return impl_->store; }
-const ParamStore& Transformer::params() const { return impl_->store; }
-const ModelConfig& Transformer::config() const { return impl_->cfg; }
-int64_t Transformer::micro_batch() const { return impl_->B; }
-ActivationBytes Transformer::activation_bytes() const { return impl_->bytes; }
-double Transformer::forward_flops_per_token() const { return impl_->forward_flops_per_token(); }
+void Transformer::backward(double grad_scale) {
+  impl_->backward(grad_scale);
+}
+ParamStore& Transformer::params() {
+  return impl_->store;
+}
+const ParamStore& Transformer::params() const {
+  return impl_->store;
+}
+const ModelConfig& Transformer::config() const {
+  return impl_->cfg;
+}
+int64_t Transformer::micro_batch() const {
+  return impl_->B;
+}
+ActivationBytes Transformer::activation_bytes() const {
+  return impl_->bytes;
+}
+double Transformer::forward_flops_per_token() const {
+  return impl_->forward_flops_per_token();
+}
 
 }  // namespace trainctl::model

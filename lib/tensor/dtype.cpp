@@ -8,33 +8,48 @@ namespace trainctl::tensor {
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::f64: return 8;
-    case DType::f32: return 4;
-    case DType::i32: return 4;
+    case DType::f64:
+      return 8;
+    case DType::f32:
+      return 4;
+    case DType::i32:
+      return 4;
     case DType::bf16:
     case DType::f16:
-    case DType::u16: return 2;
+    case DType::u16:
+      return 2;
     case DType::e4m3:
-    case DType::e5m2: return 1;
+    case DType::e5m2:
+      return 1;
   }
   throw std::logic_error("dtype_size: unknown dtype");
 }
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f64: return "f64";
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::e4m3: return "e4m3";
-    case DType::e5m2: return "e5m2";
-    case DType::i32: return "i32";
-    case DType::u16: return "u16";
+    case DType::f64:
+      return "f64";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::e4m3:
+      return "e4m3";
+    case DType::e5m2:
+      return "e5m2";
+    case DType::i32:
+      return "i32";
+    case DType::u16:
+      return "u16";
   }
   return "?";
 }
 
-bool is_floating(DType dtype) { return dtype != DType::i32 && dtype != DType::u16; }
+bool is_floating(DType dtype) {
+  return dtype != DType::i32 && dtype != DType::u16;
+}
 
 // Generic round-to-nearest-even encoder for a small float format with `exp_bits` exponent bits and
 // `man_bits` mantissa bits. Works on the exact binary value of the float, so every rounding
@@ -44,16 +59,17 @@ namespace {
 struct MiniFormat {
   int exp_bits;
   int man_bits;
-  bool has_inf;       // e5m2 / f16: all-ones exponent is inf/NaN; e4m3fn: only S.1111.111 is NaN
-  float max_finite;   // saturation value
+  bool has_inf;      // e5m2 / f16: all-ones exponent is inf/NaN; e4m3fn: only S.1111.111 is NaN
+  float max_finite;  // saturation value
 };
 
 uint32_t encode_mini(float value, const MiniFormat& f, bool saturate) {
   const int bias = (1 << (f.exp_bits - 1)) - 1;
   const uint32_t sign = std::signbit(value) ? 1u : 0u;
   const uint32_t sign_bit = sign << (f.exp_bits + f.man_bits);
-  const uint32_t nan_bits = f.has_inf ? (((1u << f.exp_bits) - 1) << f.man_bits) | (1u << (f.man_bits - 1))
-                                      : (1u << (f.exp_bits + f.man_bits)) - 1;
+  const uint32_t nan_bits =
+      f.has_inf ? (((1u << f.exp_bits) - 1) << f.man_bits) | (1u << (f.man_bits - 1))
+                : (1u << (f.exp_bits + f.man_bits)) - 1;
   if (std::isnan(value)) return sign_bit | nan_bits;
   float a = std::fabs(value);
   const uint32_t inf_bits = ((1u << f.exp_bits) - 1) << f.man_bits;
@@ -120,20 +136,34 @@ constexpr MiniFormat kE5M2{5, 2, true, 57344.0f};
 f16 to_f16_exact(float value) {
   return f16{static_cast<uint16_t>(encode_mini(value, kF16, false))};
 }
-e4m3 to_e4m3(float value) { return e4m3{static_cast<uint8_t>(encode_mini(value, kE4M3, true))}; }
-float to_float(e4m3 value) { return decode_mini(value.bits, kE4M3); }
-e5m2 to_e5m2(float value) { return e5m2{static_cast<uint8_t>(encode_mini(value, kE5M2, true))}; }
-float to_float(e5m2 value) { return decode_mini(value.bits, kE5M2); }
+e4m3 to_e4m3(float value) {
+  return e4m3{static_cast<uint8_t>(encode_mini(value, kE4M3, true))};
+}
+float to_float(e4m3 value) {
+  return decode_mini(value.bits, kE4M3);
+}
+e5m2 to_e5m2(float value) {
+  return e5m2{static_cast<uint8_t>(encode_mini(value, kE5M2, true))};
+}
+float to_float(e5m2 value) {
+  return decode_mini(value.bits, kE5M2);
+}
 
 float round_to(DType dtype, float value) {
   switch (dtype) {
     case DType::f64:
-    case DType::f32: return value;
-    case DType::bf16: return to_float(to_bf16(value));
-    case DType::f16: return to_float(to_f16(value));
-    case DType::e4m3: return to_float(to_e4m3(value));
-    case DType::e5m2: return to_float(to_e5m2(value));
-    default: throw std::invalid_argument("round_to: not a floating dtype");
+    case DType::f32:
+      return value;
+    case DType::bf16:
+      return to_float(to_bf16(value));
+    case DType::f16:
+      return to_float(to_f16(value));
+    case DType::e4m3:
+      return to_float(to_e4m3(value));
+    case DType::e5m2:
+      return to_float(to_e5m2(value));
+    default:
+      throw std::invalid_argument("round_to: not a floating dtype");
   }
 }
 

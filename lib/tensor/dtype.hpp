@@ -25,11 +25,14 @@ struct bf16 {
 
 inline bf16 to_bf16(float value) {
   uint32_t u = std::bit_cast<uint32_t>(value);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<uint16_t>((u >> 16) | 0x40)};  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return bf16{static_cast<uint16_t>((u >> 16) | 0x40)};  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                         // round to nearest even
   return bf16{static_cast<uint16_t>(u >> 16)};
 }
-inline float to_float(bf16 value) { return std::bit_cast<float>(uint32_t{value.bits} << 16); }
+inline float to_float(bf16 value) {
+  return std::bit_cast<float>(uint32_t{value.bits} << 16);
+}
 
 // ---- IEEE binary16 ------------------------------------------------------------------------------
 struct f16 {
@@ -43,7 +46,7 @@ inline f16 to_f16(float value) {
   uint32_t x = std::bit_cast<uint32_t>(value);
   const uint32_t sign = (x >> 16) & 0x8000u;
   x &= 0x7fffffffu;
-  if (x > 0x7f800000u) return f16{static_cast<uint16_t>(sign | 0x7e00u)};  // NaN
+  if (x > 0x7f800000u) return f16{static_cast<uint16_t>(sign | 0x7e00u)};   // NaN
   if (x >= 0x477ff000u) return f16{static_cast<uint16_t>(sign | 0x7c00u)};  // rounds to inf
   if (x < 0x38800000u) {  // result is subnormal or zero: let the FPU round (to nearest even)
     const float f = std::bit_cast<float>(x) + 0.5f;
@@ -97,10 +100,18 @@ struct Compute<double> {
 template <class S>
 using compute_t = typename Compute<S>::type;
 
-inline float load(float v) { return v; }
-inline double load(double v) { return v; }
-inline float load(bf16 v) { return to_float(v); }
-inline float load(f16 v) { return to_float(v); }
+inline float load(float v) {
+  return v;
+}
+inline double load(double v) {
+  return v;
+}
+inline float load(bf16 v) {
+  return to_float(v);
+}
+inline float load(f16 v) {
+  return to_float(v);
+}
 
 template <class S>
 inline S store(compute_t<S> v);

@@ -34,7 +34,9 @@ std::array<uint32_t, 4> CounterRng::block(uint64_t index) const {
                     {static_cast<uint32_t>(seed_), static_cast<uint32_t>(seed_ >> 32)});
 }
 
-uint32_t CounterRng::bits(uint64_t index) const { return block(index)[0]; }
+uint32_t CounterRng::bits(uint64_t index) const {
+  return block(index)[0];
+}
 
 float CounterRng::uniform(uint64_t index) const {
   return static_cast<float>(block(index)[0] >> 8) * (1.0f / 16777216.0f);

@@ -9,12 +9,14 @@ namespace trainctl::tensor {
 
 Shape::Shape(std::initializer_list<int64_t> list) {
   if (list.size() > kMaxDims) throw std::invalid_argument("Shape: more than 4 dimensions");
-  for (int64_t d : list) dims[static_cast<size_t>(rank++)] = d;
+  for (int64_t d : list)
+    dims[static_cast<size_t>(rank++)] = d;
 }
 
 int64_t Shape::numel() const {
   int64_t n = 1;
-  for (int i = 0; i < rank; ++i) n *= dims[static_cast<size_t>(i)];
+  for (int i = 0; i < rank; ++i)
+    n *= dims[static_cast<size_t>(i)];
   return n;
 }
 
@@ -39,8 +41,7 @@ Tensor Tensor::rows(int64_t first, int64_t count) const {
     throw std::out_of_range("Tensor::rows: range outside " + shape.to_string());
   Tensor t = *this;
   const int64_t row_elems = shape[0] ? numel() / shape[0] : 0;
-  t.data = static_cast<char*>(data) +
-           static_cast<size_t>(first * row_elems) * dtype_size(dtype);
+  t.data = static_cast<char*>(data) + static_cast<size_t>(first * row_elems) * dtype_size(dtype);
   t.shape.dims[0] = count;
   return t;
 }
@@ -54,7 +55,9 @@ Tensor Tensor::reshaped(Shape new_shape) const {
   return t;
 }
 
-void Buffer::Free::operator()(void* p) const { std::free(p); }
+void Buffer::Free::operator()(void* p) const {
+  std::free(p);
+}
 
 Buffer::Buffer(size_t bytes) : bytes_(bytes) {
   const size_t rounded = (bytes + 63) / 64 * 64;
@@ -82,28 +85,52 @@ OwnedTensor::OwnedTensor(DType dtype, Shape shape)
 
 double get_element(const Tensor& t, int64_t i) {
   switch (t.dtype) {
-    case DType::f64: return t.as<double>()[i];
-    case DType::f32: return t.as<float>()[i];
-    case DType::bf16: return to_float(t.as<bf16>()[i]);
-    case DType::f16: return to_float(t.as<f16>()[i]);
-    case DType::e4m3: return to_float(t.as<e4m3>()[i]);
-    case DType::e5m2: return to_float(t.as<e5m2>()[i]);
-    case DType::i32: return t.as<int32_t>()[i];
-    case DType::u16: return t.as<uint16_t>()[i];
+    case DType::f64:
+      return t.as<double>()[i];
+    case DType::f32:
+      return t.as<float>()[i];
+    case DType::bf16:
+      return to_float(t.as<bf16>()[i]);
+    case DType::f16:
+      return to_float(t.as<f16>()[i]);
+    case DType::e4m3:
+      return to_float(t.as<e4m3>()[i]);
+    case DType::e5m2:
+      return to_float(t.as<e5m2>()[i]);
+    case DType::i32:
+      return t.as<int32_t>()[i];
+    case DType::u16:
+      return t.as<uint16_t>()[i];
   }
   return 0;
 }
 
 void set_element(const Tensor& t, int64_t i, double v) {
   switch (t.dtype) {
-    case DType::f64: t.as<double>()[i] = v; break;
-    case DType::f32: t.as<float>()[i] = static_cast<float>(v); break;
-    case DType::bf16: t.as<bf16>()[i] = to_bf16(static_cast<float>(v)); break;
-    case DType::f16: t.as<f16>()[i] = to_f16(static_cast<float>(v)); break;
-    case DType::e4m3: t.as<e4m3>()[i] = to_e4m3(static_cast<float>(v)); break;
-    case DType::e5m2: t.as<e5m2>()[i] = to_e5m2(static_cast<float>(v)); break;
-    case DType::i32: t.as<int32_t>()[i] = static_cast<int32_t>(v); break;
-    case DType::u16: t.as<uint16_t>()[i] = static_cast<uint16_t>(v); break;
+    case DType::f64:
+      t.as<double>()[i] = v;
+      break;
+    case DType::f32:
+      t.as<float>()[i] = static_cast<float>(v);
+      break;
+    case DType::bf16:
+      t.as<bf16>()[i] = to_bf16(static_cast<float>(v));
+      break;
+    case DType::f16:
+      t.as<f16>()[i] = to_f16(static_cast<float>(v));
+      break;
+    case DType::e4m3:
+      t.as<e4m3>()[i] = to_e4m3(static_cast<float>(v));
+      break;
+    case DType::e5m2:
+      t.as<e5m2>()[i] = to_e5m2(static_cast<float>(v));
+      break;
+    case DType::i32:
+      t.as<int32_t>()[i] = static_cast<int32_t>(v);
+      break;
+    case DType::u16:
+      t.as<uint16_t>()[i] = static_cast<uint16_t>(v);
+      break;
   }
 }
 

@@ -67,8 +67,8 @@ StepMetrics Trainer::step() {
   }
   const backend::Tensor grads = model_.params().grads();
   const bool finite = be_.all_finite(grads);
-  m.grad_norm = finite ? std::sqrt(be_.sum_squares(grads)) / scale
-                       : std::numeric_limits<double>::quiet_NaN();
+  m.grad_norm =
+      finite ? std::sqrt(be_.sum_squares(grads)) / scale : std::numeric_limits<double>::quiet_NaN();
   m.loss_scale = scale;
   m.lr = config_.schedule.lr(step_);
   m.skipped = !scaler_.update(finite);
@@ -82,9 +82,10 @@ StepMetrics Trainer::step() {
   tokens_ += int64_t{config_.global_batch} * model_.config().seq_len;
   m.step = step_;
   m.tokens = tokens_;
-  m.step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  m.tokens_per_s = m.step_ms > 0 ? 1000.0 * config_.global_batch * model_.config().seq_len / m.step_ms
-                                 : 0.0;
+  m.step_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  m.tokens_per_s =
+      m.step_ms > 0 ? 1000.0 * config_.global_batch * model_.config().seq_len / m.step_ms : 0.0;
   return m;
 }
 

@@ -32,8 +32,8 @@ struct TrainConfig {
 };
 
 struct StepMetrics {
-  int64_t step = 0;   // 1-based number of the step just finished
-  double loss = 0;    // mean cross-entropy over the step's tokens (nats/token)
+  int64_t step = 0;  // 1-based number of the step just finished
+  double loss = 0;   // mean cross-entropy over the step's tokens (nats/token)
   double lr = 0;
   double grad_norm = 0;  // global L2 norm before clipping (unscaled); NaN/inf when skipped
   int64_t tokens = 0;    // tokens processed so far
@@ -41,9 +41,9 @@ struct StepMetrics {
   double step_ms = 0;
   double loss_scale = 1;
   bool skipped = false;
-  double aux_loss = 0, z_loss = 0;                // MoE, summed over layers, averaged over micro-batches
-  std::vector<std::vector<double>> expert_load;   // per MoE layer, averaged over micro-batches
-  std::vector<int64_t> dropped_tokens;            // per MoE layer, summed over micro-batches
+  double aux_loss = 0, z_loss = 0;  // MoE, summed over layers, averaged over micro-batches
+  std::vector<std::vector<double>> expert_load;  // per MoE layer, averaged over micro-batches
+  std::vector<int64_t> dropped_tokens;           // per MoE layer, summed over micro-batches
   std::optional<double> val_loss;
 };
 
@@ -53,8 +53,8 @@ class Trainer {
   Trainer(const TrainConfig& config, model::Transformer& model, backend::Backend& backend,
           data::Sampler& train_data, const data::ValidationSet* val);
 
-  StepMetrics step();      // one optimizer step (accum_steps micro-batches)
-  double evaluate();       // mean loss over eval_batches validation micro-batches
+  StepMetrics step();  // one optimizer step (accum_steps micro-batches)
+  double evaluate();   // mean loss over eval_batches validation micro-batches
   // Runs until `steps`, calling `on_step` after each (with val_loss at evaluation steps).
   void run(const std::function<void(const StepMetrics&)>& on_step);
 

@@ -1,0 +1,120 @@
+"""Shared helpers for the end-to-end CLI tests of trainctl (tests/integration/cli_*.py).
+
+Every test script is run by CTest as
+
+    python3 SCRIPT.py TRAINCTL_BINARY REPO_ROOT
+
+with the repository root as working directory (recipes name data/kjv.txt relative to it). A script
+exits 0 when every check passed and 1 with a message naming the failed check otherwise; it never
+leaves files behind (each run goes to its own temporary directory, removed at the end).
+"""
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+
+class CheckFailed(Exception):
+    """One failed expectation; the message says what was expected and what was seen."""
+
+
+def check(condition, message):
+    if not condition:
+        raise CheckFailed(message)
+
+
+def parse_args():
+    """(binary, repo_root) from the command line; exits 2 with usage on bad arguments."""
+    if len(sys.argv) != 3:
+        print(f"usage: {os.path.basename(sys.argv[0])} TRAINCTL_BINARY REPO_ROOT", file=sys.stderr)
+        sys.exit(2)
+    binary, root = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    if not os.access(binary, os.X_OK):
+        print(f"{binary}: not an executable; build the trainctl target first", file=sys.stderr)
+        sys.exit(2)
+    return binary, root
+
+
+def main_wrapper(body):
+    """Runs body(binary, root); prints the failure and exits 1 on CheckFailed."""
+    binary, root = parse_args()
+    start = time.monotonic()
+    try:
+        body(binary, root)
+    except CheckFailed as failure:
+        print(f"FAILED: {failure}", file=sys.stderr)
+        sys.exit(1)
+    print(f"ok ({time.monotonic() - start:.1f} s)")
+    sys.exit(0)
+
+
+class Result:
+    def __init__(self, args, completed):
+        self.args = args
+        self.rc = completed.returncode
+        self.stdout = completed.stdout
+        self.stderr = completed.stderr
+
+    def describe(self):
+        return (f"command: {' '.join(self.args)}\nexit code: {self.rc}\n"
+                f"--- stdout ---\n{self.stdout}--- stderr ---\n{self.stderr}")
+
+
+def run(binary, args, cwd, timeout=600):
+    """Runs trainctl with `args` in `cwd`; progress goes to stderr as plain lines (not a tty)."""
+    env = dict(os.environ)
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    completed = subprocess.run([binary, *args], cwd=cwd, env=env, capture_output=True,
+                               text=True, timeout=timeout)
+    return Result([binary, *args], completed)
+
+
+def run_ok(binary, args, cwd, timeout=600):
+    """Runs trainctl and fails the test unless it exits 0."""
+    result = run(binary, args, cwd, timeout)
+    check(result.rc == 0, f"expected exit code 0\n{result.describe()}")
+    return result
+
+
+@contextlib.contextmanager
+def temp_dir(prefix):
+    """A fresh temporary directory, removed afterwards (also when a check fails)."""
+    path = tempfile.mkdtemp(prefix=f"trainctl-{prefix}-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def read_metrics(run_dir):
+    """The records of <run_dir>/metrics.jsonl, one dict per line, each line valid JSON."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    check(os.path.isfile(path), f"{path} is missing")
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise CheckFailed(f"{path}:{number}: not JSON ({error}): {line!r}")
+    return records
+
+
+def read_summary(run_dir):
+    path = os.path.join(run_dir, "summary.json")
+    check(os.path.isfile(path), f"{path} is missing")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def tree(path):
+    """Every file and folder under `path` (relative names), to prove nothing was created."""
+    entries = set()
+    for parent, folders, files in os.walk(path):
+        for name in folders + files:
+            entries.add(os.path.relpath(os.path.join(parent, name), path))
+    return entries

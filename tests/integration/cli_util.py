@@ -118,3 +118,17 @@ def tree(path):
         for name in folders + files:
             entries.add(os.path.relpath(os.path.join(parent, name), path))
     return entries
+
+
+# A small model on recipes/tiny.yaml's data for the short runs (seconds on one core): 2 layers,
+# width 64, 64-token sequences, 8 sequences a step.
+SMALL_MODEL = ["model.layers=2", "model.hidden=64", "model.heads=4", "model.kv_heads=4",
+               "model.ffn_hidden=256", "model.seq_len=64", "training.global_batch=8",
+               "training.micro_batch=4", "schedule.warmup_steps=2", "logging.eval_batches=2"]
+
+
+def small_run_args(run_dir, steps, extra=()):
+    """`run recipes/tiny.yaml` with SMALL_MODEL, `steps` steps and `extra` KEY=VALUE settings."""
+    sets = SMALL_MODEL + [f"training.steps={steps}", *extra]
+    return ["run", "recipes/tiny.yaml", *[a for s in sets for a in ("--set", s)],
+            "--run-dir", run_dir]

@@ -1,0 +1,191 @@
+// lib/train: LR schedules, the loss scaler, AdamW's decay rule, and whole training runs on
+// synthetic data: the loss falls, runs are bit-reproducible, gradient accumulation equals a big
+// batch, bf16/fp16 track fp32, and fp16 overflow skips the step and halves the scale.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+
+#include "backend_test_util.hpp"
+#include "data/sources.hpp"
+#include "train/trainer.hpp"
+
+namespace {
+
+using namespace trainctl;
+using backend_test::cpu;
+using tensor::DType;
+
+model::ModelConfig small_gpt(DType storage) {
+  model::ModelConfig c = model::gpt_preset();
+  c.layers = 2;
+  c.hidden = 32;
+  c.heads = 4;
+  c.kv_heads = 4;
+  c.ffn_hidden = 64;
+  c.vocab = 32;
+  c.seq_len = 16;
+  c.storage = storage;
+  return c;
+}
+
+train::TrainConfig small_train(int64_t steps) {
+  train::TrainConfig t;
+  t.steps = steps;
+  t.global_batch = 8;
+  t.micro_batch = 4;
+  t.schedule = {3e-3, 3e-4, 5, steps, train::DecayKind::cosine, 0.2};
+  t.adamw = {0.9, 0.95, 1e-8, 0.1};
+  t.grad_clip = 1.0;
+  return t;
+}
+
+struct Run {
+  std::vector<train::StepMetrics> steps;
+  std::vector<unsigned char> weights;
+  double scale_after_first = 0;
+};
+
+Run train_synthetic(const model::ModelConfig& mc, const train::TrainConfig& tc) {
+  const data::SyntheticSource source(11, mc.vocab, 1 << 16);
+  data::Sampler sampler(source, mc.seq_len, 3, true, mc.vocab);
+  model::Transformer m(mc, cpu(), tc.micro_batch);
+  m.params().initialize(1234);
+  train::Trainer trainer(tc, m, cpu(), sampler, nullptr);
+  Run run;
+  trainer.run([&](const train::StepMetrics& s) {
+    run.steps.push_back(s);
+    if (s.step == 1) run.scale_after_first = trainer.loss_scaler().scale();
+  });
+  const tensor::Tensor w = m.params().values();
+  run.weights.resize(w.bytes());
+  std::memcpy(run.weights.data(), w.data, w.bytes());
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("lr schedule: warmup then cosine / linear / constant / wsd to min_lr", "[train]") {
+  train::LrSchedule s{1.0, 0.1, 10, 110, train::DecayKind::cosine, 0.2};
+  CHECK(s.lr(0) == Approx(0.1));
+  CHECK(s.lr(9) == Approx(1.0));  // warmup ends at peak
+  CHECK(s.lr(10) == Approx(1.0));
+  CHECK(s.lr(59) == Approx(0.55).margin(0.01));  // half way: (peak + min) / 2
+  CHECK(s.lr(109) == Approx(0.1));                // last step: min_lr
+  s.decay = train::DecayKind::linear;
+  CHECK(s.lr(109) == Approx(0.1));
+  CHECK(s.lr(10 + 99 / 2) == Approx(1.0 - 0.9 * (49.0 / 99.0)));
+  s.decay = train::DecayKind::constant;
+  CHECK(s.lr(100) == 1.0);
+  s.decay = train::DecayKind::wsd;
+  CHECK(s.lr(80) == 1.0);  // still stable: decay starts at 80% of the post-warmup steps
+  CHECK(s.lr(109) == Approx(0.1));
+  CHECK(s.lr(100) < 1.0);
+  CHECK(s.lr(100) > 0.1);
+}
+
+TEST_CASE("loss scaler: dynamic backoff, growth window, floor; fixed and none", "[train]") {
+  train::LossScaler dynamic({train::LossScaleKind::dynamic, 1024.0, 3, 256.0, 2.0, 0.5});
+  CHECK(dynamic.scale() == 1024.0);
+  CHECK_FALSE(dynamic.update(false));
+  CHECK(dynamic.scale() == 512.0);
+  CHECK(dynamic.update(true));
+  CHECK(dynamic.update(true));
+  CHECK(dynamic.scale() == 512.0);
+  CHECK(dynamic.update(true));  // third finite step in a row: grow
+  CHECK(dynamic.scale() == 1024.0);
+  for (int i = 0; i < 5; ++i) dynamic.update(false);
+  CHECK(dynamic.scale() == 256.0);  // floor
+  CHECK(dynamic.state().skipped_steps == 6);
+  train::LossScaler fixed({train::LossScaleKind::fixed, 128.0, 3, 1.0, 2.0, 0.5});
+  CHECK_FALSE(fixed.update(false));
+  CHECK(fixed.scale() == 128.0);
+  train::LossScaler none({train::LossScaleKind::none, 128.0, 3, 1.0, 2.0, 0.5});
+  CHECK(none.scale() == 1.0);
+}
+
+TEST_CASE("adamw: decoupled decay on matrices only, never on norms and biases", "[train]") {
+  model::Transformer m(small_gpt(DType::f32), cpu(), 1);
+  m.params().initialize(1);
+  m.params().zero_grads();
+  const auto before_w = tensor::get_element(m.params().param("layers.0.attn.qkv.weight").value, 3);
+  const auto before_b = tensor::get_element(m.params().param("layers.0.attn.qkv.bias").value, 3);
+  const auto before_n = tensor::get_element(m.params().param("final_norm.weight").value, 3);
+  train::AdamW adamw({0.9, 0.95, 1e-8, 0.5});
+  adamw.step(cpu(), m.params(), 0.1, 1.0);  // zero gradients: only weight decay acts
+  CHECK(tensor::get_element(m.params().param("layers.0.attn.qkv.weight").value, 3) ==
+        Approx(before_w * (1 - 0.1 * 0.5)).epsilon(1e-6));
+  CHECK(tensor::get_element(m.params().param("layers.0.attn.qkv.bias").value, 3) == before_b);
+  CHECK(tensor::get_element(m.params().param("final_norm.weight").value, 3) == before_n);
+}
+
+TEST_CASE("training on synthetic data: loss falls and runs are bit-identical", "[train]") {
+  const auto mc = small_gpt(DType::f32);
+  const auto tc = small_train(80);
+  const Run a = train_synthetic(mc, tc);
+  const Run b = train_synthetic(mc, tc);
+  REQUIRE(a.steps.size() == 80);
+  CHECK(a.steps.back().loss < a.steps.front().loss - 1.0);
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    CHECK(a.steps[i].loss == b.steps[i].loss);
+    CHECK(a.steps[i].grad_norm == b.steps[i].grad_norm);
+  }
+  CHECK(a.weights == b.weights);
+}
+
+TEST_CASE("gradient accumulation over micro-batches equals one big batch (f64)", "[train]") {
+  const auto mc = small_gpt(DType::f64);
+  auto tc = small_train(6);
+  tc.micro_batch = 8;
+  const Run big = train_synthetic(mc, tc);
+  tc.micro_batch = 2;  // four micro-batches per step
+  const Run accumulated = train_synthetic(mc, tc);
+  for (size_t i = 0; i < big.steps.size(); ++i) {
+    CHECK(accumulated.steps[i].loss == Approx(big.steps[i].loss).epsilon(1e-12));
+    CHECK(accumulated.steps[i].grad_norm == Approx(big.steps[i].grad_norm).epsilon(1e-10));
+  }
+}
+
+TEST_CASE("bf16 and fp16 training track the fp32 loss curve", "[train][precision]") {
+  const auto tc = small_train(40);
+  const Run fp32 = train_synthetic(small_gpt(DType::f32), tc);
+  auto fp16_tc = tc;
+  fp16_tc.loss_scale = {train::LossScaleKind::dynamic, 1024.0, 1000, 1.0, 2.0, 0.5};
+  const Run bf16 = train_synthetic(small_gpt(DType::bf16), tc);
+  const Run fp16 = train_synthetic(small_gpt(DType::f16), fp16_tc);
+  // Stated tolerance: every step's loss within 2% (bf16) / 1% (fp16) of the fp32 loss; the
+  // measured maxima are printed on failure.
+  double worst_bf16 = 0, worst_fp16 = 0;
+  for (size_t i = 0; i < fp32.steps.size(); ++i) {
+    worst_bf16 = std::max(worst_bf16, std::abs(bf16.steps[i].loss / fp32.steps[i].loss - 1));
+    worst_fp16 = std::max(worst_fp16, std::abs(fp16.steps[i].loss / fp32.steps[i].loss - 1));
+    CHECK_FALSE(fp16.steps[i].skipped);
+  }
+  INFO("worst relative loss difference: bf16 " << worst_bf16 << ", fp16 " << worst_fp16);
+  CHECK(worst_bf16 < 0.02);
+  CHECK(worst_fp16 < 0.01);
+  CHECK(worst_bf16 > 0);  // the precisions really differ
+}
+
+TEST_CASE("fp16: overflowing gradients skip the step and halve the loss scale", "[train][precision]") {
+  auto tc = small_train(40);
+  // An absurd initial scale (2^40): the scaled loss gradient overflows fp16's 65504 at once.
+  tc.loss_scale = {train::LossScaleKind::dynamic, std::ldexp(1.0, 40), 1000, 1.0, 2.0, 0.5};
+  const Run run = train_synthetic(small_gpt(DType::f16), tc);
+  REQUIRE(run.steps.front().skipped);
+  CHECK(std::isnan(run.steps.front().grad_norm));
+  CHECK(run.scale_after_first == std::ldexp(1.0, 39));
+  int skipped = 0;
+  for (const auto& s : run.steps) skipped += s.skipped;
+  CHECK(skipped < 40);  // the scale came down (2^40 -> about 2^16 by halving) and training resumed
+  CHECK_FALSE(run.steps.back().skipped);
+  CHECK(std::isfinite(run.steps.back().loss));
+  // A skipped step leaves the weights alone: a run whose every step is skipped keeps its init.
+  auto all_skipped = tc;
+  all_skipped.steps = 1;
+  const Run one = train_synthetic(small_gpt(DType::f16), all_skipped);
+  model::Transformer fresh(small_gpt(DType::f16), cpu(), tc.micro_batch);
+  fresh.params().initialize(1234);
+  const auto w = fresh.params().values();
+  CHECK(std::memcmp(one.weights.data(), w.data, w.bytes()) == 0);
+}

@@ -46,7 +46,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return cli.exit(e);
   } catch (const CLI::ParseError& e) {
-    cli.exit(e);  // prints the message and usage hint
+    // The subcommand that was being parsed names the error, as every other trainctl error does.
+    std::string where = "trainctl";
+    for (const CLI::App* sub : cli.get_subcommands()) where += " " + sub->get_name();
+    std::fprintf(stderr, "%s: error: %s\nRun '%s --help' for usage.\n", where.c_str(), e.what(),
+                 where.c_str());
     return app::kExitBadInput;
   }
 

@@ -85,6 +85,17 @@ nlohmann::json metrics_record(const train::StepMetrics& m, bool fp16, bool moe) 
   return j;
 }
 
+// --overwrite: the files of the earlier run go, so metrics.jsonl and TensorBoard show only the new
+// run. Anything else the user keeps in the directory is left alone.
+void remove_previous_run(const fs::path& run_dir) {
+  if (!fs::is_directory(run_dir)) return;
+  for (const char* name : {"recipe.yaml", "metrics.jsonl", "summary.json", "logs"})
+    fs::remove_all(run_dir / name);
+  for (const fs::directory_entry& entry : fs::directory_iterator(run_dir))
+    if (entry.path().filename().string().starts_with("events.out.tfevents."))
+      fs::remove(entry.path());
+}
+
 }  // namespace
 
 int run_run(const RunOptions& options) {
@@ -144,6 +155,7 @@ int run_run(const RunOptions& options) {
   train::Trainer trainer(train_config, model, *be, *sampler, val ? &*val : nullptr);
 
   // ---- 3. run directory ----
+  if (options.overwrite) remove_previous_run(run_dir);
   fs::create_directories(run_dir / "logs");
   {
     std::ofstream out(run_dir / "recipe.yaml");

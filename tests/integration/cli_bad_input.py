@@ -181,12 +181,12 @@ CASES = [
               "this build yet; use cluster.device: auto or cpu\n", commands=("run",)),
     # ---- the command line itself ----
     {"name": "run_without_recipe", "files": {}, "recipe": None, "args": [], "commands": ("run",),
-     "stderr": "recipe is required\nRun with --help for more information.\n"},
+     "stderr": "trainctl run: error: recipe is required\nRun 'trainctl run --help' for usage.\n"},
     {"name": "validate_without_recipe", "files": {}, "recipe": None, "args": [],
      "commands": ("validate",),
      "stderr": "trainctl validate: a recipe file is required (or --explain)\n"},
-    tiny_case("unknown_option", [], "The following argument was not expected: --bogus\n"
-              "Run with --help for more information.\n", extra=["--bogus"]),
+    tiny_case("unknown_option", [], "trainctl {command}: error: The following argument was not "
+              "expected: --bogus\nRun 'trainctl {command} --help' for usage.\n", extra=["--bogus"]),
 ]
 
 
@@ -210,8 +210,9 @@ def run_case(binary, root, case):
             result = cli_util.run(binary, args, work, timeout=120)
             where = f"case {case['name']}: trainctl {' '.join(args)}"
             check(result.rc == 2, f"{where}: expected exit code 2\n{result.describe()}")
-            check(result.stderr == case["stderr"],
-                  f"{where}: stderr differs\n--- expected ---\n{case['stderr']}"
+            expected = case["stderr"].replace("{command}", args[0])
+            check(result.stderr == expected,
+                  f"{where}: stderr differs\n--- expected ---\n{expected}"
                   f"--- got ---\n{result.stderr}")
             check(result.stdout == "", f"{where}: expected no stdout\n{result.describe()}")
             after = cli_util.tree(work)

@@ -15,6 +15,7 @@ namespace trainctl::backend::cpu {
 
 void CpuBackend::adamw(const Tensor& param, const Tensor& master, const Tensor& grad,
                        const Tensor& m, const Tensor& v, const AdamW& hyper) {
+  const ScopedOp timed(timer_, OpFamily::optimizer);
   constexpr std::string_view op = "adamw";
   expect_present(op, "param", param);
   const int64_t count = param.numel();

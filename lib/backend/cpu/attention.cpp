@@ -74,6 +74,7 @@ void causal_softmax(C* p, C* lse, int64_t T, bool compute_lse) {
 
 void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                    const AttentionShape& shape) {
+  const ScopedOp timed(timer_, OpFamily::attention);
   constexpr std::string_view op = "attention_forward";
   check_shape(op, shape);
   const auto [B, T, H, KV, D] = shape;
@@ -112,6 +113,7 @@ void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const T
 void CpuBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                     const Tensor& out, const Tensor& lse,
                                     const AttentionShape& shape) {
+  const ScopedOp timed(timer_, OpFamily::attention);
   constexpr std::string_view op = "attention_backward";
   check_shape(op, shape);
   const auto [B, T, H, KV, D] = shape;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <new>
 #include <stdexcept>
+#include <string_view>
 
 namespace trainctl::backend {
 
@@ -61,7 +62,19 @@ void* ScratchPool::raw(size_t slot, size_t bytes) {
   return buffer.data();
 }
 
-// ---- backend description and memory ------------------------------------------------------------
+// ---- construction, backend description and memory ----------------------------------------------
+
+CpuBackend::CpuBackend() {
+  const char* timing = std::getenv("TRAINCTL_OP_TIMING");
+  print_timing_ = timing && std::string_view(timing) != "" && std::string_view(timing) != "0";
+  timer_.enabled = print_timing_;
+}
+
+CpuBackend::~CpuBackend() {
+  if (print_timing_)
+    fmt::print(stderr, "cpu backend op timing (TRAINCTL_OP_TIMING):\n{}",
+               format_op_stats(timer_.stats));
+}
 
 Capabilities CpuBackend::capabilities() const {
   Capabilities caps;
@@ -111,6 +124,7 @@ bool is_fp8(DType d) {
 }  // namespace
 
 void CpuBackend::cast(const Tensor& dst, const Tensor& src) {
+  const ScopedOp timed(timer_, OpFamily::elementwise);
   expect_numel("cast", "dst", dst, src.numel());
   if (!tensor::is_floating(dst.dtype) || !tensor::is_floating(src.dtype))
     fail("cast", fmt::format("only floating dtypes convert (dst {}, src {})",
@@ -127,6 +141,7 @@ void CpuBackend::cast(const Tensor& dst, const Tensor& src) {
 }
 
 void CpuBackend::fill(const Tensor& dst, double value) {
+  const ScopedOp timed(timer_, OpFamily::elementwise);
   expect_present("fill", "dst", dst);
   dispatch_float(dst.dtype, "fill", "dst", [&]<class D>(Tag<D>) {
     const D v = tensor::store<D>(static_cast<compute_t<D>>(value));
@@ -137,6 +152,7 @@ void CpuBackend::fill(const Tensor& dst, double value) {
 }
 
 void CpuBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  const ScopedOp timed(timer_, OpFamily::elementwise);
   expect_numel("add", "a", a, out.numel());
   expect_numel("add", "b", b, out.numel());
   dispatch_float(out.dtype, "add", "out", [&]<class O>(Tag<O>) {
@@ -155,6 +171,7 @@ void CpuBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
 }
 
 void CpuBackend::accumulate(const Tensor& dst, const Tensor& src) {
+  const ScopedOp timed(timer_, OpFamily::elementwise);
   expect_numel("accumulate", "src", src, dst.numel());
   dispatch_float(dst.dtype, "accumulate", "dst", [&]<class D>(Tag<D>) {
     dispatch_float(src.dtype, "accumulate", "src", [&]<class S>(Tag<S>) {
@@ -169,6 +186,7 @@ void CpuBackend::accumulate(const Tensor& dst, const Tensor& src) {
 }
 
 void CpuBackend::scale(const Tensor& dst, double factor) {
+  const ScopedOp timed(timer_, OpFamily::elementwise);
   expect_present("scale", "dst", dst);
   dispatch_float(dst.dtype, "scale", "dst", [&]<class D>(Tag<D>) {
     using C = compute_t<D>;
@@ -182,6 +200,7 @@ void CpuBackend::scale(const Tensor& dst, double factor) {
 // ---- reductions (sequential, double accumulation: the same bits on every run) -------------------
 
 double CpuBackend::sum(const Tensor& src) {
+  const ScopedOp timed(timer_, OpFamily::reduction);
   expect_present("sum", "src", src);
   return dispatch_float(src.dtype, "sum", "src", [&]<class S>(Tag<S>) {
     const S* s = src.as<S>();
@@ -193,6 +212,7 @@ double CpuBackend::sum(const Tensor& src) {
 }
 
 double CpuBackend::sum_squares(const Tensor& src) {
+  const ScopedOp timed(timer_, OpFamily::reduction);
   expect_present("sum_squares", "src", src);
   return dispatch_float(src.dtype, "sum_squares", "src", [&]<class S>(Tag<S>) {
     const S* s = src.as<S>();
@@ -206,6 +226,7 @@ double CpuBackend::sum_squares(const Tensor& src) {
 }
 
 bool CpuBackend::all_finite(const Tensor& src) {
+  const ScopedOp timed(timer_, OpFamily::reduction);
   expect_present("all_finite", "src", src);
   return dispatch_float(src.dtype, "all_finite", "src", [&]<class S>(Tag<S>) {
     const S* s = src.as<S>();

@@ -17,8 +17,10 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "backend/backend.hpp"
+#include "backend/cpu/op_timing.hpp"
 #include "tensor/tensor.hpp"
 
 namespace trainctl::backend::cpu {
@@ -91,8 +93,35 @@ template <class T>
 void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
 
+// Elementwise loops shorter than this stay on the calling thread (a parallel region costs ~us).
+inline constexpr int64_t kParallelMinElements = 32768;
+
+// GELU and its derivative over every 16-bit input pattern (bf16 or f16), built on first use
+// (activation.cpp explains why).
+class GeluTables {
+ public:
+  template <class S>
+  const uint16_t* forward();
+  template <class S>
+  const float* derivative();
+
+ private:
+  template <class S>
+  static void build(std::vector<uint16_t>& forward, std::vector<float>& derivative);
+  std::vector<uint16_t> bf16_forward_, f16_forward_;
+  std::vector<float> bf16_derivative_, f16_derivative_;
+};
+
 class CpuBackend final : public Backend {
  public:
+  // TRAINCTL_OP_TIMING=1 in the environment turns the op counters on and prints them to stderr
+  // when the backend is destroyed.
+  CpuBackend();
+  ~CpuBackend() override;
+  CpuBackend(const CpuBackend&) = delete;
+  CpuBackend& operator=(const CpuBackend&) = delete;
+  OpTimer& op_timer() { return timer_; }
+
   std::string_view name() const override { return "cpu"; }
   Device device() const override { return Device::cpu; }
   Capabilities capabilities() const override;
@@ -165,6 +194,9 @@ class CpuBackend final : public Backend {
 
  private:
   ScratchPool scratch_;
+  OpTimer timer_;
+  GeluTables gelu_tables_;
+  bool print_timing_ = false;
 };
 
 }  // namespace trainctl::backend::cpu

@@ -47,6 +47,7 @@ void check_positions(std::string_view op, std::string_view name, const Tensor& w
 
 void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
                                    const Tensor& wpe, int64_t T) {
+  const ScopedOp timed(timer_, OpFamily::embedding);
   constexpr std::string_view op = "embedding_forward";
   const auto [N, C, V] = check_embedding(op, wte, out, tokens, T);
   expect_dtype(op, "out", out, wte.dtype);
@@ -69,6 +70,7 @@ void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, cons
 
 void CpuBackend::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                                     const Tensor& tokens, int64_t T) {
+  const ScopedOp timed(timer_, OpFamily::embedding);
   constexpr std::string_view op = "embedding_backward";
   expect_present(op, "dout", dout);
   const auto [N, C, V] = check_embedding(op, dwte, dout, tokens, T);

@@ -82,7 +82,11 @@ void widen(float* dst, const S* src, int64_t count) {
 }  // namespace
 
 void CpuBackend::gemm(const GemmArgs& g) {
+  const ScopedOp timed(timer_, OpFamily::gemm);
   check_gemm(g);
+  if (timer_.enabled)
+    timer_.stats.gemm_flops += 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) *
+                               static_cast<double>(g.k) * static_cast<double>(g.batch);
   const int64_t lda = g.trans_a ? g.m : g.k;
   const int64_t ldb = g.trans_b ? g.k : g.n;
   dispatch_float(g.a.dtype, "gemm", "a", [&]<class S>(Tag<S>) {
@@ -124,6 +128,7 @@ void CpuBackend::gemm(const GemmArgs& g) {
 }
 
 void CpuBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
+  const ScopedOp timed(timer_, OpFamily::elementwise);
   constexpr std::string_view op = "bias_backward";
   expect_present(op, "dout", dout);
   expect_dtype(op, "dbias", dbias, grad_dtype(dout.dtype));

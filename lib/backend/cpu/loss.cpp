@@ -34,6 +34,7 @@ int64_t check_targets(std::string_view op, const Tensor& logits, const Tensor& t
 
 void CpuBackend::cross_entropy_forward(const Tensor& losses, const Tensor& lse,
                                        const Tensor& logits, const Tensor& targets) {
+  const ScopedOp timed(timer_, OpFamily::loss);
   constexpr std::string_view op = "cross_entropy_forward";
   int64_t V = 0;
   const int64_t N = check_targets(op, logits, targets, V);
@@ -62,6 +63,7 @@ void CpuBackend::cross_entropy_forward(const Tensor& losses, const Tensor& lse,
 void CpuBackend::cross_entropy_backward(const Tensor& dlogits, const Tensor& logits,
                                         const Tensor& lse, const Tensor& targets,
                                         double grad_scale) {
+  const ScopedOp timed(timer_, OpFamily::loss);
   constexpr std::string_view op = "cross_entropy_backward";
   int64_t V = 0;
   const int64_t N = check_targets(op, logits, targets, V);

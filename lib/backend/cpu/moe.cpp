@@ -89,6 +89,7 @@ PermuteDims check_permute(std::string_view op, std::string_view token_name, cons
 }  // namespace
 
 RouterLosses CpuBackend::moe_router_forward(const RouterArgs& r) {
+  const ScopedOp timed(timer_, OpFamily::moe);
   constexpr std::string_view op = "moe_router_forward";
   const auto [N, E, K] = check_router(op, r);
   const int64_t capacity = r.capacity > 0 ? r.capacity : N;
@@ -144,6 +145,7 @@ RouterLosses CpuBackend::moe_router_forward(const RouterArgs& r) {
 void CpuBackend::moe_router_backward(const Tensor& dlogits, const Tensor& dgates,
                                      const RouterArgs& r, double aux_coef, double z_coef,
                                      double grad_scale) {
+  const ScopedOp timed(timer_, OpFamily::moe);
   constexpr std::string_view op = "moe_router_backward";
   const auto [N, E, K] = check_router(op, r);
   expect_dtype(op, "dlogits", dlogits, r.logits.dtype);
@@ -187,6 +189,7 @@ void CpuBackend::moe_router_backward(const Tensor& dlogits, const Tensor& dgates
 }
 
 void CpuBackend::moe_permute(const Tensor& expert_in, const Tensor& x, const Tensor& slot) {
+  const ScopedOp timed(timer_, OpFamily::moe);
   const auto [N, K, C, R] = check_permute("moe_permute", "x", x, "expert_in", expert_in, slot);
   const size_t row_bytes = static_cast<size_t>(C) * tensor::dtype_size(x.dtype);
   auto* dst = static_cast<char*>(expert_in.data);
@@ -202,6 +205,7 @@ void CpuBackend::moe_permute(const Tensor& expert_in, const Tensor& x, const Ten
 
 void CpuBackend::moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in,
                                       const Tensor& slot) {
+  const ScopedOp timed(timer_, OpFamily::moe);
   constexpr std::string_view op = "moe_permute_backward";
   const auto [N, K, C, R] = check_permute(op, "dx", dx, "dexpert_in", dexpert_in, slot);
   dispatch_float(dx.dtype, op, "dx", [&]<class S>(Tag<S>) {
@@ -219,6 +223,7 @@ void CpuBackend::moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in
 
 void CpuBackend::moe_unpermute(const Tensor& out, const Tensor& expert_out, const Tensor& gates,
                                const Tensor& slot) {
+  const ScopedOp timed(timer_, OpFamily::moe);
   constexpr std::string_view op = "moe_unpermute";
   const auto [N, K, C, R] = check_permute(op, "out", out, "expert_out", expert_out, slot);
   expect_dtype(op, "gates", gates, stats_dtype(out.dtype));
@@ -241,6 +246,7 @@ void CpuBackend::moe_unpermute(const Tensor& out, const Tensor& expert_out, cons
 void CpuBackend::moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dgates,
                                         const Tensor& dout, const Tensor& expert_out,
                                         const Tensor& gates, const Tensor& slot) {
+  const ScopedOp timed(timer_, OpFamily::moe);
   constexpr std::string_view op = "moe_unpermute_backward";
   const auto [N, K, C, R] = check_permute(op, "dout", dout, "expert_out", expert_out, slot);
   expect_dtype(op, "dexpert_out", dexpert_out, dout.dtype);

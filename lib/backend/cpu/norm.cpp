@@ -26,6 +26,7 @@ NormDims check_norm(std::string_view op, const Tensor& x, const Tensor& weight) 
 void CpuBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                                    const Tensor& x, const Tensor& weight, const Tensor& bias,
                                    double eps) {
+  const ScopedOp timed(timer_, OpFamily::norm);
   constexpr std::string_view op = "layernorm_forward";
   const auto [N, C] = check_norm(op, x, weight);
   expect_dtype(op, "out", out, x.dtype);
@@ -70,6 +71,7 @@ void CpuBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const 
 void CpuBackend::layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
                                     const Tensor& dout, const Tensor& x, const Tensor& weight,
                                     const Tensor& mean, const Tensor& rstd) {
+  const ScopedOp timed(timer_, OpFamily::norm);
   constexpr std::string_view op = "layernorm_backward";
   const auto [N, C] = check_norm(op, x, weight);
   expect_dtype(op, "dx", dx, x.dtype);
@@ -121,6 +123,7 @@ void CpuBackend::layernorm_backward(const Tensor& dx, const Tensor& dweight, con
 
 void CpuBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
                                  const Tensor& weight, double eps) {
+  const ScopedOp timed(timer_, OpFamily::norm);
   constexpr std::string_view op = "rmsnorm_forward";
   const auto [N, C] = check_norm(op, x, weight);
   expect_dtype(op, "out", out, x.dtype);
@@ -148,6 +151,7 @@ void CpuBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Te
 
 void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
                                   const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+  const ScopedOp timed(timer_, OpFamily::norm);
   constexpr std::string_view op = "rmsnorm_backward";
   const auto [N, C] = check_norm(op, x, weight);
   expect_dtype(op, "dx", dx, x.dtype);

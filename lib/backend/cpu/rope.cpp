@@ -13,6 +13,7 @@ namespace trainctl::backend::cpu {
 
 void CpuBackend::rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads,
                       int64_t D, double theta, bool inverse) {
+  const ScopedOp timed(timer_, OpFamily::rope);
   constexpr std::string_view op = "rope";
   expect_present(op, "x", x);
   expect_dtype(op, "out", out, x.dtype);

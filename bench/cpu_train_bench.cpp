@@ -4,7 +4,8 @@
 // GFLOP/s against a plain fp32 GEMM of the same shapes measured in the same run (the ceiling this
 // machine's OpenBLAS reaches), then the per-op-family breakdown of each precision.
 //
-//   cpu_train_bench [--steps N] [--warmup N] [--micro-batch B] [--vocab V] [--precision fp32|bf16|both]
+//   cpu_train_bench [--steps N] [--warmup N] [--micro-batch B] [--vocab V] [--precision
+//   fp32|bf16|both]
 //
 // Defaults: 5 timed steps after 2 warm-up steps, micro-batch 4, vocab 50257 (GPT-2's; the LM head
 // is then about half of all FLOPs), both precisions.
@@ -41,7 +42,8 @@ struct Options {
 
 int positive(const std::string& flag, const char* text) {
   const int v = std::atoi(text);
-  if (v < 1) throw std::invalid_argument(fmt::format("{} needs a positive integer, got '{}'", flag, text));
+  if (v < 1)
+    throw std::invalid_argument(fmt::format("{} needs a positive integer, got '{}'", flag, text));
   return v;
 }
 
@@ -135,8 +137,8 @@ double sgemm_ceiling_gflops(const Options& o) {
   struct Shape {
     int64_t in, out;
   };
-  const std::vector<Shape> linears{{C, 3 * C}, {C, C}, {C, cfg.ffn_hidden}, {cfg.ffn_hidden, C},
-                                   {C, cfg.vocab}};
+  const std::vector<Shape> linears{
+      {C, 3 * C}, {C, C}, {C, cfg.ffn_hidden}, {cfg.ffn_hidden, C}, {C, cfg.vocab}};
   int64_t largest = 0;
   for (const Shape& s : linears)
     largest = std::max({largest, N * s.in, N * s.out, s.in * s.out});
@@ -150,16 +152,25 @@ double sgemm_ceiling_gflops(const Options& o) {
     for (int64_t j = 0; j < largest; ++j)
       p[j] = static_cast<float>((j * 2654435761u + i) % 1000) / 1000.0f - 0.5f;
   }
+  // gemm(trans_a, trans_b, m, n, k, beta) on the three buffers.
+  auto gemm = [&](bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double beta) {
+    backend::GemmArgs g;
+    g.a = t[0];
+    g.b = t[1];
+    g.c = t[2];
+    g.trans_a = trans_a;
+    g.trans_b = trans_b;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    g.beta = beta;
+    be->gemm(g);
+  };
   auto pass = [&] {
     for (const Shape& s : linears) {
-      backend::GemmArgs fwd{.a = t[0], .b = t[1], .c = t[2], .trans_b = true, .m = N, .n = s.out,
-                            .k = s.in};
-      be->gemm(fwd);
-      backend::GemmArgs dx{.a = t[0], .b = t[1], .c = t[2], .m = N, .n = s.in, .k = s.out};
-      be->gemm(dx);
-      backend::GemmArgs dw{.a = t[0], .b = t[1], .c = t[2], .trans_a = true, .m = s.out,
-                           .n = s.in, .k = N, .beta = 1.0};
-      be->gemm(dw);
+      gemm(false, true, N, s.out, s.in, 0.0);   // y = x W^T
+      gemm(false, false, N, s.in, s.out, 0.0);  // dx = dy W
+      gemm(true, false, s.out, s.in, N, 1.0);   // dW += dy^T x
     }
   };
   pass();  // warm-up
@@ -176,17 +187,19 @@ int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
     const char* blas_threads = std::getenv("OPENBLAS_NUM_THREADS");
-    fmt::print("cpu_train_bench: GPT 4 layers, hidden 768, 12 heads, ffn 3072, seq 256, vocab {}, "
-               "micro-batch {} ({} tokens/step), {} warm-up + {} timed steps, "
-               "OPENBLAS_NUM_THREADS={}\n\n",
-               o.vocab, o.micro_batch, o.micro_batch * 256, o.warmup, o.steps,
-               blas_threads ? blas_threads : "(unset)");
+    fmt::print(
+        "cpu_train_bench: GPT 4 layers, hidden 768, 12 heads, ffn 3072, seq 256, vocab {}, "
+        "micro-batch {} ({} tokens/step), {} warm-up + {} timed steps, "
+        "OPENBLAS_NUM_THREADS={}\n\n",
+        o.vocab, o.micro_batch, o.micro_batch * 256, o.warmup, o.steps,
+        blas_threads ? blas_threads : "(unset)");
     std::vector<Result> results;
     for (tensor::DType p : o.precisions)
       results.push_back(run_training(o, p));
     const double ceiling = sgemm_ceiling_gflops(o);
-    fmt::print("| precision | tokens/s | ms/step | GEMM ms/step | GEMM share | GEMM GFLOP/s | "
-               "sgemm ceiling GFLOP/s |\n|---|---|---|---|---|---|---|\n");
+    fmt::print(
+        "| precision | tokens/s | ms/step | GEMM ms/step | GEMM share | GEMM GFLOP/s | "
+        "sgemm ceiling GFLOP/s |\n|---|---|---|---|---|---|---|\n");
     for (const Result& r : results) {
       const double gemm_ns = static_cast<double>(r.stats.ns[static_cast<int>(OpFamily::gemm)]);
       fmt::print("| {} | {:.0f} | {:.1f} | {:.1f} | {:.1f}% | {:.1f} | {:.1f} |\n", r.precision,

@@ -31,11 +31,48 @@ namespace trainctl::app {
 
 namespace {
 
-void print_problems(const recipe::RecipeError& e, const std::string& file) {
-  for (const recipe::Problem& p : e.problems())
-    std::fprintf(stderr, "%s\n", recipe::format_problem(p).c_str());
-  std::fprintf(stderr, "%zu problem%s in %s\n", e.problems().size(),
-               e.problems().size() == 1 ? "" : "s", file.c_str());
+// Bad input found after loading, in the same form as the recipe's own problems: exit code 2.
+int report_problems(const std::vector<recipe::Problem>& problems, const std::string& file) {
+  std::fputs(recipe::format_report(problems, file).c_str(), stderr);
+  return kExitBadInput;
+}
+
+// What this build cannot run, located at the key the user set: more than one rank (at the first
+// parallel degree > 1, in rank order) and the CUDA device.
+std::vector<recipe::Problem> unsupported_in_this_build(const recipe::LoadedRecipe& loaded) {
+  const recipe::Recipe& r = loaded.recipe;
+  std::vector<recipe::Problem> problems;
+  if (r.world_size() != 1) {
+    const std::pair<const char*, int> degrees[] = {{"parallel.tp", r.parallel.tp},
+                                                   {"parallel.ep", r.parallel.ep},
+                                                   {"parallel.dp", r.parallel.dp},
+                                                   {"parallel.pp", r.parallel.pp}};
+    const char* key = "parallel.tp";
+    for (auto [name, degree] : degrees) {
+      if (degree > 1) {
+        key = name;
+        break;
+      }
+    }
+    problems.push_back(loaded.origins.problem(
+        key,
+        fmt::format("world size tp*ep*dp*pp = {}*{}*{}*{} = {} but this build trains on one "
+                    "rank; set every parallel degree to 1",
+                    r.parallel.tp, r.parallel.ep, r.parallel.dp, r.parallel.pp, r.world_size())));
+  }
+  if (r.cluster.device == recipe::Device::cuda)
+    problems.push_back(loaded.origins.problem(
+        "cluster.device",
+        "the CUDA training backend is not part of this build yet; use cluster.device: auto or "
+        "cpu"));
+  return problems;
+}
+
+// The key a data error is about: the validation file when the error names it, else data.path.
+std::string_view data_error_key(const recipe::Recipe& r, const std::string& message) {
+  const std::string& val = r.data.val_path;
+  if (!val.empty() && val != r.data.path && message.starts_with(val + ":")) return "data.val_path";
+  return "data.path";
 }
 
 int bad_input(const std::string& message) {
@@ -100,22 +137,15 @@ void remove_previous_run(const fs::path& run_dir) {
 
 int run_run(const RunOptions& options) {
   // ---- 1. input: every check that can fail on bad input happens before the disk is touched ----
-  recipe::Recipe r;
+  recipe::LoadedRecipe loaded;
   try {
-    r = recipe::load_recipe(options.recipe_path, options.overrides);
+    loaded = recipe::load_recipe_with_origins(options.recipe_path, options.overrides);
   } catch (const recipe::RecipeError& e) {
-    print_problems(e, options.recipe_path);
-    return kExitBadInput;
+    return report_problems(e.problems(), options.recipe_path);
   }
-  if (r.world_size() != 1)
-    return bad_input(fmt::format(
-        "parallel: world size tp*ep*dp*pp = {}*{}*{}*{} = {} but this build trains on one rank; "
-        "set every parallel degree to 1",
-        r.parallel.tp, r.parallel.ep, r.parallel.dp, r.parallel.pp, r.world_size()));
-  if (r.cluster.device == recipe::Device::cuda)
-    return bad_input(
-        "cluster.device: cuda: the CUDA training backend is not part of this build yet; use "
-        "cluster.device: auto or cpu");
+  const recipe::Recipe& r = loaded.recipe;
+  if (auto problems = unsupported_in_this_build(loaded); !problems.empty())
+    return report_problems(problems, options.recipe_path);
   const backend::DeviceReport devices = backend::detect_gpus();
   const std::string device_line =
       devices.gpus.empty()
@@ -135,7 +165,8 @@ int run_run(const RunOptions& options) {
       if (val->num_batches(r.training.micro_batch) < 1) val.reset();
     }
   } catch (const data::DataError& e) {
-    return bad_input(fmt::format("data: {}", e.what()));
+    return report_problems({loaded.origins.problem(data_error_key(r, e.what()), e.what())},
+                           options.recipe_path);
   }
 
   const fs::path run_dir =
@@ -178,8 +209,11 @@ int run_run(const RunOptions& options) {
   say(fmt::format("model: {} ({} parameters, {})", model::describe(model_config),
                   telemetry::format_count(static_cast<uint64_t>(model.params().table().numel())),
                   tensor::dtype_name(model_config.storage)));
-  say(fmt::format("data: {} train tokens ({}), {} validation tokens", dataset.train->size(),
-                  dataset.train->describe(), dataset.val ? dataset.val->size() : 0));
+  say(fmt::format(
+      "data: {} train tokens ({}), {} validation tokens",
+      telemetry::format_count(static_cast<uint64_t>(dataset.train->size())),
+      dataset.train->describe(),
+      telemetry::format_count(static_cast<uint64_t>(dataset.val ? dataset.val->size() : 0))));
   say(fmt::format("run directory: {}", run_dir.string()));
 
   // ---- 4. train ----

@@ -20,10 +20,7 @@ int run_validate(const ValidateOptions& options) {
                recipe::recipe_hash(resolved));
     return kExitOk;
   } catch (const recipe::RecipeError& error) {
-    for (const auto& problem : error.problems())
-      fmt::print(stderr, "{}\n", recipe::format_problem(problem));
-    std::size_t count = error.problems().size();
-    fmt::print(stderr, "{} problem{} in {}\n", count, count == 1 ? "" : "s", options.recipe_path);
+    fmt::print(stderr, "{}", recipe::format_report(error.problems(), options.recipe_path));
     return kExitBadInput;
   }
 }

@@ -30,7 +30,7 @@ std::string closest(std::string_view word, const std::vector<std::string_view>& 
 std::string format_number(double x);
 
 // A broken cross-field rule. `keys` lists the keys involved, most specific first: the problem is
-// reported at the first of them that the recipe sets.
+// reported at Origins::locate(keys) (the latest --set among them, else the first the file sets).
 struct RuleViolation {
   std::vector<std::string_view> keys;
   std::string message;
@@ -40,5 +40,11 @@ struct RuleViolation {
 // placeholder, and one mistake should produce one message).
 std::vector<RuleViolation> check_rules(const Recipe& recipe,
                                        const std::function<bool(std::string_view)>& usable);
+
+// Whether the data file(s) at `path` (non-empty; source text or llmc) exist and can be read: ""
+// when they do, else the problem without the key name ("'x.txt' does not exist (relative to
+// /cwd)"). text: an existing, readable regular file. llmc: the same, or a glob (*, ?, [) that
+// matches at least one regular file. Relative paths are taken from the current directory.
+std::string check_data_file(DataSource source, const std::string& path);
 
 }  // namespace trainctl::recipe::internal

@@ -1,6 +1,6 @@
 // Building a Recipe: read the YAML, collect one entry per key (file first, --set on top), convert
-// each through the schema, fill defaults and presets, check the cross-field rules, and report every
-// problem at once.
+// each through the schema, fill defaults and presets, check the cross-field rules and the data
+// files, and report every problem at once, each at the place the user wrote the value (Origins).
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -18,15 +18,9 @@ namespace {
 
 using internal::closest;
 
-// Where a key's value came from: a position in the file, or one --set argument.
-struct Origin {
-  int line = 0, col = 0;     // 1-based; 0 when unknown
-  std::string override_arg;  // "model.hidden=256" when from --set
-};
-
 struct Entry {
   YAML::Node node;
-  Origin origin;
+  KeyOrigin origin;
 };
 
 std::vector<std::string_view> all_paths() {
@@ -42,32 +36,62 @@ class Loader {
 
   void read_text(std::string_view text);
   void read_override(const std::string& arg);
-  Recipe build();
+  LoadedRecipe build();
   std::vector<Problem> problems;
 
  private:
-  void report(const Origin& origin, std::string message);
+  void report(const KeyOrigin& origin, std::string message);
   void report_at(const YAML::Mark& mark, std::string message);
   void read_section(std::string_view section, const YAML::Node& map);
   void add_entry(const KeySpec& key, const YAML::Node& key_node, const YAML::Node& value);
   std::string unknown_key_message(std::string_view section, std::string_view leaf) const;
+  std::string unknown_top_message(const std::string& name,
+                                  const std::vector<std::string_view>& sections,
+                                  const std::vector<std::string_view>& top_keys) const;
 
   std::string file_;
   std::map<std::string_view, Entry> entries_;  // by key path; --set replaces the file's entry
   std::vector<std::string_view> bad_;          // keys whose value could not be used
+  int num_overrides_ = 0;                      // --set arguments read so far
   bool unreadable_ = false;  // the YAML could not be parsed as a map: nothing else is worth saying
 };
 
-Origin origin_of(const YAML::Mark& mark) {
-  if (mark.is_null()) return {};
-  return {mark.line + 1, mark.column + 1, ""};
+KeyOrigin origin_of(const YAML::Mark& mark) {
+  KeyOrigin origin;
+  if (mark.is_null()) return origin;
+  origin.source = KeyOrigin::Source::file;
+  origin.line = mark.line + 1;
+  origin.col = mark.column + 1;
+  return origin;
 }
 
-void Loader::report(const Origin& origin, std::string message) {
-  if (!origin.override_arg.empty())
-    problems.push_back({"", 0, 0, fmt::format("--set {}: {}", origin.override_arg, message)});
+void Loader::report(const KeyOrigin& origin, std::string message) {
+  if (origin.source == KeyOrigin::Source::set)
+    problems.push_back({"", 0, 0, fmt::format("--set {}: {}", origin.set_arg, message)});
   else
     problems.push_back({file_, origin.line, origin.col, std::move(message)});
+}
+
+// The first tab in the indentation of `error_line` (0-based, as in YAML::Mark) or of the line
+// before it (yaml-cpp's mark can land one line late): {line, col}, 1-based; {0, 0} when none.
+// yaml-cpp reports a tab-indented line as "illegal map value" at some column, which hides the
+// cause.
+std::pair<int, int> indentation_tab(std::string_view text, int error_line) {
+  std::vector<std::string_view> lines;
+  for (std::size_t start = 0; start <= text.size();) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  for (int line = error_line; line >= 0 && line >= error_line - 1; --line) {
+    if (line >= static_cast<int>(lines.size())) continue;
+    std::string_view l = lines[line];
+    std::size_t indent_end = l.find_first_not_of(" \t");
+    std::size_t tab = l.substr(0, indent_end).find('\t');
+    if (tab != std::string_view::npos) return {line + 1, static_cast<int>(tab) + 1};
+  }
+  return {0, 0};
 }
 
 void Loader::report_at(const YAML::Mark& mark, std::string message) {
@@ -79,8 +103,16 @@ void Loader::read_text(std::string_view text) {
   try {
     root = YAML::Load(std::string(text));
   } catch (const YAML::ParserException& e) {
-    report_at(e.mark, fmt::format("YAML syntax error: {}", e.msg));
     unreadable_ = true;
+    if (auto [line, col] = indentation_tab(text, e.mark.line); line > 0) {
+      KeyOrigin at;
+      at.source = KeyOrigin::Source::file;
+      at.line = line;
+      at.col = col;
+      report(at, "tabs are not allowed for YAML indentation; indent with spaces");
+      return;
+    }
+    report_at(e.mark, fmt::format("YAML syntax error: {}", e.msg));
     return;
   }
   if (root.IsNull()) return;  // empty file: only "missing name" will be reported
@@ -89,36 +121,33 @@ void Loader::read_text(std::string_view text) {
     unreadable_ = true;
     return;
   }
-  std::vector<std::string_view> top;
+  std::vector<std::string_view> top_keys;  // top-level keys that are not sections ("name")
   for (const auto& k : schema())
-    if (k.section().empty()) top.push_back(k.path);
-  for (auto s : section_names())
-    top.push_back(s);
+    if (k.section().empty()) top_keys.push_back(k.path);
+  const std::vector<std::string_view>& sections = section_names();
+  std::vector<std::string_view> top = top_keys;
+  top.insert(top.end(), sections.begin(), sections.end());
 
   std::map<std::string, int> seen;
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string& name = it->first.Scalar();
     auto [first, inserted] = seen.emplace(name, it->first.Mark().line + 1);
+    const KeySpec* top_key = find_key(name);
+    if (top_key && !top_key->section().empty()) top_key = nullptr;
     if (!inserted) {
-      report_at(it->first.Mark(), fmt::format("duplicate section '{}' (first at line {}); merge "
-                                              "them",
-                                              name, first->second));
+      report_at(it->first.Mark(),
+                top_key ? fmt::format("duplicate key '{}' (first at line {}); keep one", name,
+                                      first->second)
+                        : fmt::format("duplicate section '{}' (first at line {}); merge them", name,
+                                      first->second));
       continue;
     }
-    if (const KeySpec* key = find_key(name); key && key->section().empty()) {
-      add_entry(*key, it->first, it->second);
+    if (top_key) {
+      add_entry(*top_key, it->first, it->second);
     } else if (std::find(top.begin(), top.end(), name) != top.end()) {
       read_section(name, it->second);
     } else {
-      std::string guess = closest(name, top);
-      if (guess.empty())
-        for (const auto& k : schema())
-          if (k.leaf() == name) guess = std::string(k.path);
-      report_at(it->first.Mark(),
-                guess.empty()
-                    ? fmt::format("unknown section '{}'; the sections are: {}", name,
-                                  fmt::join(top, ", "))
-                    : fmt::format("unknown section '{}'; did you mean '{}'?", name, guess));
+      report_at(it->first.Mark(), unknown_top_message(name, sections, top_keys));
     }
   }
 }
@@ -147,6 +176,23 @@ void Loader::read_section(std::string_view section, const YAML::Node& map) {
   }
 }
 
+// A top-level name that is neither a section nor a top-level key. The near miss may be either.
+std::string Loader::unknown_top_message(const std::string& name,
+                                        const std::vector<std::string_view>& sections,
+                                        const std::vector<std::string_view>& top_keys) const {
+  std::vector<std::string_view> top = top_keys;
+  top.insert(top.end(), sections.begin(), sections.end());
+  std::string guess = closest(name, top);
+  if (!guess.empty() && std::find(top_keys.begin(), top_keys.end(), guess) != top_keys.end())
+    return fmt::format("unknown top-level key '{}'; did you mean '{}'?", name, guess);
+  if (guess.empty())
+    for (const auto& k : schema())  // a section's key written at the top level
+      if (k.leaf() == name) guess = std::string(k.path);
+  if (!guess.empty()) return fmt::format("unknown section '{}'; did you mean '{}'?", name, guess);
+  return fmt::format("unknown section '{}'; the sections are: {} ('{}' is the only top-level key)",
+                     name, fmt::join(sections, ", "), fmt::join(top_keys, "', '"));
+}
+
 std::string Loader::unknown_key_message(std::string_view section, std::string_view leaf) const {
   std::vector<std::string_view> same_section;
   for (const auto& k : schema())
@@ -168,7 +214,10 @@ void Loader::add_entry(const KeySpec& key, const YAML::Node& key_node, const YAM
 }
 
 void Loader::read_override(const std::string& arg) {
-  Origin origin{0, 0, arg};
+  KeyOrigin origin;
+  origin.source = KeyOrigin::Source::set;
+  origin.set_arg = arg;
+  origin.set_index = num_overrides_++;
   auto eq = arg.find('=');
   if (eq == std::string::npos) {
     report(origin, "expected KEY=VALUE, e.g. --set model.layers=8");
@@ -196,8 +245,12 @@ void Loader::read_override(const std::string& arg) {
   }
 }
 
-Recipe Loader::build() {
+LoadedRecipe Loader::build() {
   if (unreadable_) throw RecipeError(std::move(problems));
+  std::map<std::string, KeyOrigin, std::less<>> set_keys;
+  for (const auto& [path, entry] : entries_)
+    set_keys.emplace(path, entry.origin);
+  Origins origins(file_, std::move(set_keys));
   Recipe recipe{};
   for (const auto& key : schema())
     if (!key.preset) key.store(recipe, key.default_value);
@@ -210,9 +263,7 @@ Recipe Loader::build() {
       key.store(recipe, *converted.value);
       given.push_back(key.path);
     } else {
-      report(entry.origin, entry.origin.override_arg.empty()
-                               ? fmt::format("{}: {}", key.path, converted.error)
-                               : converted.error);
+      problems.push_back(origins.problem(key.path, converted.error));
       bad_.push_back(key.path);
     }
   }
@@ -243,19 +294,20 @@ Recipe Loader::build() {
   }
 
   auto usable = [&](std::string_view p) { return !is_bad(p); };
-  for (auto& violation : internal::check_rules(recipe, usable)) {
-    Origin where;
-    for (auto k : violation.keys) {
-      if (auto it = entries_.find(k); it != entries_.end() && is_given(k)) {
-        where = it->second.origin;
-        break;
-      }
+  for (auto& violation : internal::check_rules(recipe, usable))
+    problems.push_back(origins.rule_problem(violation.keys, std::move(violation.message)));
+
+  if (usable("data.source") && recipe.data.source != DataSource::synthetic) {
+    for (std::string_view key : {"data.path", "data.val_path"}) {
+      const std::string& path = key == "data.path" ? recipe.data.path : recipe.data.val_path;
+      if (!usable(key) || path.empty()) continue;
+      std::string error = internal::check_data_file(recipe.data.source, path);
+      if (!error.empty()) problems.push_back(origins.problem(key, std::move(error)));
     }
-    report(where, violation.message);
   }
 
   if (!problems.empty()) throw RecipeError(std::move(problems));
-  return recipe;
+  return {std::move(recipe), std::move(origins)};
 }
 
 }  // namespace
@@ -286,11 +338,20 @@ std::vector<Problem> sorted(std::vector<Problem> problems) {
 }
 }  // namespace
 
+std::string format_report(const std::vector<Problem>& problems, std::string_view recipe_path) {
+  std::string out;
+  for (const auto& p : problems)
+    out += format_problem(p) + '\n';
+  out += fmt::format("{} problem{} in {}\n", problems.size(), problems.size() == 1 ? "" : "s",
+                     recipe_path);
+  return out;
+}
+
 RecipeError::RecipeError(std::vector<Problem> problems)
     : std::runtime_error(join_problems(sorted(problems))), problems_(sorted(std::move(problems))) {}
 
-Recipe parse_recipe(std::string_view yaml_text, const std::string& file_label,
-                    const std::vector<std::string>& overrides) {
+LoadedRecipe parse_recipe_with_origins(std::string_view yaml_text, const std::string& file_label,
+                                       const std::vector<std::string>& overrides) {
   Loader loader(file_label);
   loader.read_text(yaml_text);
   for (const auto& arg : overrides)
@@ -298,10 +359,16 @@ Recipe parse_recipe(std::string_view yaml_text, const std::string& file_label,
   return loader.build();
 }
 
-Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
+Recipe parse_recipe(std::string_view yaml_text, const std::string& file_label,
+                    const std::vector<std::string>& overrides) {
+  return parse_recipe_with_origins(yaml_text, file_label, overrides).recipe;
+}
+
+LoadedRecipe load_recipe_with_origins(const std::string& path,
+                                      const std::vector<std::string>& overrides) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  auto fail = [&](std::string message) -> Recipe {
+  auto fail = [&](std::string message) -> LoadedRecipe {
     throw RecipeError({{path, 0, 0, std::move(message)}});
   };
   if (!fs::exists(path, ec)) return fail("no such file; check the recipe path");
@@ -312,7 +379,11 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return fail(fmt::format("cannot be read ({})", std::strerror(errno)));
-  return parse_recipe(text.str(), path, overrides);
+  return parse_recipe_with_origins(text.str(), path, overrides);
+}
+
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
+  return load_recipe_with_origins(path, overrides).recipe;
 }
 
 }  // namespace trainctl::recipe

@@ -1,7 +1,8 @@
 // The recipe: one YAML file that says what to train and how. This header is the whole public
 // contract of lib/recipe: the typed struct tree every other module reads, and the functions that
 // build it (load_recipe, parse_recipe), print it (dump_recipe, explain_table) and fingerprint it
-// (recipe_hash).
+// (recipe_hash), plus where each key's value came from (Origins), so that callers can report a
+// later problem at the place the user wrote the value.
 //
 // A Recipe is only ever built by this module, fully resolved (defaults and model.arch presets
 // filled in, --set overrides applied) and validated (types, ranges, cross-field rules). Code that
@@ -12,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -246,8 +248,12 @@ struct Problem {
 // "FILE:LINE:COL: error: MESSAGE", "FILE: error: MESSAGE" or "error: MESSAGE" (from --set).
 std::string format_problem(const Problem& problem);
 
+// Every problem, one per line, then the summary line "N problem(s) in RECIPE_PATH": what trainctl
+// prints on stderr for bad input, whoever found the problems (lib/recipe or a later check).
+std::string format_report(const std::vector<Problem>& problems, std::string_view recipe_path);
+
 // Thrown by load_recipe/parse_recipe with EVERY problem found, sorted by position (file problems
-// by line and column, then --set problems in command-line order). what() lists them all.
+// by line and column, then --set problems in the order found). what() lists them all.
 class RecipeError : public std::runtime_error {
  public:
   explicit RecipeError(std::vector<Problem> problems);
@@ -257,15 +263,77 @@ class RecipeError : public std::runtime_error {
   std::vector<Problem> problems_;
 };
 
+// ---- origins: where each key's value came from -------------------------------------------------
+// Problems found after loading (the parallel layout this build cannot run, a data file the data
+// module rejects) belong at the place the user wrote the value, like the loader's own problems.
+struct KeyOrigin {
+  enum class Source { file, set, preset, default_value };
+  Source source = Source::default_value;
+  int line = 0, col = 0;  // Source::file: 1-based position of the value (of the key when empty)
+  std::string set_arg;    // Source::set: the --set argument as given, e.g. "model.hidden=256"
+  int set_index = -1;     // Source::set: 0-based position among the --set arguments
+  bool user_set() const { return source == Source::file || source == Source::set; }
+  bool operator==(const KeyOrigin&) const = default;
+};
+
+// The origins of every key of one loaded recipe. A key the user did not set has Source::preset
+// (model.arch fills it) or Source::default_value. Key paths must be schema keys ("model.hidden");
+// any other path is a programming error and throws std::invalid_argument.
+class Origins {
+ public:
+  Origins() = default;  // nothing set by the user; problems are located at no file
+  // `file`: the recipe's label in problems; `set_keys`: the keys the file or a --set gave.
+  Origins(std::string file, std::map<std::string, KeyOrigin, std::less<>> set_keys);
+
+  const std::string& file() const { return file_; }
+  KeyOrigin of(std::string_view key_path) const;
+  // "r.yaml:3:17", "--set model.hidden=256", "preset" or "default".
+  std::string describe(std::string_view key_path) const;
+
+  // A problem with the value of one key, located where the user set it and worded like the
+  // loader's own: "FILE:L:C: error: KEY: MESSAGE", "error: --set KEY=V: MESSAGE", or
+  // "FILE: error: KEY: MESSAGE" when the key kept its default or preset.
+  Problem problem(std::string_view key_path, std::string message) const;
+
+  // The key a problem involving all of `keys` (most specific first) is reported at: the one the
+  // user set most recently (the last --set beats earlier ones, any --set beats the file), else
+  // the first of `keys` the file sets; "" when the user set none of them.
+  std::string_view locate(const std::vector<std::string_view>& keys) const;
+  // A problem about a relation between keys, at locate(keys). The message is not prefixed with a
+  // key name (it names the keys itself, e.g. a formula): "FILE:L:C: error: MESSAGE",
+  // "error: --set KEY=V: MESSAGE" or "FILE: error: MESSAGE".
+  Problem rule_problem(const std::vector<std::string_view>& keys, std::string message) const;
+
+ private:
+  Problem located(const KeyOrigin& origin, std::string message) const;
+
+  std::string file_;
+  std::map<std::string, KeyOrigin, std::less<>> set_keys_;
+};
+
+// A recipe with the origins of its keys (for callers that check more after loading).
+struct LoadedRecipe {
+  Recipe recipe;
+  Origins origins;
+};
+
 // ---- building, printing, fingerprinting --------------------------------------------------------
 // Reads the YAML recipe at `path`, applies `overrides` ("a.b=c", the value parsed as YAML, as from
 // --set) on top of the file, fills defaults and model.arch presets, and validates everything.
 // Throws RecipeError listing all problems at once.
+// Data files are checked too (data.path and a non-empty data.val_path must name an existing,
+// readable file, or for llmc a glob matching at least one file; relative paths are taken from the
+// current working directory), so a Recipe never names a data file that was missing at load time.
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same, keeping where each key's value came from.
+LoadedRecipe load_recipe_with_origins(const std::string& path,
+                                      const std::vector<std::string>& overrides = {});
 
 // The same from YAML text in memory; `file_label` is what problems name as their file.
 Recipe parse_recipe(std::string_view yaml_text, const std::string& file_label,
                     const std::vector<std::string>& overrides = {});
+LoadedRecipe parse_recipe_with_origins(std::string_view yaml_text, const std::string& file_label,
+                                       const std::vector<std::string>& overrides = {});
 
 // Every key at its default (presets of `arch`), name "default", data.source synthetic. Valid.
 // For tests and tools that need a Recipe without a file.

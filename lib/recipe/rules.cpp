@@ -113,6 +113,11 @@ void check_schedule_and_data(const Recipe& r, RuleChecker& c) {
            fmt::format("data.path is required when data.source is {} (or use data.source: "
                        "synthetic)",
                        to_string(r.data.source)));
+  if (c.usable({"data.source", "data.val_path"}) && r.data.source == DataSource::synthetic &&
+      !r.data.val_path.empty())
+    c.fail({"data.val_path", "data.source"},
+           "data.val_path must be empty when data.source is synthetic (its validation tokens are "
+           "held out from the synthetic stream); remove data.val_path");
 }
 
 }  // namespace

@@ -149,9 +149,9 @@ Converted convert_node(const KeySpec& key, const YAML::Node& node) {
     result = {Value{std::string{}}, ""};  // `path:` with nothing after it is the empty string
   } else if (key.kind == Kind::number_pair && node.IsSequence()) {
     if (node.size() != 2)
-      return {
-          {},
-          fmt::format("expected a list of 2 numbers like [0.9, 0.95], got {} items", node.size())};
+      return {{},
+              fmt::format("expected a list of 2 numbers like [0.9, 0.95], got {} item{}",
+                          node.size(), node.size() == 1 ? "" : "s")};
     std::array<double, 2> pair{};
     for (std::size_t i = 0; i < 2; ++i) {
       auto x = node[i].IsScalar() ? parse_number(node[i].Scalar()) : std::nullopt;

@@ -6,6 +6,7 @@ Each case writes its recipe files into a fresh directory, runs trainctl there (s
 path, including the default run directory runs/<name>, lands inside it) and then compares the
 directory tree with the one from before: a bad input must not create a single file or folder.
 `run` is tried twice, with --run-dir and without (default run directory), `validate` once.
+"{cwd}" in an expected message stands for that directory (relative data paths are taken from it).
 """
 import os
 
@@ -13,8 +14,10 @@ import cli_util
 from cli_util import check
 
 SYNTHETIC = "data: {source: synthetic}\n"
-SECTIONS = ("name, model, moe, parallel, precision, optimizer, schedule, data, training, "
-            "checkpoint, determinism, logging, cluster")
+SECTIONS = ("model, moe, parallel, precision, optimizer, schedule, data, training, "
+            "checkpoint, determinism, logging, cluster ('name' is the only top-level key)")
+# tiny.yaml reads data/kjv.txt: its cases get a small stand-in (they fail before reading it).
+TINY_DATA = "In the beginning God created the heaven and the earth.\n"
 
 
 def recipe_case(name, text, expected, commands=("run", "validate"), args=()):
@@ -24,7 +27,8 @@ def recipe_case(name, text, expected, commands=("run", "validate"), args=()):
 
 
 def tiny_case(name, sets, expected, commands=("run", "validate"), extra=()):
-    """recipes/tiny.yaml (copied as tiny.yaml) with --set overrides and `extra` arguments."""
+    """recipes/tiny.yaml (copied as tiny.yaml, with data/kjv.txt) with --set overrides and `extra`
+    arguments."""
     args = [a for s in sets for a in ("--set", s)] + list(extra)
     return {"name": name, "files": {}, "tiny": True, "recipe": "tiny.yaml", "args": args,
             "commands": commands, "stderr": expected}
@@ -39,7 +43,12 @@ CASES = [
     recipe_case("yaml_syntax", "name: bad\nmodel: [\n",
                 one("r.yaml:3:1: error: YAML syntax error: end of sequence flow not found")),
     recipe_case("yaml_tab_indent", "\tname: bad\n",
-                one("r.yaml:1:6: error: YAML syntax error: illegal map value")),
+                one("r.yaml:1:1: error: tabs are not allowed for YAML indentation; indent with "
+                    "spaces")),
+    recipe_case("yaml_tab_indent_in_section", "name: bad\n" + SYNTHETIC + "model:\n  layers: 2\n"
+                "\theads: 2\n",
+                one("r.yaml:5:1: error: tabs are not allowed for YAML indentation; indent with "
+                    "spaces")),
     recipe_case("top_level_list", "- a\n- b\n",
                 one("r.yaml:1:1: error: a recipe is a map of sections "
                     "(name:, model:, training:, ...)")),
@@ -60,6 +69,10 @@ CASES = [
     recipe_case("duplicate_section", "name: bad\n" + SYNTHETIC + "model: {layers: 2}\n"
                 "model: {heads: 2}\n",
                 one("r.yaml:4:1: error: duplicate section 'model' (first at line 3); merge them")),
+    recipe_case("duplicate_name", "name: bad\n" + SYNTHETIC + "name: again\n",
+                one("r.yaml:3:1: error: duplicate key 'name' (first at line 1); keep one")),
+    recipe_case("unknown_top_level_key", "name: bad\n" + SYNTHETIC + "nmae: x\n",
+                one("r.yaml:3:1: error: unknown top-level key 'nmae'; did you mean 'name'?")),
     recipe_case("duplicate_key", "name: bad\n" + SYNTHETIC + "model: {layers: 2, layers: 3}\n",
                 one("r.yaml:3:20: error: duplicate key 'model.layers' (first at line 3); "
                     "keep one")),
@@ -82,7 +95,7 @@ CASES = [
                     "fp64, got 'fp12'; did you mean 'fp32'?")),
     recipe_case("betas_length", "name: bad\n" + SYNTHETIC + "optimizer: {betas: [0.9]}\n",
                 one("r.yaml:3:20: error: optimizer.betas: expected a list of 2 numbers like "
-                    "[0.9, 0.95], got 1 items")),
+                    "[0.9, 0.95], got 1 item")),
     recipe_case("below_range", "name: bad\n" + SYNTHETIC + "model: {layers: 0}\n",
                 one("r.yaml:3:17: error: model.layers: must be >= 1, got 0")),
     recipe_case("not_positive", "name: bad\n" + SYNTHETIC + "optimizer: {lr: -1}\n",
@@ -152,9 +165,20 @@ CASES = [
     tiny_case("set_top_k_above_experts", ["moe.experts=2", "moe.top_k=3"],
               one("error: --set moe.top_k=3: moe.top_k <= moe.experts fails: 3 > 2", "tiny.yaml")),
     tiny_case("set_heads_breaks_file_keys", ["model.heads=3"],
-              "tiny.yaml:5:68: error: model.kv_heads <= model.heads fails: 4 > 3\n"
               "error: --set model.heads=3: model.hidden % model.heads == 0 fails: 128 % 3 = 2 "
-              "(head_dim = hidden / heads must be whole)\n2 problems in tiny.yaml\n"),
+              "(head_dim = hidden / heads must be whole)\n"
+              "error: --set model.heads=3: model.kv_heads <= model.heads fails: 4 > 3\n"
+              "2 problems in tiny.yaml\n"),
+    tiny_case("set_micro_batch_breaks_file_batch", ["training.micro_batch=3"],
+              one("error: --set training.micro_batch=3: training.global_batch % "
+                  "(training.micro_batch * parallel.dp * parallel.ep) == 0 fails: "
+                  "16 % (3 * 1 * 1) = 16 % 3 = 1", "tiny.yaml")),
+    tiny_case("set_later_wins", ["model.heads=8", "parallel.tp=3"],
+              "error: --set parallel.tp=3: model.heads % parallel.tp == 0 fails: 8 % 3 = 2\n"
+              "error: --set parallel.tp=3: model.kv_heads % parallel.tp == 0 fails: 4 % 3 = 1\n"
+              "error: --set parallel.tp=3: model.ffn_hidden % parallel.tp == 0 fails: 512 % 3 = 2\n"
+              "error: --set parallel.tp=3: model.vocab % parallel.tp == 0 fails: 256 % 3 = 1\n"
+              "4 problems in tiny.yaml\n"),
     # ---- files ----
     {"name": "missing_recipe", "files": {}, "recipe": "nope.yaml", "args": [],
      "commands": ("run", "validate"),
@@ -163,22 +187,47 @@ CASES = [
      "commands": ("run", "validate"),
      "stderr": one("sub: error: is a directory; give the path of a recipe .yaml file", "sub")},
     recipe_case("missing_data_file", "name: bad\ndata: {source: text, path: nothere.txt}\n",
-                "trainctl run: error: data: nothere.txt: cannot open data file: No such file or "
-                "directory; check the path (relative paths are taken from the working "
-                "directory)\n", commands=("run",)),
+                one("r.yaml:2:28: error: data.path: 'nothere.txt' does not exist (relative to "
+                    "{cwd})")),
+    {"name": "missing_val_file", "files": {"r.yaml": "name: bad\ndata:\n  source: text\n"
+                                           "  path: d.txt\n  val_path: /no/v.txt\n",
+                                           "d.txt": "some text\n"},
+     "recipe": "r.yaml", "args": [], "commands": ("run", "validate"),
+     "stderr": one("r.yaml:5:13: error: data.val_path: '/no/v.txt' does not exist")},
+    recipe_case("llmc_glob_matches_nothing",
+                "name: bad\ndata: {source: llmc, path: 'shards/*.bin'}\n",
+                one("r.yaml:2:28: error: data.path: 'shards/*.bin' matches no file (relative to "
+                    "{cwd})")),
+    tiny_case("set_missing_data_file", ["data.path=gone.txt"],
+              one("error: --set data.path=gone.txt: 'gone.txt' does not exist (relative to {cwd})",
+                  "tiny.yaml")),
+    {"name": "empty_data_file", "files": {"r.yaml": "name: bad\ndata: {source: text, "
+                                          "path: empty.txt}\n", "empty.txt": ""},
+     "recipe": "r.yaml", "args": [], "commands": ("run",),
+     "stderr": one("r.yaml:2:28: error: data.path: empty.txt: the file is empty; give a data file "
+                   "that holds at least one token")},
     # ---- what this build cannot run (run only: the recipes are valid) ----
     tiny_case("data_parallel", ["parallel.dp=2"],
-              "trainctl run: error: parallel: world size tp*ep*dp*pp = 1*1*2*1 = 2 but this build "
-              "trains on one rank; set every parallel degree to 1\n", commands=("run",)),
+              one("error: --set parallel.dp=2: world size tp*ep*dp*pp = 1*1*2*1 = 2 but this "
+                  "build trains on one rank; set every parallel degree to 1", "tiny.yaml"),
+              commands=("run",)),
     tiny_case("tensor_and_data_parallel", ["parallel.tp=2", "parallel.dp=2"],
-              "trainctl run: error: parallel: world size tp*ep*dp*pp = 2*1*2*1 = 4 but this build "
-              "trains on one rank; set every parallel degree to 1\n", commands=("run",)),
+              one("error: --set parallel.tp=2: world size tp*ep*dp*pp = 2*1*2*1 = 4 but this "
+                  "build trains on one rank; set every parallel degree to 1", "tiny.yaml"),
+              commands=("run",)),
     tiny_case("expert_parallel", ["moe.experts=4", "parallel.ep=2"],
-              "trainctl run: error: parallel: world size tp*ep*dp*pp = 1*2*1*1 = 2 but this build "
-              "trains on one rank; set every parallel degree to 1\n", commands=("run",)),
+              one("error: --set parallel.ep=2: world size tp*ep*dp*pp = 1*2*1*1 = 2 but this "
+                  "build trains on one rank; set every parallel degree to 1", "tiny.yaml"),
+              commands=("run",)),
+    {"name": "pipeline_parallel_in_file",
+     "files": {"r.yaml": "name: bad\n" + SYNTHETIC + "model: {layers: 4}\nparallel: {pp: 2}\n"},
+     "recipe": "r.yaml", "args": [], "commands": ("run",),
+     "stderr": one("r.yaml:4:16: error: parallel.pp: world size tp*ep*dp*pp = 1*1*1*2 = 2 but "
+                   "this build trains on one rank; set every parallel degree to 1")},
     tiny_case("device_cuda", ["cluster.device=cuda"],
-              "trainctl run: error: cluster.device: cuda: the CUDA training backend is not part of "
-              "this build yet; use cluster.device: auto or cpu\n", commands=("run",)),
+              one("error: --set cluster.device=cuda: the CUDA training backend is not part of "
+                  "this build yet; use cluster.device: auto or cpu", "tiny.yaml"),
+              commands=("run",)),
     # ---- the command line itself ----
     {"name": "run_without_recipe", "files": {}, "recipe": None, "args": [], "commands": ("run",),
      "stderr": "trainctl run: error: recipe is required\nRun 'trainctl run --help' for usage.\n"},
@@ -194,7 +243,7 @@ def run_case(binary, root, case):
     with cli_util.temp_dir("bad-input") as work:
         if case.get("tiny"):
             with open(os.path.join(root, "recipes", "tiny.yaml"), encoding="utf-8") as f:
-                case["files"] = {"tiny.yaml": f.read()}
+                case["files"] = {"tiny.yaml": f.read(), "data/kjv.txt": TINY_DATA}
         for name, text in case["files"].items():
             os.makedirs(os.path.dirname(os.path.join(work, name)), exist_ok=True)
             with open(os.path.join(work, name), "w", encoding="utf-8") as f:
@@ -210,7 +259,8 @@ def run_case(binary, root, case):
             result = cli_util.run(binary, args, work, timeout=120)
             where = f"case {case['name']}: trainctl {' '.join(args)}"
             check(result.rc == 2, f"{where}: expected exit code 2\n{result.describe()}")
-            expected = case["stderr"].replace("{command}", args[0])
+            expected = (case["stderr"].replace("{command}", args[0])
+                        .replace("{cwd}", os.path.realpath(work)))
             check(result.stderr == expected,
                   f"{where}: stderr differs\n--- expected ---\n{expected}"
                   f"--- got ---\n{result.stderr}")

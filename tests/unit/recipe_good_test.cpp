@@ -40,7 +40,22 @@ Recipe load_text(const std::string& text, const std::vector<std::string>& overri
   return load_recipe(write_temp(text), overrides);
 }
 
-const char* kBlock = R"(# a small llama with experts
+// An existing data file (load_recipe checks that data files exist), as an absolute path.
+std::string data_file(const std::string& name) {
+  auto path = temp_dir() / name;
+  if (!std::filesystem::exists(path)) std::ofstream(path) << "some text to train on\n";
+  return path.string();
+}
+
+// `text` with every CORPUS replaced by the absolute path of an existing corpus.txt.
+std::string with_corpus(std::string text) {
+  const std::string corpus = data_file("corpus.txt");
+  for (auto at = text.find("CORPUS"); at != std::string::npos; at = text.find("CORPUS", at))
+    text.replace(at, 6, corpus);
+  return text;
+}
+
+const char* kBlockTemplate = R"(# a small llama with experts
 name: run-1.b
 model:
   arch: llama
@@ -62,13 +77,20 @@ training:
   micro_batch: 2
 data:
   source: text
-  path: corpus.txt
+  path: CORPUS
 )";
 
-const char* kFlow =
+const char* kFlowTemplate =
     "{name: run-1.b, model: {arch: llama, layers: 6, hidden: 256, heads: 8, kv_heads: 2, "
     "vocab: 512}, moe: {experts: 4, top_k: 2, every: 1}, parallel: {dp: 2, ep: 2, tp: 2}, "
-    "training: {global_batch: 32, micro_batch: 2}, data: {source: text, path: corpus.txt}}\n";
+    "training: {global_batch: 32, micro_batch: 2}, data: {source: text, path: CORPUS}}\n";
+
+std::string block_text() {
+  return with_corpus(kBlockTemplate);
+}
+std::string flow_text() {
+  return with_corpus(kFlowTemplate);
+}
 
 }  // namespace
 
@@ -113,22 +135,22 @@ TEST_CASE("keys the recipe sets win over the preset") {
 }
 
 TEST_CASE("flow style and block style give the same recipe") {
-  Recipe block = load_text(kBlock);
-  Recipe flow = load_text(kFlow);
+  Recipe block = load_text(block_text());
+  Recipe flow = load_text(flow_text());
   CHECK(block == flow);
   CHECK(block.name == "run-1.b");
   CHECK(block.model.kv_heads == 2);
-  CHECK(block.data.path == "corpus.txt");
+  CHECK(block.data.path == data_file("corpus.txt"));
 }
 
 TEST_CASE("derived quantities: world size, data-parallel size, accumulation, MoE layers") {
-  Recipe r = load_text(kBlock);
+  Recipe r = load_text(block_text());
   CHECK(r.world_size() == 8);          // tp 2 * ep 2 * dp 2 * pp 1
   CHECK(r.data_parallel_size() == 4);  // dp * ep
   CHECK(r.grad_accum_steps() == 4);    // 32 / (2 * 4)
   CHECK(r.tokens_per_step() == 32 * 128);
   CHECK(r.is_moe_layer(0));  // every: 1
-  Recipe every2 = load_text(kBlock, {"moe.every=2"});
+  Recipe every2 = load_text(block_text(), {"moe.every=2"});
   CHECK_FALSE(every2.is_moe_layer(0));
   CHECK(every2.is_moe_layer(1));
   CHECK_FALSE(every2.is_moe_layer(2));
@@ -152,10 +174,10 @@ TEST_CASE("overrides (--set) replace file values, even ones that were wrong") {
 }
 
 TEST_CASE("dump then load gives back the identical recipe") {
-  Recipe original =
-      load_text(kBlock, {"optimizer.lr=3e-4", "schedule.min_lr=3e-5", "precision.loss_scale=512.5",
-                         "data.val_fraction=0.1", "model.norm_eps=1e-6", "checkpoint.async=false",
-                         "data.val_path=a \"quoted\" \\ path"});
+  Recipe original = load_text(
+      block_text(), {"optimizer.lr=3e-4", "schedule.min_lr=3e-5", "precision.loss_scale=512.5",
+                     "data.val_fraction=0.1", "model.norm_eps=1e-6", "checkpoint.async=false",
+                     "data.val_path=" + data_file("a \"quoted\" \\ path")});
   std::string dumped = dump_recipe(original);
   Recipe reloaded = load_recipe(write_temp(dumped, "dumped.yaml"));
   CHECK(reloaded == original);
@@ -172,15 +194,15 @@ TEST_CASE("default_recipe is valid and round-trips") {
 }
 
 TEST_CASE("the hash depends on the values only, not on how the file is written") {
-  Recipe block = load_text(kBlock);
-  Recipe flow = load_text(kFlow);
-  Recipe explicit_defaults = load_text(std::string(kBlock) + "optimizer: {lr: 0.001}\n");
+  Recipe block = load_text(block_text());
+  Recipe flow = load_text(flow_text());
+  Recipe explicit_defaults = load_text(block_text() + "optimizer: {lr: 0.001}\n");
   std::string h = recipe_hash(block);
   CHECK(h.size() == 16);
   CHECK(h.find_first_not_of("0123456789abcdef") == std::string::npos);
   CHECK(recipe_hash(flow) == h);
   CHECK(recipe_hash(explicit_defaults) == h);
-  CHECK(recipe_hash(load_text(kBlock, {"determinism.seed=7"})) != h);
+  CHECK(recipe_hash(load_text(block_text(), {"determinism.seed=7"})) != h);
 }
 
 TEST_CASE("each schema key stores into and fetches from its own member only") {

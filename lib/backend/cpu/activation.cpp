@@ -2,7 +2,7 @@
 // computed in the compute type from loaded inputs and rounded once. Gradients are overwritten.
 // Speed: tanhf costs ~20 ns, so for 16-bit storage GELU and its derivative are looked up in tables
 // over all 65536 input bit patterns, filled once by the very same functions (bit-identical to
-// computing them). Loops are split over threads by element: each output has one writer.
+// computing them).
 #include <cmath>
 #include <cstdint>
 #include <string_view>
@@ -61,11 +61,9 @@ void CpuBackend::gelu_forward(const Tensor& out, const Tensor& x) {
     S* o = out.as<S>();
     if constexpr (sizeof(S) == 2) {
       const uint16_t* table = gelu_tables_.forward<S>();
-#pragma omp parallel for schedule(static) if (count >= kParallelMinElements)
       for (int64_t i = 0; i < count; ++i)
         o[i] = S{table[xs[i].bits]};
     } else {
-#pragma omp parallel for schedule(static) if (count >= kParallelMinElements)
       for (int64_t i = 0; i < count; ++i)
         o[i] = gelu_value(xs[i]);
     }
@@ -85,11 +83,9 @@ void CpuBackend::gelu_backward(const Tensor& dx, const Tensor& dout, const Tenso
     S* d = dx.as<S>();
     if constexpr (sizeof(S) == 2) {
       const float* table = gelu_tables_.derivative<S>();
-#pragma omp parallel for schedule(static) if (count >= kParallelMinElements)
       for (int64_t i = 0; i < count; ++i)
         d[i] = tensor::store<S>(table[xs[i].bits] * tensor::load(dy[i]));
     } else {
-#pragma omp parallel for schedule(static) if (count >= kParallelMinElements)
       for (int64_t i = 0; i < count; ++i)
         d[i] = tensor::store<S>(gelu_derivative(tensor::load(xs[i])) * tensor::load(dy[i]));
     }

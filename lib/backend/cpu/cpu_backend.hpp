@@ -93,9 +93,6 @@ template <class T>
 void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
 
-// Elementwise loops shorter than this stay on the calling thread (a parallel region costs ~us).
-inline constexpr int64_t kParallelMinElements = 32768;
-
 // GELU and its derivative over every 16-bit input pattern (bf16 or f16), built on first use
 // (activation.cpp explains why).
 class GeluTables {

@@ -129,7 +129,9 @@ class Backend {
   virtual void accumulate(const Tensor& dst, const Tensor& src) = 0;          // dst += src
   virtual void scale(const Tensor& dst, double factor) = 0;                   // dst *= factor
   virtual double sum(const Tensor& src) = 0;          // fixed order, f64 accumulation
-  virtual double sum_squares(const Tensor& src) = 0;  // fixed order, f64 accumulation
+  // Fixed order, f64 accumulation. For f32/bf16/f16 input it cannot overflow, so it is finite
+  // exactly when every element is (the trainer's overflow check relies on this).
+  virtual double sum_squares(const Tensor& src) = 0;
   virtual bool all_finite(const Tensor& src) = 0;
 
   // ---- GEMM ----
@@ -229,7 +231,8 @@ class Backend {
                      const Tensor& m, const Tensor& v, const AdamW& hyper) = 0;
 };
 
-// The CPU backend (lib/backend/cpu). `threads` = 0: OpenBLAS default.
+// The CPU backend (lib/backend/cpu): OpenBLAS GEMMs (its thread count: OPENBLAS_NUM_THREADS) and
+// single-threaded loops for everything else.
 std::unique_ptr<Backend> make_cpu_backend();
 
 }  // namespace trainctl::backend

@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // The subcommand that was being parsed names the error, as every other trainctl error does.
     std::string where = "trainctl";
-    for (const CLI::App* sub : cli.get_subcommands()) where += " " + sub->get_name();
+    for (const CLI::App* sub : cli.get_subcommands())
+      where += " " + sub->get_name();
     std::fprintf(stderr, "%s: error: %s\nRun '%s --help' for usage.\n", where.c_str(), e.what(),
                  where.c_str());
     return app::kExitBadInput;

@@ -262,6 +262,7 @@ int run_run(const RunOptions& options) {
     }
     if (m.val_loss) last_val = m.val_loss;
     last = m;
+    return true;
   });
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

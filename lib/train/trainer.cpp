@@ -108,14 +108,29 @@ double Trainer::evaluate() {
   return total / static_cast<double>(batches);
 }
 
-void Trainer::run(const std::function<void(const StepMetrics&)>& on_step) {
+void Trainer::run(const std::function<bool(const StepMetrics&)>& on_step) {
   while (step_ < config_.steps) {
     StepMetrics m = step();
     const bool last = step_ == config_.steps;
     const bool periodic = config_.eval_every_steps > 0 && step_ % config_.eval_every_steps == 0;
     if (val_ && (last || periodic)) m.val_loss = evaluate();
-    on_step(m);
+    if (!on_step(m)) return;
   }
+}
+
+TrainerState Trainer::state() const {
+  return TrainerState{step_, tokens_, optimizer_.updates(), scaler_.state(), train_.state()};
+}
+
+void Trainer::restore(const TrainerState& state) {
+  if (state.step < 0 || state.step > config_.steps)
+    throw std::invalid_argument("cannot resume at step " + std::to_string(state.step) +
+                                ": the run has " + std::to_string(config_.steps) + " steps");
+  train_.restore(state.sampler);
+  step_ = state.step;
+  tokens_ = state.tokens;
+  optimizer_.restore(state.optimizer_updates);
+  scaler_.restore(state.loss_scaler);
 }
 
 }  // namespace trainctl::train

@@ -47,6 +47,17 @@ struct StepMetrics {
   std::optional<double> val_loss;
 };
 
+// Everything besides the parameter buffers (values, master weights, Adam moments in the
+// ParamStore) that a resumed run needs to continue bit for bit. The LR schedule is a pure
+// function of `step`, so it needs no state of its own.
+struct TrainerState {
+  int64_t step = 0;               // optimizer steps done
+  int64_t tokens = 0;             // tokens processed so far
+  int64_t optimizer_updates = 0;  // AdamW's t (skipped fp16 steps do not count)
+  LossScaler::State loss_scaler;
+  data::SamplerState sampler;  // the global position in the sample order
+};
+
 class Trainer {
  public:
   // `val` may be null (no evaluation). All references must outlive the trainer.
@@ -55,8 +66,14 @@ class Trainer {
 
   StepMetrics step();  // one optimizer step (accum_steps micro-batches)
   double evaluate();   // mean loss over eval_batches validation micro-batches
-  // Runs until `steps`, calling `on_step` after each (with val_loss at evaluation steps).
-  void run(const std::function<void(const StepMetrics&)>& on_step);
+  // Runs until `steps`, calling `on_step` after each (with val_loss at evaluation steps). When
+  // on_step returns false the loop stops after that step (preemption, a signal).
+  void run(const std::function<bool(const StepMetrics&)>& on_step);
+
+  TrainerState state() const;
+  // Continues from `state` (the ParamStore must hold the matching parameters). Throws
+  // data::DataError when the sampler state belongs to other data or another sequence length.
+  void restore(const TrainerState& state);
 
   int64_t steps_done() const { return step_; }
   const LossScaler& loss_scaler() const { return scaler_; }

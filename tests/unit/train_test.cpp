@@ -56,6 +56,7 @@ Run train_synthetic(const model::ModelConfig& mc, const train::TrainConfig& tc) 
   trainer.run([&](const train::StepMetrics& s) {
     run.steps.push_back(s);
     if (s.step == 1) run.scale_after_first = trainer.loss_scaler().scale();
+    return true;
   });
   const tensor::Tensor w = m.params().values();
   run.weights.resize(w.bytes());
@@ -71,7 +72,7 @@ TEST_CASE("lr schedule: warmup then cosine / linear / constant / wsd to min_lr",
   CHECK(s.lr(9) == Approx(1.0));  // warmup ends at peak
   CHECK(s.lr(10) == Approx(1.0));
   CHECK(s.lr(59) == Approx(0.55).margin(0.01));  // half way: (peak + min) / 2
-  CHECK(s.lr(109) == Approx(0.1));                // last step: min_lr
+  CHECK(s.lr(109) == Approx(0.1));               // last step: min_lr
   s.decay = train::DecayKind::linear;
   CHECK(s.lr(109) == Approx(0.1));
   CHECK(s.lr(10 + 99 / 2) == Approx(1.0 - 0.9 * (49.0 / 99.0)));
@@ -94,7 +95,8 @@ TEST_CASE("loss scaler: dynamic backoff, growth window, floor; fixed and none", 
   CHECK(dynamic.scale() == 512.0);
   CHECK(dynamic.update(true));  // third finite step in a row: grow
   CHECK(dynamic.scale() == 1024.0);
-  for (int i = 0; i < 5; ++i) dynamic.update(false);
+  for (int i = 0; i < 5; ++i)
+    dynamic.update(false);
   CHECK(dynamic.scale() == 256.0);  // floor
   CHECK(dynamic.state().skipped_steps == 6);
   train::LossScaler fixed({train::LossScaleKind::fixed, 128.0, 3, 1.0, 2.0, 0.5});
@@ -167,7 +169,8 @@ TEST_CASE("bf16 and fp16 training track the fp32 loss curve", "[train][precision
   CHECK(worst_bf16 > 0);  // the precisions really differ
 }
 
-TEST_CASE("fp16: overflowing gradients skip the step and halve the loss scale", "[train][precision]") {
+TEST_CASE("fp16: overflowing gradients skip the step and halve the loss scale",
+          "[train][precision]") {
   auto tc = small_train(40);
   // An absurd initial scale (2^40): the scaled loss gradient overflows fp16's 65504 at once.
   tc.loss_scale = {train::LossScaleKind::dynamic, std::ldexp(1.0, 40), 1000, 1.0, 2.0, 0.5};
@@ -176,7 +179,8 @@ TEST_CASE("fp16: overflowing gradients skip the step and halve the loss scale", 
   CHECK(std::isnan(run.steps.front().grad_norm));
   CHECK(run.scale_after_first == std::ldexp(1.0, 39));
   int skipped = 0;
-  for (const auto& s : run.steps) skipped += s.skipped;
+  for (const auto& s : run.steps)
+    skipped += s.skipped;
   CHECK(skipped < 40);  // the scale came down (2^40 -> about 2^16 by halving) and training resumed
   CHECK_FALSE(run.steps.back().skipped);
   CHECK(std::isfinite(run.steps.back().loss));

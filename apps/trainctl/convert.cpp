@@ -85,7 +85,7 @@ train::TrainConfig to_train_config(const recipe::Recipe& r) {
   c.schedule.peak_lr = r.optimizer.lr;
   c.schedule.min_lr = r.schedule.min_lr;
   c.schedule.warmup_steps = r.schedule.warmup_steps;
-  c.schedule.total_steps = r.training.steps;
+  c.schedule.total_steps = r.schedule.decay_steps > 0 ? r.schedule.decay_steps : r.training.steps;
   switch (r.schedule.decay) {
     case recipe::Decay::cosine:
       c.schedule.decay = train::DecayKind::cosine;

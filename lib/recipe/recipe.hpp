@@ -157,6 +157,7 @@ struct ScheduleConfig {
   Decay decay;
   double min_lr;
   double wsd_decay_fraction;
+  int64_t decay_steps;  // 0: training.steps (the schedule's horizon; fixed when a run is extended)
   bool operator==(const ScheduleConfig&) const = default;
 };
 

@@ -226,6 +226,9 @@ std::vector<KeySpec> build_schema() {
   t.push_back(row<B(schedule, wsd_decay_fraction)>(
       "schedule.wsd_decay_fraction", 0.2, interval(0, 1, true, false),
       "share of post-warm-up steps spent decaying (wsd only)"));
+  t.push_back(row<B(schedule, decay_steps)>(
+      "schedule.decay_steps", 0, at_least(0),
+      "step at which the decay reaches min_lr; 0 = training.steps (set it to extend a run later)"));
   // data
   t.push_back(
       row<B(data, source)>("data.source", DataSource::text, none(),

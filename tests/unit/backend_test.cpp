@@ -130,9 +130,14 @@ TEST_CASE("sum and sum_squares accumulate in double in a fixed order") {
     OwnedTensor r = make(d, Shape{999}, random_values(999, 4));
     const double first = cpu().sum(r), second = cpu().sum(r);
     CHECK(first == second);  // bitwise the same on every call
-    double ref = 0, ref_sq = 0;
-    for (double x : read(r))
-      ref += x, ref_sq += x * x;
+    // sum: one sequential chain; sum_squares: element i into lane i % 8, lanes combined as
+    // ((0+4)+(2+6)) + ((1+5)+(3+7)) (vectorisable, and still one fixed order).
+    double ref = 0, lane[8] = {};
+    const Values values = read(r);
+    for (size_t i = 0; i < values.size(); ++i)
+      ref += values[i], lane[i % 8] += values[i] * values[i];
+    const double ref_sq =
+        ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
     CHECK(first == ref);
     CHECK(cpu().sum_squares(r) == ref_sq);
   }

@@ -2,7 +2,9 @@
 // computed in the compute type from loaded inputs and rounded once. Gradients are overwritten.
 // Speed: tanhf costs ~20 ns, so for 16-bit storage GELU and its derivative are looked up in tables
 // over all 65536 input bit patterns, filled once by the very same functions (bit-identical to
-// computing them).
+// computing them). For f32 storage (no table) GELU is computed as x * sigmoid(2u) with fast_exp
+// (fast_math.hpp): the same function as 0.5 x (1 + tanh(u)), without its cancellation for x < 0,
+// and it vectorises; relative error ~3e-7. f64 keeps std::tanh (the accurate reference).
 #include <cmath>
 #include <cstdint>
 #include <string_view>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/fast_math.hpp"
 
 namespace trainctl::backend::cpu {
 
@@ -38,9 +41,21 @@ T gelu_derivative(T v) {
   return T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * du;
 }
 
-template <class T>
-T sigmoid(T x) {
-  return T(1) / (T(1) + std::exp(-x));
+// f32 GELU through e = exp(-2u): s = sigmoid(2u) = 1 / (1 + e) = (1 + tanh u) / 2, so
+// GELU = x s and d GELU / dx = s + 2 x du (e s) s  (1 - tanh^2 u = 4 s (1 - s), 1 - s = e s).
+// -2u is clamped at 80 so e stays finite where s underflows (the derivative term is then ~0).
+inline float fast_gelu(float v) {
+  const float u = kGeluScale<float> * (v + kGeluCubic<float> * v * v * v);
+  return v / (1.0f + fast_exp(-2.0f * u));
+}
+
+inline float fast_gelu_derivative(float v) {
+  const float u = kGeluScale<float> * (v + kGeluCubic<float> * v * v * v);
+  const float minus_2u = -2.0f * u;
+  const float e = fast_exp(minus_2u < 80.0f ? minus_2u : 80.0f);
+  const float s = 1.0f / (1.0f + e);
+  const float du = kGeluScale<float> * (1.0f + 3.0f * kGeluCubic<float> * v * v);
+  return s + (2.0f * v * du) * (e * s) * s;  // e s = 1 - s <= 1: no overflow
 }
 
 void check_same(std::string_view op, std::string_view name, const Tensor& t, const Tensor& ref) {
@@ -63,6 +78,9 @@ void CpuBackend::gelu_forward(const Tensor& out, const Tensor& x) {
       const uint16_t* table = gelu_tables_.forward<S>();
       for (int64_t i = 0; i < count; ++i)
         o[i] = S{table[xs[i].bits]};
+    } else if constexpr (std::is_same_v<S, float>) {
+      for (int64_t i = 0; i < count; ++i)
+        o[i] = fast_gelu(xs[i]);
     } else {
       for (int64_t i = 0; i < count; ++i)
         o[i] = gelu_value(xs[i]);
@@ -85,6 +103,9 @@ void CpuBackend::gelu_backward(const Tensor& dx, const Tensor& dout, const Tenso
       const float* table = gelu_tables_.derivative<S>();
       for (int64_t i = 0; i < count; ++i)
         d[i] = tensor::store<S>(table[xs[i].bits] * tensor::load(dy[i]));
+    } else if constexpr (std::is_same_v<S, float>) {
+      for (int64_t i = 0; i < count; ++i)
+        d[i] = fast_gelu_derivative(xs[i]) * dy[i];
     } else {
       for (int64_t i = 0; i < count; ++i)
         d[i] = tensor::store<S>(gelu_derivative(tensor::load(xs[i])) * tensor::load(dy[i]));
@@ -136,7 +157,7 @@ void CpuBackend::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
       S* o = out.as<S>() + n * F;
       for (int64_t f = 0; f < F; ++f) {
         const T g = tensor::load(gate[f]);
-        o[f] = tensor::store<S>(g * sigmoid(g) * tensor::load(up[f]));
+        o[f] = tensor::store<S>(g * sigmoid_of(g) * tensor::load(up[f]));
       }
     }
   });
@@ -166,7 +187,7 @@ void CpuBackend::swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
         const T g = tensor::load(gate[f]);
         const T u = tensor::load(up[f]);
         const T d = tensor::load(dy[f]);
-        const T s = sigmoid(g);
+        const T s = sigmoid_of(g);
         // d silu(g) / dg = s (1 + g (1 - s)). Read both inputs before writing (in place is fine).
         dgate[f] = tensor::store<S>(d * u * s * (T(1) + g * (T(1) - s)));
         dup[f] = tensor::store<S>(d * g * s);

@@ -1,18 +1,24 @@
 // Causal multi-head attention with grouped-query heads, softmax scale 1/sqrt(D).
-// Per (sequence b, kv head g) the K and V head is gathered once into compute-type scratch; for each
-// query head h of the group: scores = scale Q K^T (GEMM, T x T), causal row softmax storing lse,
-// O = P V (GEMM). Backward recomputes P = exp(s - lse) and runs
+// Work is split into blocks of kQueryBlock query rows; a block ending at row i1 only meets keys
+// [0, i1), so the masked upper triangle is (almost all) skipped: per block and query head h,
+//   S = scale Q_blk K[0:i1]^T (GEMM), causal row softmax (lse stored), O_blk = P V[0:i1] (GEMM).
+// Backward recomputes P = exp(S - lse) per block and runs
 //   dV += P^T dO,  dP = dO V^T,  dS = P (dP - rowsum(dO O)),  dQ = scale dS K,  dK += scale dS^T Q
-// with dK/dV summed over the group's query heads in compute-type scratch and stored once, so narrow
-// storage types round Q/K/V loads and each stored output exactly once.
+// with dK/dV of a kv head summed over its query heads in the compute type and stored once.
+// The GEMMs read Q, K, V in place with leading dimension W = qkv_width() (f32/f64 storage) or from
+// one compute-type copy of qkv (bf16/f16), and narrow outputs are rounded once at the end.
+// Float softmax uses fast_exp and lane sums (fast_math.hpp); the block size is a constant, so the
+// order of every operation depends only on the shapes.
 #include <algorithm>
 #include <cmath>
-#include <limits>
+#include <cstring>
 #include <string_view>
+#include <type_traits>
 
 #include <fmt/format.h>
 
 #include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/fast_math.hpp"
 
 namespace trainctl::backend::cpu {
 
@@ -27,46 +33,53 @@ void check_shape(std::string_view op, const AttentionShape& s) {
          fmt::format("H={} query heads are not a multiple of KV={} key/value heads", s.H, s.KV));
 }
 
-// dst[t, 0:D] = src[(row0 + t) * stride + col, ...] in compute type C.
+inline constexpr int64_t kQueryBlock = 64;
+
+// A compute-type view of a storage matrix [rows, cols]: the storage itself when S is already the
+// compute type, else a widened copy in scratch.
 template <class S, class C>
-void gather(C* dst, const S* src, int64_t row0, int64_t T, int64_t stride, int64_t col, int64_t D) {
-  for (int64_t t = 0; t < T; ++t) {
-    const S* s = src + (row0 + t) * stride + col;
-    for (int64_t d = 0; d < D; ++d)
-      dst[t * D + d] = tensor::load(s[d]);
+const C* compute_view(const S* src, int64_t count, C* scratch) {
+  if constexpr (std::is_same_v<S, C>) {
+    return src;
+  } else {
+    for (int64_t i = 0; i < count; ++i)
+      scratch[i] = tensor::load(src[i]);
+    return scratch;
   }
 }
 
 template <class S, class C>
-void scatter(S* dst, const C* src, int64_t row0, int64_t T, int64_t stride, int64_t col,
-             int64_t D) {
-  for (int64_t t = 0; t < T; ++t) {
-    S* o = dst + (row0 + t) * stride + col;
-    for (int64_t d = 0; d < D; ++d)
-      o[d] = tensor::store<S>(src[t * D + d]);
-  }
+void store_all(S* dst, const C* src, int64_t count) {
+  if constexpr (!std::is_same_v<S, C>)
+    for (int64_t i = 0; i < count; ++i)
+      dst[i] = tensor::store<S>(src[i]);
 }
 
-// p [T, T] holds scaled scores; turns each row i into exp(s - lse_i) for j <= i and 0 beyond.
-// With compute_lse the row's lse is computed (max-subtracted) and written; else it is read.
+// p: rows [i0, i0 + rows) of scaled scores against keys [0, keys), leading dimension ldp. Each row
+// i becomes softmax over j <= i (0 beyond). With compute_lse the row's lse is computed
+// (max-subtracted) and written, else it is read and P = exp(s - lse).
 template <class C>
-void causal_softmax(C* p, C* lse, int64_t T, bool compute_lse) {
-  for (int64_t i = 0; i < T; ++i) {
-    C* row = p + i * T;
+void causal_softmax(C* p, int64_t ldp, C* lse, int64_t i0, int64_t rows, int64_t keys,
+                    bool compute_lse) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    C* row = p + r * ldp;
+    const int64_t n = i + 1;
     if (compute_lse) {
-      C mx = -std::numeric_limits<C>::infinity();
-      for (int64_t j = 0; j <= i; ++j)
-        mx = std::max(mx, row[j]);
-      C total = 0;
-      for (int64_t j = 0; j <= i; ++j)
-        total += std::exp(row[j] - mx);
+      const C mx = lane_max<C>(n, [&](int64_t j) { return row[j]; });
+      for (int64_t j = 0; j < n; ++j)
+        row[j] = exp_of(row[j] - mx);
+      const C total = lane_sum<C>(n, [&](int64_t j) { return row[j]; });
       lse[i] = mx + std::log(total);
+      const C inv = C(1) / total;
+      for (int64_t j = 0; j < n; ++j)
+        row[j] *= inv;
+    } else {
+      const C l = lse[i];
+      for (int64_t j = 0; j < n; ++j)
+        row[j] = exp_of(row[j] - l);
     }
-    const C l = lse[i];
-    for (int64_t j = 0; j <= i; ++j)
-      row[j] = std::exp(row[j] - l);
-    for (int64_t j = i + 1; j < T; ++j)
-      row[j] = 0;
+    std::fill(row + n, row + keys, C(0));
   }
 }
 
@@ -87,26 +100,30 @@ void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const T
   expect_numel(op, "lse", lse, B * H * T);
   dispatch_float(qkv.dtype, op, "qkv", [&]<class S>(Tag<S>) {
     using C = compute_t<S>;
-    const auto td = static_cast<size_t>(T * D);
-    C* k = scratch_.get<C>(kSlotAttention + 0, td);
-    C* v = scratch_.get<C>(kSlotAttention + 1, td);
-    C* q = scratch_.get<C>(kSlotAttention + 2, td);
-    C* o = scratch_.get<C>(kSlotAttention + 3, td);
-    C* p = scratch_.get<C>(kSlotAttention + 4, static_cast<size_t>(T * T));
+    constexpr bool narrow = !std::is_same_v<S, C>;
+    const int64_t N = B * T, HD = H * D;
+    const C* x = compute_view(qkv.as<S>(), N * W,
+                              narrow ? scratch_.get<C>(kSlotAttention + 0, N * W) : nullptr);
+    C* o = narrow ? scratch_.get<C>(kSlotAttention + 1, N * HD) : static_cast<C*>(out.data);
+    const int64_t block = std::min(kQueryBlock, T);
+    C* p = scratch_.get<C>(kSlotAttention + 2, static_cast<size_t>(block * T));
     const C scale = C(1) / std::sqrt(static_cast<C>(D));
     const int64_t group = H / KV;
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t g = 0; g < KV; ++g) {
-        gather(k, qkv.as<S>(), b * T, T, W, (H + g) * D, D);
-        gather(v, qkv.as<S>(), b * T, T, W, (H + KV + g) * D, D);
-        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-          gather(q, qkv.as<S>(), b * T, T, W, h * D, D);
-          blas_gemm<C>(false, true, T, T, D, scale, q, D, k, D, C(0), p, T);
-          causal_softmax(p, lse.as<C>() + (b * H + h) * T, T, true);
-          blas_gemm<C>(false, false, T, D, T, C(1), p, T, v, D, C(0), o, D);
-          scatter(out.as<S>(), o, b * T, T, H * D, h * D, D);
+      for (int64_t h = 0; h < H; ++h) {
+        const C* q = x + b * T * W + h * D;
+        const C* k = x + b * T * W + (H + h / group) * D;
+        const C* v = x + b * T * W + (H + KV + h / group) * D;
+        C* oh = o + b * T * HD + h * D;
+        C* lse_h = lse.as<C>() + (b * H + h) * T;
+        for (int64_t i0 = 0; i0 < T; i0 += block) {
+          const int64_t rows = std::min(block, T - i0), keys = i0 + rows;
+          blas_gemm<C>(false, true, rows, keys, D, scale, q + i0 * W, W, k, W, C(0), p, keys);
+          causal_softmax(p, keys, lse_h, i0, rows, keys, true);
+          blas_gemm<C>(false, false, rows, D, keys, C(1), p, keys, v, W, C(0), oh + i0 * HD, HD);
         }
       }
+    store_all(out.as<S>(), o, N * HD);
   });
 }
 
@@ -130,47 +147,57 @@ void CpuBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, cons
   expect_numel(op, "lse", lse, B * H * T);
   dispatch_float(qkv.dtype, op, "qkv", [&]<class S>(Tag<S>) {
     using C = compute_t<S>;
-    const auto td = static_cast<size_t>(T * D);
-    const auto tt = static_cast<size_t>(T * T);
-    C* k = scratch_.get<C>(kSlotAttention + 0, td);
-    C* v = scratch_.get<C>(kSlotAttention + 1, td);
-    C* q = scratch_.get<C>(kSlotAttention + 2, td);
-    C* dq = scratch_.get<C>(kSlotAttention + 3, td);
-    C* p = scratch_.get<C>(kSlotAttention + 4, tt);
-    C* dp = scratch_.get<C>(kSlotAttention + 5, tt);
-    C* dy = scratch_.get<C>(kSlotAttention + 6, td);
-    C* dk = scratch_.get<C>(kSlotAttention + 7, td);
-    C* dv = scratch_.get<C>(kSlotAttention + 8, td);
+    constexpr bool narrow = !std::is_same_v<S, C>;
+    const int64_t N = B * T, HD = H * D;
+    const C* x = compute_view(qkv.as<S>(), N * W,
+                              narrow ? scratch_.get<C>(kSlotAttention + 0, N * W) : nullptr);
+    const C* dy = compute_view(dout.as<S>(), N * HD,
+                               narrow ? scratch_.get<C>(kSlotAttention + 1, N * HD) : nullptr);
+    C* dx = narrow ? scratch_.get<C>(kSlotAttention + 3, N * W) : static_cast<C*>(dqkv.data);
+    const int64_t block = std::min(kQueryBlock, T);
+    C* p = scratch_.get<C>(kSlotAttention + 4, static_cast<size_t>(block * T));
+    C* dp = scratch_.get<C>(kSlotAttention + 5, static_cast<size_t>(block * T));
+    C* delta = scratch_.get<C>(kSlotAttention + 6, static_cast<size_t>(T));
     const C scale = C(1) / std::sqrt(static_cast<C>(D));
     const int64_t group = H / KV;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t g = 0; g < KV; ++g) {
-        gather(k, qkv.as<S>(), b * T, T, W, (H + g) * D, D);
-        gather(v, qkv.as<S>(), b * T, T, W, (H + KV + g) * D, D);
-        std::fill(dk, dk + td, C(0));
-        std::fill(dv, dv + td, C(0));
-        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-          gather(q, qkv.as<S>(), b * T, T, W, h * D, D);
-          gather(dy, dout.as<S>(), b * T, T, H * D, h * D, D);
-          blas_gemm<C>(false, true, T, T, D, scale, q, D, k, D, C(0), p, T);
-          causal_softmax(p, lse.as<C>() + (b * H + h) * T, T, false);
-          blas_gemm<C>(true, false, T, D, T, C(1), p, T, dy, D, C(1), dv, D);
-          blas_gemm<C>(false, true, T, T, D, C(1), dy, D, v, D, C(0), dp, T);
-          for (int64_t i = 0; i < T; ++i) {
-            const S* o = out.as<S>() + (b * T + i) * H * D + h * D;
-            C delta = 0;  // rowsum(dO * O)
-            for (int64_t d = 0; d < D; ++d)
-              delta += dy[i * D + d] * tensor::load(o[d]);
-            for (int64_t j = 0; j < T; ++j)
-              dp[i * T + j] = p[i * T + j] * (dp[i * T + j] - delta);
-          }
-          blas_gemm<C>(false, false, T, D, T, scale, dp, T, k, D, C(0), dq, D);
-          blas_gemm<C>(true, false, T, D, T, scale, dp, T, q, D, C(1), dk, D);
-          scatter(dqkv.as<S>(), dq, b * T, T, W, h * D, D);
+    for (int64_t b = 0; b < B; ++b) {
+      // dK and dV of this sequence accumulate over query heads and blocks: start from zero.
+      for (int64_t t = 0; t < T; ++t)
+        std::fill(dx + (b * T + t) * W + H * D, dx + (b * T + t + 1) * W, C(0));
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t kv_col = (H + h / group) * D, v_col = (H + KV + h / group) * D;
+        const C* q = x + b * T * W + h * D;
+        const C* k = x + b * T * W + kv_col;
+        const C* v = x + b * T * W + v_col;
+        const C* dyh = dy + b * T * HD + h * D;
+        C* dq = dx + b * T * W + h * D;
+        C* dk = dx + b * T * W + kv_col;
+        C* dv = dx + b * T * W + v_col;
+        C* lse_h = lse.as<C>() + (b * H + h) * T;
+        for (int64_t t = 0; t < T; ++t) {  // delta = rowsum(dO * O)
+          const S* o = out.as<S>() + (b * T + t) * HD + h * D;
+          const C* d = dyh + t * HD;
+          delta[t] = lane_sum<C>(D, [&](int64_t c) { return d[c] * tensor::load(o[c]); });
         }
-        scatter(dqkv.as<S>(), dk, b * T, T, W, (H + g) * D, D);
-        scatter(dqkv.as<S>(), dv, b * T, T, W, (H + KV + g) * D, D);
+        for (int64_t i0 = 0; i0 < T; i0 += block) {
+          const int64_t rows = std::min(block, T - i0), keys = i0 + rows;
+          blas_gemm<C>(false, true, rows, keys, D, scale, q + i0 * W, W, k, W, C(0), p, keys);
+          causal_softmax(p, keys, lse_h, i0, rows, keys, false);
+          blas_gemm<C>(true, false, keys, D, rows, C(1), p, keys, dyh + i0 * HD, HD, C(1), dv, W);
+          blas_gemm<C>(false, true, rows, keys, D, C(1), dyh + i0 * HD, HD, v, W, C(0), dp, keys);
+          for (int64_t r = 0; r < rows; ++r) {
+            C* dpr = dp + r * keys;
+            const C* pr = p + r * keys;
+            const C di = delta[i0 + r];
+            for (int64_t j = 0; j < keys; ++j)
+              dpr[j] = pr[j] * (dpr[j] - di);
+          }
+          blas_gemm<C>(false, false, rows, D, keys, scale, dp, keys, k, W, C(0), dq + i0 * W, W);
+          blas_gemm<C>(true, false, keys, D, rows, scale, dp, keys, q + i0 * W, W, C(1), dk, W);
+        }
       }
+    }
+    store_all(dqkv.as<S>(), dx, N * W);
   });
 }
 

@@ -1,5 +1,6 @@
 // CpuBackend: argument checks, scratch, memory, elementwise ops and reductions.
 #include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/fast_math.hpp"
 
 #include <fmt/format.h>
 
@@ -113,7 +114,7 @@ namespace {
 // fp8 values pass through float (set_element rounds once from float to the fp8 format); every
 // other pair converts in the destination's compute type.
 void cast_fp8(const Tensor& dst, const Tensor& src) {
-  for (int64_t i = 0; i < src.numel(); ++i)
+  for (int64_t i = 0, count = src.numel(); i < count; ++i)
     tensor::set_element(dst, i, tensor::get_element(src, i));
 }
 
@@ -134,7 +135,7 @@ void CpuBackend::cast(const Tensor& dst, const Tensor& src) {
     dispatch_float(src.dtype, "cast", "src", [&]<class S>(Tag<S>) {
       const S* s = src.as<S>();
       D* d = dst.as<D>();
-      for (int64_t i = 0; i < src.numel(); ++i)
+      for (int64_t i = 0, count = src.numel(); i < count; ++i)
         d[i] = tensor::store<D>(static_cast<compute_t<D>>(tensor::load(s[i])));
     });
   });
@@ -146,7 +147,7 @@ void CpuBackend::fill(const Tensor& dst, double value) {
   dispatch_float(dst.dtype, "fill", "dst", [&]<class D>(Tag<D>) {
     const D v = tensor::store<D>(static_cast<compute_t<D>>(value));
     D* d = dst.as<D>();
-    for (int64_t i = 0; i < dst.numel(); ++i)
+    for (int64_t i = 0, count = dst.numel(); i < count; ++i)
       d[i] = v;
   });
 }
@@ -162,7 +163,7 @@ void CpuBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
         const SA* pa = a.as<SA>();
         const SB* pb = b.as<SB>();
         O* po = out.as<O>();
-        for (int64_t i = 0; i < out.numel(); ++i)
+        for (int64_t i = 0, count = out.numel(); i < count; ++i)
           po[i] = tensor::store<O>(static_cast<C>(tensor::load(pa[i])) +
                                    static_cast<C>(tensor::load(pb[i])));
       });
@@ -178,7 +179,7 @@ void CpuBackend::accumulate(const Tensor& dst, const Tensor& src) {
       using C = compute_t<D>;
       const S* s = src.as<S>();
       D* d = dst.as<D>();
-      for (int64_t i = 0; i < dst.numel(); ++i)
+      for (int64_t i = 0, count = dst.numel(); i < count; ++i)
         d[i] = tensor::store<D>(static_cast<C>(tensor::load(d[i])) +
                                 static_cast<C>(tensor::load(s[i])));
     });
@@ -192,7 +193,7 @@ void CpuBackend::scale(const Tensor& dst, double factor) {
     using C = compute_t<D>;
     const C f = static_cast<C>(factor);
     D* d = dst.as<D>();
-    for (int64_t i = 0; i < dst.numel(); ++i)
+    for (int64_t i = 0, count = dst.numel(); i < count; ++i)
       d[i] = tensor::store<D>(tensor::load(d[i]) * f);
   });
 }
@@ -205,34 +206,40 @@ double CpuBackend::sum(const Tensor& src) {
   return dispatch_float(src.dtype, "sum", "src", [&]<class S>(Tag<S>) {
     const S* s = src.as<S>();
     double total = 0;
-    for (int64_t i = 0; i < src.numel(); ++i)
+    for (int64_t i = 0, count = src.numel(); i < count; ++i)
       total += static_cast<double>(tensor::load(s[i]));
     return total;
   });
 }
 
+// kLanes double partial sums (lane_sum in fast_math.hpp): vectorises, and the order depends on the
+// element count alone. Squares of f32/bf16/f16 values are exact in double, so only the additions
+// round.
 double CpuBackend::sum_squares(const Tensor& src) {
   const ScopedOp timed(timer_, OpFamily::reduction);
   expect_present("sum_squares", "src", src);
   return dispatch_float(src.dtype, "sum_squares", "src", [&]<class S>(Tag<S>) {
     const S* s = src.as<S>();
-    double total = 0;
-    for (int64_t i = 0; i < src.numel(); ++i) {
+    return lane_sum<double>(src.numel(), [&](int64_t i) {
       const double v = tensor::load(s[i]);
-      total += v * v;
-    }
-    return total;
+      return v * v;
+    });
   });
 }
 
+// x - x is 0 for finite x and NaN for inf or NaN; the lane sums of those stay 0 exactly when all
+// elements are finite, and the loop vectorises (no early exit).
 bool CpuBackend::all_finite(const Tensor& src) {
   const ScopedOp timed(timer_, OpFamily::reduction);
   expect_present("all_finite", "src", src);
   return dispatch_float(src.dtype, "all_finite", "src", [&]<class S>(Tag<S>) {
+    using C = compute_t<S>;
     const S* s = src.as<S>();
-    for (int64_t i = 0; i < src.numel(); ++i)
-      if (!std::isfinite(tensor::load(s[i]))) return false;
-    return true;
+    const C zero_if_finite = lane_sum<C>(src.numel(), [&](int64_t i) {
+      const C v = tensor::load(s[i]);
+      return v - v;
+    });
+    return zero_if_finite == 0;
   });
 }
 

@@ -1,14 +1,15 @@
 // Cross-entropy over the last dim of logits [N, V], max-subtracted. losses and lse are A; dlogits
 // (S) is overwritten and may alias logits (each element is read before it is written).
 // A negative target marks an ignored position: loss 0, gradient 0.
-#include <algorithm>
+// Speed: the float path uses fast_exp and lane sums (fast_math.hpp) so each pass over a row of V
+// logits vectorises; the sum's order is fixed by V alone.
 #include <cmath>
-#include <limits>
 #include <string_view>
 
 #include <fmt/format.h>
 
 #include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/fast_math.hpp"
 
 namespace trainctl::backend::cpu {
 
@@ -47,12 +48,8 @@ void CpuBackend::cross_entropy_forward(const Tensor& losses, const Tensor& lse,
     const int32_t* tgt = targets.as<int32_t>();
     for (int64_t n = 0; n < N; ++n) {
       const S* row = logits.as<S>() + n * V;
-      A mx = -std::numeric_limits<A>::infinity();
-      for (int64_t j = 0; j < V; ++j)
-        mx = std::max(mx, tensor::load(row[j]));
-      A total = 0;
-      for (int64_t j = 0; j < V; ++j)
-        total += std::exp(tensor::load(row[j]) - mx);
+      const A mx = lane_max<A>(V, [&](int64_t j) { return tensor::load(row[j]); });
+      const A total = lane_sum<A>(V, [&](int64_t j) { return exp_of(tensor::load(row[j]) - mx); });
       const A l = mx + std::log(total);
       lse.as<A>()[n] = l;
       losses.as<A>()[n] = tgt[n] < 0 ? A(0) : l - tensor::load(row[tgt[n]]);
@@ -84,10 +81,10 @@ void CpuBackend::cross_entropy_backward(const Tensor& dlogits, const Tensor& log
         continue;
       }
       const A l = lse.as<A>()[n];
-      for (int64_t j = 0; j < V; ++j) {
-        const A p = std::exp(tensor::load(row[j]) - l);
-        d[j] = tensor::store<S>((p - (j == tgt[n] ? A(1) : A(0))) * gs);
-      }
+      const A target_logit = tensor::load(row[tgt[n]]);  // read before d (may alias row) is written
+      for (int64_t j = 0; j < V; ++j)
+        d[j] = tensor::store<S>(exp_of(tensor::load(row[j]) - l) * gs);
+      d[tgt[n]] = tensor::store<S>((exp_of(target_logit - l) - A(1)) * gs);
     }
   });
 }

@@ -1,10 +1,12 @@
 // LayerNorm and RMSNorm over the last dim of [N, C], forward and backward.
 // Contract (backend.hpp): dx is overwritten; dweight and dbias accumulate (+=). Statistics
 // (mean, rstd) are stored in A = compute_t<S> and reused by backward.
+// Row sums use lane_sum (fast_math.hpp): fixed order given C, and they vectorise.
 #include <cmath>
 #include <string_view>
 
 #include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/fast_math.hpp"
 
 namespace trainctl::backend::cpu {
 
@@ -46,16 +48,14 @@ void CpuBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const 
     for (int64_t n = 0; n < N; ++n) {
       const S* xr = x.as<S>() + n * C;
       S* o = out.as<S>() + n * C;
-      T m = 0;
-      for (int64_t c = 0; c < C; ++c)
-        m += tensor::load(xr[c]);
-      m /= static_cast<T>(C);
-      T var = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        const T d = tensor::load(xr[c]) - m;
-        var += d * d;
-      }
-      var /= static_cast<T>(C);
+      const T m =
+          lane_sum<T>(C, [&](int64_t c) { return tensor::load(xr[c]); }) / static_cast<T>(C);
+      const T var = lane_sum<T>(C,
+                                [&](int64_t c) {
+                                  const T d = tensor::load(xr[c]) - m;
+                                  return d * d;
+                                }) /
+                    static_cast<T>(C);
       const T r = T(1) / std::sqrt(var + static_cast<T>(eps));
       for (int64_t c = 0; c < C; ++c) {
         T y = (tensor::load(xr[c]) - m) * r * tensor::load(w[c]);
@@ -100,15 +100,16 @@ void CpuBackend::layernorm_backward(const Tensor& dx, const Tensor& dweight, con
       const T m = mean.as<T>()[n];
       const T r = rstd.as<T>()[n];
       // dx = r * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat)), dnorm = dout * weight.
-      T dnorm_mean = 0, dnorm_xhat_mean = 0;
-      for (int64_t c = 0; c < C; ++c) {
-        const T xhat = (tensor::load(xr[c]) - m) * r;
-        const T dnorm = tensor::load(dy[c]) * tensor::load(w[c]);
-        dnorm_mean += dnorm;
-        dnorm_xhat_mean += dnorm * xhat;
-      }
-      dnorm_mean /= static_cast<T>(C);
-      dnorm_xhat_mean /= static_cast<T>(C);
+      const T dnorm_mean =
+          lane_sum<T>(C, [&](int64_t c) { return tensor::load(dy[c]) * tensor::load(w[c]); }) /
+          static_cast<T>(C);
+      const T dnorm_xhat_mean =
+          lane_sum<T>(C,
+                      [&](int64_t c) {
+                        const T xhat = (tensor::load(xr[c]) - m) * r;
+                        return tensor::load(dy[c]) * tensor::load(w[c]) * xhat;
+                      }) /
+          static_cast<T>(C);
       for (int64_t c = 0; c < C; ++c) {
         const T xhat = (tensor::load(xr[c]) - m) * r;
         const T g = tensor::load(dy[c]);
@@ -136,11 +137,10 @@ void CpuBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Te
     for (int64_t n = 0; n < N; ++n) {
       const S* xr = x.as<S>() + n * C;
       S* o = out.as<S>() + n * C;
-      T ms = 0;
-      for (int64_t c = 0; c < C; ++c) {
+      const T ms = lane_sum<T>(C, [&](int64_t c) {
         const T v = tensor::load(xr[c]);
-        ms += v * v;
-      }
+        return v * v;
+      });
       const T r = T(1) / std::sqrt(ms / static_cast<T>(C) + static_cast<T>(eps));
       for (int64_t c = 0; c < C; ++c)
         o[c] = tensor::store<S>(tensor::load(xr[c]) * r * tensor::load(w[c]));
@@ -172,10 +172,12 @@ void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const
       S* dxr = dx.as<S>() + n * C;
       const T r = rstd.as<T>()[n];
       // dx = r * (dnorm - xhat * mean(dnorm * xhat)), dnorm = dout * weight, xhat = x * r.
-      T dnorm_xhat_mean = 0;
-      for (int64_t c = 0; c < C; ++c)
-        dnorm_xhat_mean += tensor::load(dy[c]) * tensor::load(w[c]) * tensor::load(xr[c]) * r;
-      dnorm_xhat_mean /= static_cast<T>(C);
+      const T dnorm_xhat_mean =
+          lane_sum<T>(C,
+                      [&](int64_t c) {
+                        return tensor::load(dy[c]) * tensor::load(w[c]) * tensor::load(xr[c]) * r;
+                      }) /
+          static_cast<T>(C);
       for (int64_t c = 0; c < C; ++c) {
         const T xhat = tensor::load(xr[c]) * r;
         const T g = tensor::load(dy[c]);

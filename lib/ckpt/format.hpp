@@ -1,0 +1,117 @@
+// The checkpoint format, version 1: one directory per step,
+//   checkpoints/step_<8 digits>/manifest.json   what every tensor is and where its slices live
+//   checkpoints/step_<8 digits>/rank_<N>.bin    the raw bytes each rank owns
+// A shard file starts with a 64-byte header ("TCKPT001", u32 version, u32 rank, zeros) followed by
+// slices, each the row-major little-endian bytes of one box of a logical tensor, 64-byte aligned.
+// The manifest maps every logical tensor (name, dtype, global shape) to its slices (file, offset,
+// length, index ranges, crc32c) and lists every file with its size and whole-file crc32c, so a
+// reader can assemble any region of a tensor from any saving layout. See docs/checkpoints.md.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tensor/dtype.hpp"
+
+namespace trainctl::ckpt {
+
+namespace fs = std::filesystem;
+using tensor::DType;
+
+// Every problem with writing or reading a checkpoint: the message names the path (and tensor)
+// and what to do. A corrupt checkpoint is an error of the data, never a crash.
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+inline constexpr std::string_view kFormatName = "trainctl-checkpoint";
+inline constexpr int kFormatVersion = 1;
+inline constexpr char kShardMagic[8] = {'T', 'C', 'K', 'P', 'T', '0', '0', '1'};
+inline constexpr uint64_t kShardHeaderBytes = 64;
+inline constexpr uint64_t kSliceAlignment = 64;
+inline constexpr std::string_view kManifestFile = "manifest.json";
+inline constexpr std::string_view kLatestFile = "latest";
+
+// [begin, end) along one dimension of a tensor.
+struct Range {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+  bool operator==(const Range&) const = default;
+};
+
+// Where one box of a logical tensor lives.
+struct SliceRecord {
+  std::string file;          // shard file name inside the step directory ("rank_0.bin")
+  uint64_t offset = 0;       // byte offset in that file
+  uint64_t length = 0;       // bytes = product of index extents * dtype size
+  std::vector<Range> index;  // one range per dimension of the global shape
+  uint32_t crc32c = 0;
+};
+
+struct TensorEntry {
+  std::string name;  // the caller's ("model/embed.wte", "adam_m/...")
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;  // global shape
+  std::vector<SliceRecord> slices;
+};
+
+struct FileEntry {
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+};
+
+// What the caller supplies for a save. layout/model/state are free JSON objects whose content the
+// caller owns (layout: tp/ep/dp/pp/zero/world_size; model: shape facts; state: step, sampler, rng,
+// lr position, loss scaler, optimizer step count...).
+struct ManifestHeader {
+  int64_t step = 0;
+  std::string recipe_hash;
+  nlohmann::json layout = nlohmann::json::object();
+  nlohmann::json model = nlohmann::json::object();
+  nlohmann::json state = nlohmann::json::object();
+};
+
+struct Manifest {
+  ManifestHeader header;
+  std::string created;  // UTC, ISO 8601 ("2025-01-31T12:00:00Z")
+  std::vector<TensorEntry> tensors;
+  std::map<std::string, FileEntry> files;
+
+  const TensorEntry* find(std::string_view name) const;
+};
+
+// "f32", "bf16", ... (tensor::dtype_name) back to the enum; nullopt for an unknown name.
+std::optional<DType> parse_dtype(std::string_view name);
+
+// "step_00000042"; and back: the step of a "step_<digits>" name, nullopt for any other name.
+std::string step_dir_name(int64_t step);
+std::optional<int64_t> parse_step_dir_name(std::string_view name);
+// "rank_3.bin"
+std::string shard_file_name(int rank);
+
+nlohmann::json manifest_to_json(const Manifest& manifest);
+
+// Parses manifest.json text strictly: every field present and typed, every number in range,
+// every tensor's slices inside its shape, non-overlapping and covering it, names unique, every
+// slice inside a listed file. `source` names the file in messages. Total: any input either
+// yields a consistent Manifest or throws CheckpointError (never allocates by what the text claims).
+Manifest parse_manifest(std::string_view text, const std::string& source);
+
+// The consistency checks parse_manifest runs after reading the fields (also used by the writer
+// before it commits a manifest built from the ranks' shard indices).
+void validate_manifest(const Manifest& manifest, const std::string& source);
+
+// "[[0,4),[0,6)]" for messages.
+std::string format_index(const std::vector<Range>& index);
+
+}  // namespace trainctl::ckpt

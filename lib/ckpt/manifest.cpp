@@ -1,0 +1,373 @@
+// manifest.json: serialisation and the strict, total parser. Every value read from the text is
+// type- and range-checked before it is used; nothing is allocated by a size the text claims.
+#include <algorithm>
+#include <array>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "ckpt/format.hpp"
+
+namespace trainctl::ckpt {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int kMaxJsonDepth = 64;
+constexpr size_t kMaxDims = 16;
+constexpr size_t kMaxSlicesPerTensor = size_t{1} << 20;
+
+[[noreturn]] void fail(const std::string& source, const std::string& what) {
+  throw CheckpointError(
+      fmt::format("{}: {}; the checkpoint is corrupt or from another program: "
+                  "use an earlier checkpoint (`trainctl ckpt verify` names it)",
+                  source, what));
+}
+
+// nlohmann's parser recurses per nesting level: refuse absurd depth before parsing.
+void check_depth(std::string_view text, const std::string& source) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth)
+        fail(source, fmt::format("JSON nested deeper than {} levels at byte {}", kMaxJsonDepth, i));
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+}
+
+const json& field(const json& object, const char* key, const std::string& where) {
+  auto it = object.find(key);
+  if (it == object.end()) throw std::runtime_error(fmt::format("{}: missing \"{}\"", where, key));
+  return *it;
+}
+
+uint64_t as_u64(const json& value, const std::string& where, uint64_t max) {
+  uint64_t v = 0;
+  if (value.is_number_unsigned()) {
+    v = value.get<uint64_t>();
+  } else if (value.is_number_integer()) {
+    const auto s = value.get<int64_t>();
+    if (s < 0) throw std::runtime_error(fmt::format("{}: {} is negative", where, s));
+    v = static_cast<uint64_t>(s);
+  } else {
+    throw std::runtime_error(
+        fmt::format("{}: expected a non-negative integer, got {}", where, value.type_name()));
+  }
+  if (v > max) throw std::runtime_error(fmt::format("{}: {} is larger than {}", where, v, max));
+  return v;
+}
+
+int64_t as_i64(const json& value, const std::string& where) {
+  return static_cast<int64_t>(
+      as_u64(value, where, static_cast<uint64_t>(std::numeric_limits<int64_t>::max())));
+}
+
+const std::string& as_string(const json& value, const std::string& where) {
+  if (!value.is_string())
+    throw std::runtime_error(
+        fmt::format("{}: expected a string, got {}", where, value.type_name()));
+  return value.get_ref<const std::string&>();
+}
+
+const json& as_kind(const json& value, bool object, const std::string& where) {
+  if (object ? !value.is_object() : !value.is_array())
+    throw std::runtime_error(fmt::format("{}: expected {}, got {}", where,
+                                         object ? "an object" : "an array", value.type_name()));
+  return value;
+}
+
+bool valid_file_name(std::string_view name) {
+  if (name.empty() || name.size() > 255 || name == "." || name == ".." || name == kManifestFile)
+    return false;
+  return std::none_of(name.begin(), name.end(),
+                      [](char c) { return c == '/' || c == '\\' || c == '\0'; });
+}
+
+SliceRecord parse_slice(const json& j, size_t dims, const std::string& where) {
+  as_kind(j, true, where);
+  SliceRecord s;
+  s.file = as_string(field(j, "file", where), where + ".file");
+  s.offset = as_u64(field(j, "offset", where), where + ".offset", uint64_t{1} << 62);
+  s.length = as_u64(field(j, "length", where), where + ".length", uint64_t{1} << 62);
+  s.crc32c =
+      static_cast<uint32_t>(as_u64(field(j, "crc32c", where), where + ".crc32c", 0xffffffffu));
+  const json& index = as_kind(field(j, "index", where), false, where + ".index");
+  if (index.size() != dims)
+    throw std::runtime_error(fmt::format("{}.index: {} ranges for a tensor of {} dimensions", where,
+                                         index.size(), dims));
+  s.index.reserve(dims);
+  for (size_t d = 0; d < dims; ++d) {
+    const std::string at = fmt::format("{}.index[{}]", where, d);
+    const json& r = as_kind(index[d], false, at);
+    if (r.size() != 2) throw std::runtime_error(at + ": expected [begin, end]");
+    s.index.push_back({as_i64(r[0], at), as_i64(r[1], at)});
+  }
+  return s;
+}
+
+TensorEntry parse_tensor(const json& j, size_t position) {
+  std::string where = fmt::format("tensors[{}]", position);
+  as_kind(j, true, where);
+  TensorEntry t;
+  t.name = as_string(field(j, "name", where), where + ".name");
+  where = fmt::format("tensor '{}'", t.name);
+  const std::string& dtype = as_string(field(j, "dtype", where), where + " dtype");
+  const auto parsed = parse_dtype(dtype);
+  if (!parsed) throw std::runtime_error(fmt::format("{}: unknown dtype \"{}\"", where, dtype));
+  t.dtype = *parsed;
+  const json& shape = as_kind(field(j, "shape", where), false, where + " shape");
+  if (shape.size() > kMaxDims)
+    throw std::runtime_error(
+        fmt::format("{}: {} dimensions (at most {})", where, shape.size(), kMaxDims));
+  for (const json& d : shape)
+    t.shape.push_back(as_i64(d, where + " shape"));
+  const json& slices = as_kind(field(j, "slices", where), false, where + " slices");
+  if (slices.size() > kMaxSlicesPerTensor)
+    throw std::runtime_error(
+        fmt::format("{}: {} slices (at most {})", where, slices.size(), kMaxSlicesPerTensor));
+  t.slices.reserve(slices.size());
+  for (size_t i = 0; i < slices.size(); ++i)
+    t.slices.push_back(
+        parse_slice(slices[i], t.shape.size(), fmt::format("{} slice {}", where, i)));
+  return t;
+}
+
+Manifest parse_fields(const json& root) {
+  as_kind(root, true, "the document");
+  const std::string& format = as_string(field(root, "format", "manifest"), "format");
+  if (format != kFormatName)
+    throw std::runtime_error(fmt::format("format is \"{}\", expected \"{}\"", format, kFormatName));
+  const uint64_t version = as_u64(field(root, "version", "manifest"), "version", 1u << 30);
+  if (version != static_cast<uint64_t>(kFormatVersion))
+    throw std::runtime_error(
+        fmt::format("format version {} is not supported (this build reads version {})", version,
+                    kFormatVersion));
+  Manifest m;
+  m.header.step = as_i64(field(root, "step", "manifest"), "step");
+  m.header.recipe_hash = as_string(field(root, "recipe_hash", "manifest"), "recipe_hash");
+  m.created = as_string(field(root, "created", "manifest"), "created");
+  m.header.layout = as_kind(field(root, "layout", "manifest"), true, "layout");
+  m.header.model = as_kind(field(root, "model", "manifest"), true, "model");
+  m.header.state = as_kind(field(root, "state", "manifest"), true, "state");
+  const json& files = as_kind(field(root, "files", "manifest"), true, "files");
+  for (const auto& [name, entry] : files.items()) {
+    const std::string where = fmt::format("files[\"{}\"]", name);
+    as_kind(entry, true, where);
+    m.files[name] =
+        FileEntry{as_u64(field(entry, "bytes", where), where + ".bytes", uint64_t{1} << 62),
+                  static_cast<uint32_t>(
+                      as_u64(field(entry, "crc32c", where), where + ".crc32c", 0xffffffffu))};
+  }
+  const json& tensors = as_kind(field(root, "tensors", "manifest"), false, "tensors");
+  m.tensors.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i)
+    m.tensors.push_back(parse_tensor(tensors[i], i));
+  return m;
+}
+
+bool boxes_overlap(const std::vector<Range>& a, const std::vector<Range>& b) {
+  for (size_t d = 0; d < a.size(); ++d)
+    if (a[d].end <= b[d].begin || b[d].end <= a[d].begin) return false;
+  return true;
+}
+
+// Slices must not overlap: sweep along the dimension that separates them best.
+void check_no_overlap(const TensorEntry& t, const std::string& source) {
+  const size_t n = t.slices.size();
+  if (n < 2 || t.shape.empty()) {
+    if (n >= 2) fail(source, fmt::format("tensor '{}': {} slices of a scalar", t.name, n));
+    return;
+  }
+  size_t axis = 0, best = 0;
+  for (size_t d = 0; d < t.shape.size(); ++d) {
+    std::vector<int64_t> begins;
+    for (const auto& s : t.slices)
+      begins.push_back(s.index[d].begin);
+    std::sort(begins.begin(), begins.end());
+    const auto distinct =
+        static_cast<size_t>(std::unique(begins.begin(), begins.end()) - begins.begin());
+    if (distinct > best) best = distinct, axis = d;
+  }
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i)
+    order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return t.slices[a].index[axis].begin < t.slices[b].index[axis].begin;
+  });
+  for (size_t i = 0; i < n; ++i) {
+    const auto& a = t.slices[order[i]];
+    for (size_t k = i + 1; k < n; ++k) {
+      const auto& b = t.slices[order[k]];
+      if (b.index[axis].begin >= a.index[axis].end) break;
+      if (boxes_overlap(a.index, b.index))
+        fail(source, fmt::format("tensor '{}': slices {} and {} overlap", t.name,
+                                 format_index(a.index), format_index(b.index)));
+    }
+  }
+}
+
+}  // namespace
+
+const TensorEntry* Manifest::find(std::string_view name) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+std::optional<DType> parse_dtype(std::string_view name) {
+  for (DType d : {DType::f64, DType::f32, DType::bf16, DType::f16, DType::e4m3, DType::e5m2,
+                  DType::i32, DType::u16})
+    if (tensor::dtype_name(d) == name) return d;
+  return std::nullopt;
+}
+
+std::string step_dir_name(int64_t step) {
+  return fmt::format("step_{:08d}", step);
+}
+
+std::optional<int64_t> parse_step_dir_name(std::string_view name) {
+  constexpr std::string_view prefix = "step_";
+  if (name.size() < prefix.size() + 8 || name.size() > prefix.size() + 18 ||
+      name.substr(0, prefix.size()) != prefix)
+    return std::nullopt;
+  int64_t step = 0;
+  for (char c : name.substr(prefix.size())) {
+    if (c < '0' || c > '9') return std::nullopt;
+    step = step * 10 + (c - '0');
+  }
+  return step;
+}
+
+std::string shard_file_name(int rank) {
+  return fmt::format("rank_{}.bin", rank);
+}
+
+std::string format_index(const std::vector<Range>& index) {
+  std::string s = "[";
+  for (size_t d = 0; d < index.size(); ++d)
+    s += fmt::format("{}[{},{})", d ? "," : "", index[d].begin, index[d].end);
+  return s + "]";
+}
+
+json manifest_to_json(const Manifest& m) {
+  json tensors = json::array();
+  for (const auto& t : m.tensors) {
+    json slices = json::array();
+    for (const auto& s : t.slices) {
+      json index = json::array();
+      for (const auto& r : s.index)
+        index.push_back({r.begin, r.end});
+      slices.push_back({{"file", s.file},
+                        {"offset", s.offset},
+                        {"length", s.length},
+                        {"index", index},
+                        {"crc32c", s.crc32c}});
+    }
+    tensors.push_back({{"name", t.name},
+                       {"dtype", std::string(tensor::dtype_name(t.dtype))},
+                       {"shape", t.shape},
+                       {"slices", slices}});
+  }
+  json files = json::object();
+  for (const auto& [name, f] : m.files)
+    files[name] = {{"bytes", f.bytes}, {"crc32c", f.crc32c}};
+  return {{"format", kFormatName},   {"version", kFormatVersion},
+          {"step", m.header.step},   {"recipe_hash", m.header.recipe_hash},
+          {"created", m.created},    {"layout", m.header.layout},
+          {"model", m.header.model}, {"state", m.header.state},
+          {"tensors", tensors},      {"files", files}};
+}
+
+void validate_manifest(const Manifest& m, const std::string& source) {
+  for (const auto& [name, f] : m.files) {
+    if (!valid_file_name(name)) fail(source, fmt::format("file name \"{}\" is not allowed", name));
+    if (f.bytes < kShardHeaderBytes)
+      fail(source, fmt::format("file {} has {} bytes, less than its {}-byte header", name, f.bytes,
+                               kShardHeaderBytes));
+  }
+  std::map<std::string_view, size_t> names;
+  std::map<std::string_view, std::vector<std::pair<uint64_t, uint64_t>>> extents;  // per file
+  for (const auto& t : m.tensors) {
+    if (t.name.empty()) fail(source, "a tensor has an empty name");
+    if (!names.emplace(t.name, 0).second)
+      fail(source, fmt::format("tensor '{}' appears twice", t.name));
+    const uint64_t element = tensor::dtype_size(t.dtype);
+    const uint64_t limit = (uint64_t{1} << 62) / element;
+    uint64_t numel = 1;
+    for (int64_t d : t.shape)
+      if (d != 0 && numel > limit / static_cast<uint64_t>(d))
+        fail(source, fmt::format("tensor '{}': shape too large", t.name));
+      else
+        numel *= static_cast<uint64_t>(d);
+    uint64_t covered = 0;
+    for (const auto& s : t.slices) {
+      const std::string where =
+          fmt::format("tensor '{}' slice {} in {}", t.name, format_index(s.index), s.file);
+      uint64_t volume = 1;
+      for (size_t d = 0; d < s.index.size(); ++d) {
+        const Range r = s.index[d];
+        if (r.begin < 0 || r.begin >= r.end || r.end > t.shape[d])
+          fail(source, fmt::format("{}: range {} outside dimension {} of size {}", where,
+                                   format_index({r}), d, t.shape[d]));
+        volume *= static_cast<uint64_t>(r.size());  // bounded by numel: no overflow
+      }
+      if (s.length != volume * element)
+        fail(source, fmt::format("{}: length {} but the index covers {} elements of {} bytes",
+                                 where, s.length, volume, element));
+      const auto file = m.files.find(s.file);
+      if (file == m.files.end())
+        fail(source, fmt::format("{}: file not listed in \"files\"", where));
+      if (s.offset < kShardHeaderBytes || s.offset > file->second.bytes ||
+          s.length > file->second.bytes - s.offset)
+        fail(source, fmt::format("{}: bytes [{}, {}) outside the file's {} bytes", where, s.offset,
+                                 s.offset + s.length, file->second.bytes));
+      extents[file->first].push_back({s.offset, s.length});
+      covered += volume;
+      if (covered > numel) break;  // overlap: reported below
+    }
+    check_no_overlap(t, source);
+    if (covered != numel)
+      fail(source,
+           fmt::format("tensor '{}': slices cover {} of its {} elements", t.name, covered, numel));
+  }
+  for (auto& [file, list] : extents) {
+    std::sort(list.begin(), list.end());
+    for (size_t i = 1; i < list.size(); ++i)
+      if (list[i].first < list[i - 1].first + list[i - 1].second)
+        fail(source, fmt::format("two slices share bytes at offset {} of {}", list[i].first, file));
+  }
+}
+
+Manifest parse_manifest(std::string_view text, const std::string& source) {
+  check_depth(text, source);
+  json root;
+  try {
+    root = json::parse(text.begin(), text.end());
+  } catch (const json::exception& e) {
+    fail(source, fmt::format("not valid JSON ({})", e.what()));
+  }
+  Manifest m;
+  try {
+    m = parse_fields(root);
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail(source, e.what());
+  }
+  validate_manifest(m, source);
+  return m;
+}
+
+}  // namespace trainctl::ckpt

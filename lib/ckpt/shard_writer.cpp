@@ -1,0 +1,287 @@
+#include "ckpt/shard_writer.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "ckpt/file_io.hpp"
+#include "tensor/checksum.hpp"
+
+namespace trainctl::ckpt {
+
+using nlohmann::json;
+using tensor::crc32c;
+using tensor::crc32c_combine;
+
+namespace {
+
+constexpr size_t kStagingBytes = size_t{4} << 20;  // small slices are gathered into one write
+constexpr size_t kChunkBytes = size_t{16} << 20;   // large slices: checksum then write per chunk
+
+int write_delay_ms() {
+  const char* value = std::getenv("TRAINCTL_TEST_CKPT_WRITE_DELAY_MS");
+  return value ? std::atoi(value) : 0;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+// Checks a caller's slice and returns its index (the whole tensor when none was given).
+std::vector<Range> checked_index(const SliceData& s) {
+  if (s.name.empty()) throw CheckpointError("write_shard: a slice has an empty tensor name");
+  std::vector<Range> index = s.index;
+  if (index.empty() && !s.shape.empty())
+    for (int64_t d : s.shape)
+      index.push_back({0, d});
+  if (index.size() != s.shape.size())
+    throw CheckpointError(fmt::format("write_shard: tensor '{}' has {} dimensions but its index {}",
+                                      s.name, s.shape.size(), format_index(index)));
+  for (size_t d = 0; d < index.size(); ++d)
+    if (index[d].begin < 0 || index[d].begin >= index[d].end || index[d].end > s.shape[d])
+      throw CheckpointError(fmt::format("write_shard: tensor '{}': index {} outside its shape",
+                                        s.name, format_index(index)));
+  if (!s.data) throw CheckpointError(fmt::format("write_shard: tensor '{}' has no data", s.name));
+  return index;
+}
+
+// Buffered sequential writer that tracks the file offset and the whole-file checksum.
+class ShardStream {
+ public:
+  explicit ShardStream(io::File& file) : file_(file), staging_(kStagingBytes) {}
+
+  // Appends bytes whose checksum is already known (or computes it).
+  void append(const void* data, size_t bytes, uint32_t crc) {
+    if (bytes < kStagingBytes / 4) {
+      if (used_ + bytes > staging_.size()) flush();
+      std::memcpy(staging_.data() + used_, data, bytes);
+      used_ += bytes;
+    } else {
+      flush();
+      file_.write_all(data, bytes);
+    }
+    file_crc_ = crc32c_combine(file_crc_, crc, bytes);
+    offset_ += bytes;
+  }
+  void pad_to(uint64_t alignment) {
+    static const char zeros[kSliceAlignment] = {};
+    const uint64_t pad = (alignment - offset_ % alignment) % alignment;
+    if (pad) append(zeros, pad, crc32c(zeros, pad));
+  }
+  void flush() {
+    if (used_) file_.write_all(staging_.data(), used_);
+    used_ = 0;
+  }
+  uint64_t offset() const { return offset_; }
+  uint32_t file_crc() const { return file_crc_; }
+
+ private:
+  io::File& file_;
+  std::vector<char> staging_;
+  size_t used_ = 0;
+  uint64_t offset_ = 0;
+  uint32_t file_crc_ = 0;
+};
+
+}  // namespace
+
+json shard_index_to_json(const ShardIndex& index) {
+  Manifest m;  // reuse the manifest's slice encoding
+  json slices = json::array();
+  for (const auto& s : index.slices) {
+    TensorEntry t{s.name, s.dtype, s.shape, {s.record}};
+    m.tensors = {t};
+    slices.push_back(manifest_to_json(m)["tensors"][0]);
+  }
+  return {{"rank", index.rank},
+          {"file", index.file},
+          {"bytes", index.bytes},
+          {"crc32c", index.crc32c},
+          {"slices", slices}};
+}
+
+ShardIndex shard_index_from_json(const json& j) {
+  try {
+    ShardIndex index;
+    index.rank = j.at("rank").get<int>();
+    index.file = j.at("file").get<std::string>();
+    index.bytes = j.at("bytes").get<uint64_t>();
+    index.crc32c = j.at("crc32c").get<uint32_t>();
+    for (const json& t : j.at("slices")) {
+      const auto dtype = parse_dtype(t.at("dtype").get<std::string>());
+      if (!dtype) throw CheckpointError("unknown dtype " + t.at("dtype").dump());
+      const json& s = t.at("slices").at(0);
+      SliceRecord record{s.at("file").get<std::string>(),
+                         s.at("offset").get<uint64_t>(),
+                         s.at("length").get<uint64_t>(),
+                         {},
+                         s.at("crc32c").get<uint32_t>()};
+      for (const json& r : s.at("index"))
+        record.index.push_back({r.at(0).get<int64_t>(), r.at(1).get<int64_t>()});
+      index.slices.push_back({t.at("name").get<std::string>(), *dtype,
+                              t.at("shape").get<std::vector<int64_t>>(), record});
+    }
+    return index;
+  } catch (const json::exception& e) {
+    throw CheckpointError(fmt::format("malformed shard index from a rank: {}", e.what()));
+  }
+}
+
+fs::path begin_save(const fs::path& checkpoints_dir, int64_t step) {
+  if (step < 0) throw CheckpointError(fmt::format("cannot save a negative step ({})", step));
+  std::error_code ec;
+  fs::create_directories(checkpoints_dir, ec);
+  if (ec) io::throw_os_error("cannot create checkpoint directory", checkpoints_dir, ec.value());
+  const fs::path final_dir = checkpoints_dir / step_dir_name(step);
+  if (fs::exists(final_dir, ec))
+    throw CheckpointError(
+        fmt::format("checkpoint {} already exists; refusing to overwrite it (move it away to save "
+                    "step {} again)",
+                    final_dir.string(), step));
+  const fs::path tmp = checkpoints_dir / fmt::format(".tmp-{}.{}", step_dir_name(step),
+                                                     static_cast<long>(::getpid()));
+  fs::remove_all(tmp, ec);  // a failed earlier save of this process
+  if (!fs::create_directory(tmp, ec) || ec)
+    io::throw_os_error("cannot create", tmp, ec ? ec.value() : EEXIST);
+  return tmp;
+}
+
+ShardIndex write_shard(const fs::path& dir, int rank, std::span<const SliceData> slices) {
+  if (rank < 0) throw CheckpointError(fmt::format("write_shard: negative rank {}", rank));
+  ShardIndex index;
+  index.rank = rank;
+  index.file = shard_file_name(rank);
+  const int delay_ms = write_delay_ms();
+  io::File file = io::File::create(dir / index.file);
+  ShardStream out(file);
+
+  char header[kShardHeaderBytes] = {};
+  std::memcpy(header, kShardMagic, sizeof kShardMagic);
+  const uint32_t version = kFormatVersion, rank_u32 = static_cast<uint32_t>(rank);
+  std::memcpy(header + 8, &version, 4);  // little-endian hosts only (x86-64, aarch64)
+  std::memcpy(header + 12, &rank_u32, 4);
+  out.append(header, sizeof header, crc32c(header, sizeof header));
+
+  for (const SliceData& s : slices) {
+    std::vector<Range> slice_index = checked_index(s);
+    uint64_t length = tensor::dtype_size(s.dtype);
+    for (const Range& r : slice_index)
+      length *= static_cast<uint64_t>(r.size());
+    out.pad_to(kSliceAlignment);
+    const uint64_t offset = out.offset();
+    const auto* bytes = static_cast<const char*>(s.data);
+    uint32_t slice_crc = 0;
+    for (uint64_t done = 0; done < length;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunkBytes, length - done));
+      const uint32_t chunk_crc = crc32c(bytes + done, n);
+      out.append(bytes + done, n, chunk_crc);
+      slice_crc = crc32c_combine(slice_crc, chunk_crc, n);
+      done += n;
+    }
+    index.slices.push_back(
+        {s.name, s.dtype, s.shape,
+         SliceRecord{index.file, offset, length, std::move(slice_index), slice_crc}});
+    if (delay_ms > 0) {
+      out.flush();
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    }
+  }
+  out.flush();
+  file.sync();
+  file.close();
+  index.bytes = out.offset();
+  index.crc32c = out.file_crc();
+  return index;
+}
+
+void write_manifest(const fs::path& dir, const ManifestHeader& header,
+                    std::vector<ShardIndex> all_ranks) {
+  const fs::path path = dir / kManifestFile;
+  Manifest m;
+  m.header = header;
+  m.created = utc_now();
+  std::map<std::string, size_t> position;
+  for (ShardIndex& shard : all_ranks) {
+    if (!m.files.emplace(shard.file, FileEntry{shard.bytes, shard.crc32c}).second)
+      throw CheckpointError(fmt::format("write_manifest: two ranks wrote {}", shard.file));
+    for (ShardSlice& s : shard.slices) {
+      auto [it, added] = position.emplace(s.name, m.tensors.size());
+      if (added) m.tensors.push_back(TensorEntry{s.name, s.dtype, s.shape, {}});
+      TensorEntry& t = m.tensors[it->second];
+      if (t.dtype != s.dtype || t.shape != s.shape)
+        throw CheckpointError(fmt::format(
+            "write_manifest: ranks disagree on tensor '{}' ({} vs {} or a different shape)", s.name,
+            tensor::dtype_name(t.dtype), tensor::dtype_name(s.dtype)));
+      t.slices.push_back(std::move(s.record));
+    }
+  }
+  validate_manifest(m, path.string());
+  const std::string text = manifest_to_json(m).dump(1);
+  io::File file = io::File::create(path);
+  file.write_all(text.data(), text.size());
+  file.sync();
+  file.close();
+}
+
+fs::path commit(const fs::path& checkpoints_dir, const fs::path& tmp_dir, int64_t step) {
+  const fs::path final_dir = checkpoints_dir / step_dir_name(step);
+  io::fsync_directory(tmp_dir);
+  if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_NOREPLACE) != 0) {
+    const int error = errno;
+    if (error == EEXIST || error == ENOTEMPTY)
+      throw CheckpointError(fmt::format("checkpoint {} already exists; refusing to overwrite it",
+                                        final_dir.string()));
+    io::throw_os_error("cannot rename " + tmp_dir.string() + " to", final_dir, error);
+  }
+  io::fsync_directory(checkpoints_dir);
+  io::write_file_atomically(checkpoints_dir / kLatestFile, step_dir_name(step) + "\n");
+  return final_dir;
+}
+
+void abandon(const fs::path& tmp_dir) noexcept {
+  std::error_code ec;
+  fs::remove_all(tmp_dir, ec);
+}
+
+SaveStats save(const fs::path& checkpoints_dir, const ManifestHeader& header,
+               std::span<const SliceData> slices) {
+  const auto start = std::chrono::steady_clock::now();
+  const fs::path tmp = begin_save(checkpoints_dir, header.step);
+  SaveStats stats;
+  try {
+    ShardIndex index = write_shard(tmp, 0, slices);
+    stats.bytes = index.bytes;
+    write_manifest(tmp, header, {std::move(index)});
+    stats.path = commit(checkpoints_dir, tmp, header.step);
+  } catch (...) {
+    abandon(tmp);
+    throw;
+  }
+  stats.step = header.step;
+  stats.write_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats.bandwidth =
+      stats.write_seconds > 0 ? static_cast<double>(stats.bytes) / stats.write_seconds : 0;
+  return stats;
+}
+
+void ignore_file_size_signal() {
+  std::signal(SIGXFSZ, SIG_IGN);
+}
+
+}  // namespace trainctl::ckpt

@@ -4,10 +4,13 @@
 // weights. This is what a checkpoint must carry; the checkpoint tests prove the files carry it.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
 #include <cstring>
+#include <filesystem>
 
 #include "backend_test_util.hpp"
 #include "data/sources.hpp"
+#include "train/checkpointing.hpp"
 #include "train/trainer.hpp"
 
 namespace {
@@ -66,8 +69,10 @@ struct Process {
   Snapshot end;
 };
 
-Process train_process(const Case& c, int64_t total_steps, int64_t stop_after,
-                      const Snapshot* from) {
+// `checkpoints`: when set, the process resumes from the newest checkpoint there (if any) and
+// saves one when it stops, through lib/ckpt's files instead of in memory.
+Process train_process(const Case& c, int64_t total_steps, int64_t stop_after, const Snapshot* from,
+                      const std::filesystem::path* checkpoints = nullptr) {
   const model::ModelConfig mc = config_for(c);
   train::TrainConfig tc;
   tc.steps = total_steps;
@@ -87,12 +92,22 @@ Process train_process(const Case& c, int64_t total_steps, int64_t stop_after,
     load_bytes(model.params().moment2(), from->v);
     trainer.restore(from->state);
   }
+  if (checkpoints) {
+    const ckpt::ScanReport report = ckpt::scan(*checkpoints);
+    if (const ckpt::ScanEntry* newest = report.newest_valid())
+      train::restore_checkpoint(ckpt::CheckpointReader::open(newest->path), model, trainer, cpu());
+  }
   Process p;
   trainer.run([&](const train::StepMetrics& s) {
     p.losses.push_back(s.loss);
     p.skipped.push_back(s.skipped);
     return s.step < stop_after;
   });
+  if (checkpoints) {
+    ckpt::CheckpointWriter writer(*checkpoints, {true, 2});
+    writer.save(train::capture_checkpoint(model, trainer, cpu(), "test", {{"world_size", 1}}));
+    writer.wait();
+  }
   p.end = {trainer.state(), bytes_of(model.params().values()), bytes_of(model.params().master()),
            bytes_of(model.params().moment1()), bytes_of(model.params().moment2())};
   return p;
@@ -137,4 +152,45 @@ TEST_CASE("resume after N of 2N steps continues bit for bit", "[train][resume]")
       }
     }
   }
+}
+
+TEST_CASE("resume through checkpoint files continues bit for bit", "[train][resume][checkpoint]") {
+  using K = train::LossScaleKind;
+  const Case cases[] = {
+      {"fp16 dynamic loss scale", DType::f16, false, 2, {K::dynamic, 1 << 24, 3, 1.0, 2.0, 0.5}},
+      {"bf16 llama MoE", DType::bf16, true, 4, {}},
+  };
+  const int64_t N = 5;
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                        ("trainctl_resume_test_" + std::to_string(::getpid()));
+      std::filesystem::remove_all(dir);
+      const Process straight = train_process(c, 3 * N, 3 * N, nullptr);
+      const Process first = train_process(c, 3 * N, N, nullptr, &dir);
+      const Process second = train_process(c, 3 * N, 2 * N, nullptr, &dir);
+      const Process third = train_process(c, 3 * N, 3 * N, nullptr, &dir);
+      std::vector<double> resumed = first.losses;
+      resumed.insert(resumed.end(), second.losses.begin(), second.losses.end());
+      resumed.insert(resumed.end(), third.losses.begin(), third.losses.end());
+      CHECK(resumed == straight.losses);
+      CHECK(third.end.values == straight.end.values);
+      CHECK(third.end.master == straight.end.master);
+      CHECK(third.end.v == straight.end.v);
+      std::filesystem::remove_all(dir);
+    }
+  }
+}
+
+TEST_CASE("a checkpoint of another model is refused naming the difference", "[train][checkpoint]") {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("trainctl_refuse_test_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const Case fp32{"fp32", DType::f32, false, 4, {}};
+  train_process(fp32, 4, 2, nullptr, &dir);
+  const Case bf16{"bf16", DType::bf16, false, 4, {}};
+  CHECK_THROWS_WITH(train_process(bf16, 4, 4, nullptr, &dir),
+                    Catch::Contains("saved for another model: model storage is \"f32\" there but "
+                                    "\"bf16\" in this recipe"));
+  std::filesystem::remove_all(dir);
 }

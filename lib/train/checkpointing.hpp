@@ -1,0 +1,34 @@
+// The bridge between a training run and lib/ckpt: what goes into a checkpoint and how a run is
+// put back from one. Logical tensors (global shapes, so another layout can load them):
+//   model/<param>    parameter values in the storage type
+//   master/<param>   fp32 master weights (bf16/fp16 runs only)
+//   adam_m/<param>, adam_v/<param>   AdamW moments
+// The manifest's "state" is the TrainerState (train/state_json.hpp); "model" describes the shape
+// so a checkpoint of another model is refused with a message that says what differs.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "backend/backend.hpp"
+#include "ckpt/ckpt.hpp"
+#include "model/model.hpp"
+#include "train/trainer.hpp"
+
+namespace trainctl::train {
+
+// Everything that must match for a checkpoint's tensors to mean the same thing.
+nlohmann::json describe_model(const model::ModelConfig& config);
+
+// Copies the run's state into a request (this copy is the training loop's stall).
+ckpt::SaveRequest capture_checkpoint(const model::Transformer& model, const Trainer& trainer,
+                                     backend::Backend& backend, const std::string& recipe_hash,
+                                     const nlohmann::json& layout);
+
+// Loads parameters, master weights, moments and the trainer state. Throws ckpt::CheckpointError
+// when the checkpoint holds another model (naming the first difference) or misses a tensor, and
+// data::DataError when its sampler position belongs to other data.
+void restore_checkpoint(const ckpt::CheckpointReader& reader, model::Transformer& model,
+                        Trainer& trainer, backend::Backend& backend);
+
+}  // namespace trainctl::train

@@ -12,6 +12,9 @@ namespace trainctl::app {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;   // a run failed (error message says why)
 inline constexpr int kExitBadInput = 2;  // bad recipe, bad --set, bad CLI: nothing was created
+// Stopped by SIGTERM/SIGUSR1/SIGINT after saving a checkpoint: `trainctl resume` (or a Slurm
+// requeue) continues. 75 is EX_TEMPFAIL: "temporary failure, try again".
+inline constexpr int kExitSavedOnSignal = 75;
 
 struct ValidateOptions {
   std::string recipe_path;
@@ -27,6 +30,26 @@ struct RunOptions {
   bool overwrite = false;  // reuse a run directory that already holds a run
 };
 int run_run(const RunOptions& options);
+
+// `trainctl resume TARGET`: TARGET is a run directory (its recipe.yaml is the resolved recipe
+// of the run) or a recipe file (the run directory is then runs/<name> or --run-dir).
+struct ResumeOptions {
+  std::string target;
+  std::vector<std::string> overrides;  // e.g. training.steps to extend a run
+  std::string run_dir;
+};
+int run_resume(const ResumeOptions& options);
+
+// `trainctl ckpt inspect|verify|export PATH`: PATH is a step directory, a checkpoints directory
+// or a run directory (then the newest valid checkpoint for inspect/export, every one for verify).
+struct CkptOptions {
+  std::string action;  // inspect | verify | export
+  std::string path;
+  std::string format = "safetensors";  // export
+  std::string out;                     // export: output file
+  bool json = false;                   // inspect: machine-readable output
+};
+int run_ckpt(const CkptOptions& options);
 
 struct VersionOptions {};
 int run_version(const VersionOptions& options);

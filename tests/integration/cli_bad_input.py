@@ -228,16 +228,6 @@ CASES = [
               one("error: --set cluster.device=cuda: the CUDA training backend is not part of "
                   "this build yet; use cluster.device: auto or cpu", "tiny.yaml"),
               commands=("run",)),
-    tiny_case("checkpoint_every_steps", ["checkpoint.every_steps=50"],
-              one("error: --set checkpoint.every_steps=50: checkpointing is not part of this build "
-                  "yet; set checkpoint.every_steps: 0, checkpoint.every_minutes: 0 and "
-                  "checkpoint.resume: never", "tiny.yaml"),
-              commands=("run",)),
-    tiny_case("checkpoint_resume_auto", ["checkpoint.resume=auto"],
-              one("error: --set checkpoint.resume=auto: checkpointing is not part of this build "
-                  "yet; set checkpoint.every_steps: 0, checkpoint.every_minutes: 0 and "
-                  "checkpoint.resume: never", "tiny.yaml"),
-              commands=("run",)),
     # ---- the command line itself ----
     {"name": "run_without_recipe", "files": {}, "recipe": None, "args": [], "commands": ("run",),
      "stderr": "trainctl run: error: recipe is required\nRun 'trainctl run --help' for usage.\n"},

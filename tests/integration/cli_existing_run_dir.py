@@ -3,6 +3,7 @@
 exit code 2 and leaves the old run untouched; with --overwrite it succeeds and the directory then
 holds exactly the new run (no lines or event files left over from the old one)."""
 import os
+import shutil
 
 import cli_util
 from cli_util import check
@@ -28,6 +29,20 @@ def main(binary, root):
         cli_util.run_ok(binary, args, root)
         before = snapshot(run_dir)
 
+        # The finished run saved its last step: a new `run` points at `resume` instead.
+        again = cli_util.run(binary, args, root)
+        expected = (f"trainctl run: error: run directory {run_dir} holds checkpoints (newest: "
+                    f"step_{STEPS:08d}); continue the run with `trainctl resume {run_dir}`, set "
+                    "checkpoint.resume: auto, or pass --overwrite to start again (deleting them)\n")
+        check(again.rc == 2, f"expected exit code 2\n{again.describe()}")
+        check(again.stderr == expected,
+              f"stderr differs\n--- expected ---\n{expected}--- got ---\n{again.stderr}")
+        check(snapshot(run_dir) == before, "the refused run changed the existing run directory")
+
+        # A run directory with metrics but no checkpoints (they were deleted by hand) is refused
+        # too: it holds a run.
+        shutil.rmtree(os.path.join(run_dir, "checkpoints"))
+        before = snapshot(run_dir)
         again = cli_util.run(binary, args, root)
         expected = (f"trainctl run: error: run directory {run_dir} already holds a run "
                     "(metrics.jsonl); choose another with --run-dir or pass --overwrite to "

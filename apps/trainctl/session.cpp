@@ -1,0 +1,355 @@
+#include "session.hpp"
+
+#include <fmt/core.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "backend/backend.hpp"
+#include "backend/cuda/device.hpp"
+#include "ckpt/ckpt.hpp"
+#include "commands.hpp"
+#include "convert.hpp"
+#include "data/data.hpp"
+#include "data/sampler.hpp"
+#include "launch/signals.hpp"
+#include "model/model.hpp"
+#include "telemetry/telemetry.hpp"
+#include "train/checkpoint_policy.hpp"
+#include "train/checkpointing.hpp"
+#include "train/trainer.hpp"
+
+namespace fs = std::filesystem;
+
+namespace trainctl::app {
+
+int report_problems(const std::vector<recipe::Problem>& problems, const std::string& label) {
+  std::fputs(recipe::format_report(problems, label).c_str(), stderr);
+  return kExitBadInput;
+}
+
+int bad_input(const std::string& command, const std::string& message) {
+  std::fprintf(stderr, "trainctl %s: error: %s\n", command.c_str(), message.c_str());
+  return kExitBadInput;
+}
+
+std::vector<recipe::Problem> unsupported_in_this_build(const recipe::LoadedRecipe& loaded) {
+  const recipe::Recipe& r = loaded.recipe;
+  std::vector<recipe::Problem> problems;
+  if (r.world_size() != 1) {
+    const std::pair<const char*, int> degrees[] = {{"parallel.tp", r.parallel.tp},
+                                                   {"parallel.ep", r.parallel.ep},
+                                                   {"parallel.dp", r.parallel.dp},
+                                                   {"parallel.pp", r.parallel.pp}};
+    const char* key = "parallel.tp";
+    for (auto [name, degree] : degrees) {
+      if (degree > 1) {
+        key = name;
+        break;
+      }
+    }
+    problems.push_back(loaded.origins.problem(
+        key,
+        fmt::format("world size tp*ep*dp*pp = {}*{}*{}*{} = {} but this build trains on one "
+                    "rank; set every parallel degree to 1",
+                    r.parallel.tp, r.parallel.ep, r.parallel.dp, r.parallel.pp, r.world_size())));
+  }
+  if (r.cluster.device == recipe::Device::cuda)
+    problems.push_back(loaded.origins.problem(
+        "cluster.device",
+        "the CUDA training backend is not part of this build yet; use cluster.device: auto or "
+        "cpu"));
+  return problems;
+}
+
+namespace {
+
+// The key a data error is about: the validation file when the error names it, else data.path.
+std::string_view data_error_key(const recipe::Recipe& r, const std::string& message) {
+  const std::string& val = r.data.val_path;
+  if (!val.empty() && val != r.data.path && message.starts_with(val + ":")) return "data.val_path";
+  return "data.path";
+}
+
+telemetry::ProgressMode progress_mode(recipe::Progress p) {
+  switch (p) {
+    case recipe::Progress::automatic:
+      return telemetry::ProgressMode::automatic;
+    case recipe::Progress::plain:
+      return telemetry::ProgressMode::plain;
+    case recipe::Progress::none:
+      return telemetry::ProgressMode::none;
+  }
+  return telemetry::ProgressMode::plain;
+}
+
+// FNV-1a over the bytes of the parameter values: a cheap fingerprint two runs can compare.
+std::string weights_fingerprint(backend::Backend& be, const model::ParamStore& params) {
+  const tensor::Tensor values = params.values();
+  std::vector<unsigned char> host(values.bytes());
+  be.copy_to_host(host.data(), values);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : host)
+    h = (h ^ c) * 0x100000001b3ull;
+  return fmt::format("{:016x}", h);
+}
+
+nlohmann::json metrics_record(const train::StepMetrics& m, bool fp16, bool moe) {
+  nlohmann::json j{{"step", m.step},      {"loss", m.loss},
+                   {"lr", m.lr},          {"grad_norm", m.grad_norm},
+                   {"tokens", m.tokens},  {"tokens_per_s", m.tokens_per_s},
+                   {"step_ms", m.step_ms}};
+  if (fp16) {
+    j["loss_scale"] = m.loss_scale;
+    j["skipped"] = m.skipped;
+  }
+  if (moe) {
+    j["aux_loss"] = m.aux_loss;
+    j["z_loss"] = m.z_loss;
+    j["expert_load"] = m.expert_load;
+    j["dropped_tokens"] = m.dropped_tokens;
+  }
+  if (m.val_loss) j["val_loss"] = *m.val_loss;
+  return j;
+}
+
+// A resumed run repeats the steps after its checkpoint: drop their records (they were written by
+// the run that died) so metrics.jsonl holds every step once. Written to a temporary file and
+// renamed, so a crash here loses nothing.
+void truncate_metrics(const fs::path& path, int64_t last_step) {
+  std::ifstream in(path);
+  if (!in) return;
+  const fs::path tmp = path.string() + ".tmp";
+  std::ofstream out(tmp, std::ios::trunc);
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() <= last_step)
+      out << line << '\n';
+  }
+  out.close();
+  if (!out) throw std::runtime_error("cannot rewrite " + path.string());
+  fs::rename(tmp, path);
+}
+
+nlohmann::json layout_json(const recipe::Recipe& r) {
+  return {{"tp", r.parallel.tp}, {"ep", r.parallel.ep},     {"dp", r.parallel.dp},
+          {"pp", r.parallel.pp}, {"zero", r.parallel.zero}, {"world_size", r.world_size()}};
+}
+
+}  // namespace
+
+int train_session(SessionInput input) {
+  const recipe::Recipe& r = input.loaded.recipe;
+  const bool resuming = input.resume_from.has_value();
+  const char* command = resuming ? "resume" : "run";
+
+  // ---- 1. input that depends on the environment: the data ----
+  const backend::DeviceReport devices = backend::detect_gpus();
+  data::Dataset dataset;
+  std::optional<data::Sampler> sampler;
+  std::optional<data::ValidationSet> val;
+  try {
+    dataset = data::open_dataset(to_data_config(r));
+    sampler.emplace(*dataset.train, r.model.seq_len, static_cast<uint64_t>(r.determinism.seed),
+                    true, r.model.vocab);
+    if (dataset.val && dataset.val->size() > r.model.seq_len) {
+      val.emplace(*dataset.val, r.model.seq_len, r.model.vocab);
+      if (val->num_batches(r.training.micro_batch) < 1) val.reset();
+    }
+  } catch (const data::DataError& e) {
+    return report_problems({input.loaded.origins.problem(data_error_key(r, e.what()), e.what())},
+                           input.recipe_label);
+  }
+
+  // ---- 2. build, and load the checkpoint (before anything is written) ----
+  std::unique_ptr<backend::Backend> be = backend::make_cpu_backend();
+  const model::ModelConfig model_config = to_model_config(r);
+  model::Transformer model(model_config, *be, r.training.micro_batch);
+  model.params().initialize(static_cast<uint64_t>(r.determinism.seed));
+  const train::TrainConfig train_config = to_train_config(r);
+  train::Trainer trainer(train_config, model, *be, *sampler, val ? &*val : nullptr);
+  std::string checkpoint_recipe_hash;
+  if (resuming) {
+    try {
+      const ckpt::CheckpointReader reader = ckpt::CheckpointReader::open(*input.resume_from);
+      train::restore_checkpoint(reader, model, trainer, *be);
+      checkpoint_recipe_hash = reader.manifest().header.recipe_hash;
+    } catch (const ckpt::CheckpointError& e) {
+      return bad_input(command, e.what());
+    } catch (const data::DataError& e) {
+      return bad_input(command, fmt::format("{}: the checkpoint's data position does not fit this "
+                                            "recipe's data: {}",
+                                            input.resume_from->string(), e.what()));
+    }
+  }
+  const int64_t start_step = trainer.steps_done();
+
+  // ---- 3. run directory ----
+  const fs::path& run_dir = input.run_dir;
+  fs::create_directories(run_dir / "logs");
+  const std::string hash = recipe::recipe_hash(r);
+  {
+    std::ofstream out(run_dir / "recipe.yaml.tmp");
+    out << "# resolved recipe (hash " << hash << ")\n" << recipe::dump_recipe(r);
+    out.close();
+    fs::rename(run_dir / "recipe.yaml.tmp", run_dir / "recipe.yaml");
+  }
+  if (resuming) truncate_metrics(run_dir / "metrics.jsonl", start_step);
+  telemetry::MetricsWriter metrics(run_dir / "metrics.jsonl");
+  std::optional<telemetry::TensorBoardWriter> tensorboard;
+  if (r.logging.tensorboard) tensorboard.emplace(run_dir);
+  std::FILE* log_file = std::fopen((run_dir / "logs" / "rank_0.log").c_str(), resuming ? "a" : "w");
+  if (!log_file) throw std::runtime_error("cannot write " + (run_dir / "logs/rank_0.log").string());
+  telemetry::Progress progress(r.training.steps, progress_mode(r.logging.progress), stderr,
+                               r.logging.every_steps);
+  telemetry::Progress log(r.training.steps, telemetry::ProgressMode::plain, log_file,
+                          r.logging.every_steps, false);
+  auto say = [&](const std::string& line) {
+    progress.message(line);
+    log.message(line);
+  };
+  for (const std::string& note : input.notes)
+    say(note);
+  say(devices.gpus.empty()
+          ? fmt::format("device: {}, using CPU", devices.status)
+          : fmt::format("device: {}; the CUDA training backend is not available yet, using CPU",
+                        devices.status));
+  say(fmt::format("model: {} ({} parameters, {})", model::describe(model_config),
+                  telemetry::format_count(static_cast<uint64_t>(model.params().table().numel())),
+                  tensor::dtype_name(model_config.storage)));
+  say(fmt::format(
+      "data: {} train tokens ({}), {} validation tokens",
+      telemetry::format_count(static_cast<uint64_t>(dataset.train->size())),
+      dataset.train->describe(),
+      telemetry::format_count(static_cast<uint64_t>(dataset.val ? dataset.val->size() : 0))));
+  say(fmt::format("run directory: {}", run_dir.string()));
+  if (resuming) {
+    say(fmt::format("resumed from {} at step {} of {}", input.resume_from->string(), start_step,
+                    r.training.steps));
+    if (checkpoint_recipe_hash != hash)
+      say(
+          fmt::format("note: the recipe (hash {}) differs from the checkpoint's (hash {}); "
+                      "the model is the same, so training continues with the new settings",
+                      hash, checkpoint_recipe_hash));
+  }
+
+  // ---- 4. train, saving on the recipe's cadence, at the end, and on a stop signal ----
+  const bool fp16 = model_config.storage == tensor::DType::f16;
+  const bool moe = model_config.moe.experts > 0;
+  const train::CheckpointPolicy policy(r.checkpoint.every_steps, r.checkpoint.every_minutes,
+                                       r.training.steps);
+  ckpt::CheckpointWriter writer(run_dir / "checkpoints",
+                                {r.checkpoint.async, r.checkpoint.keep_last});
+  launch::StopSignals stop;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto last_save = start;
+  int64_t reported_save = -1;
+  double stall_ms = 0;
+  std::optional<double> last_val;
+  train::StepMetrics last;
+  int64_t skipped = 0;
+  // A finished background save is reported once: bytes, bandwidth and the stall it cost.
+  auto report_saves = [&] {
+    const auto stats = writer.last_stats();
+    if (!stats || stats->step == reported_save) return;
+    reported_save = stats->step;
+    say(fmt::format("checkpoint {}: {} in {:.2f} s ({}/s), training stalled {:.1f} ms",
+                    stats->path.filename().string(), telemetry::format_bytes(stats->bytes),
+                    stats->write_seconds,
+                    telemetry::format_bytes(static_cast<uint64_t>(stats->bandwidth)), stall_ms));
+  };
+  trainer.run([&](const train::StepMetrics& m) {
+    metrics.write(metrics_record(m, fp16, moe));
+    telemetry::StepInfo info{m.step,         m.loss,    m.lr,
+                             m.tokens_per_s, m.step_ms, {{"grad_norm", m.grad_norm}}};
+    if (fp16) info.extras.push_back({"scale", m.loss_scale});
+    if (m.val_loss) info.extras.push_back({"val_loss", *m.val_loss});
+    progress.update(info);
+    log.update(info);
+    if (tensorboard) {
+      std::vector<std::pair<std::string, double>> scalars{{"train/loss", m.loss},
+                                                          {"train/lr", m.lr},
+                                                          {"train/grad_norm", m.grad_norm},
+                                                          {"perf/tokens_per_s", m.tokens_per_s}};
+      if (fp16) scalars.push_back({"train/loss_scale", m.loss_scale});
+      if (moe) {
+        scalars.push_back({"moe/aux_loss", m.aux_loss});
+        scalars.push_back({"moe/z_loss", m.z_loss});
+      }
+      if (m.val_loss) scalars.push_back({"val/loss", *m.val_loss});
+      tensorboard->add_scalars(m.step, scalars);
+    }
+    if (m.skipped) {
+      ++skipped;
+      say(fmt::format("step {}: non-finite gradients, step skipped, loss scale now {}", m.step,
+                      trainer.loss_scaler().scale()));
+    }
+    if (m.val_loss) last_val = m.val_loss;
+    last = m;
+    report_saves();
+    const double since_save = std::chrono::duration<double>(Clock::now() - last_save).count();
+    if (policy.due(m.step, since_save, stop.requested())) {
+      if (tensorboard) tensorboard->flush();
+      const auto before = Clock::now();
+      ckpt::SaveRequest request =
+          train::capture_checkpoint(model, trainer, *be, hash, layout_json(r));
+      writer.save(std::move(request));  // waits for the previous save first
+      last_save = Clock::now();
+      stall_ms = std::chrono::duration<double, std::milli>(last_save - before).count();
+    }
+    return !stop.requested();
+  });
+  writer.wait();
+  report_saves();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  progress.finish();
+  if (tensorboard) tensorboard->flush();
+
+  // ---- 5. summary ----
+  if (stop.requested()) {
+    say(fmt::format(
+        "stopped by {} after step {}, checkpoint saved; continue with: trainctl resume {}",
+        stop.name(), last.step, run_dir.string()));
+    std::fclose(log_file);
+    return kExitSavedOnSignal;
+  }
+  const model::ParamStore::Bytes pb = model.params().bytes();
+  telemetry::MemoryReport memory;
+  memory.params = pb.params;
+  memory.grads = pb.grads;
+  memory.optimizer = pb.optimizer;
+  memory.activations = model.activation_bytes().total();
+  const double tokens_per_s = static_cast<double>(int64_t{r.training.global_batch} *
+                                                  r.model.seq_len * (last.step - start_step)) /
+                              seconds;
+  const std::string fingerprint = weights_fingerprint(*be, model.params());
+  nlohmann::json summary{{"steps", last.step},
+                         {"final_loss", last.loss},
+                         {"tokens", last.tokens},
+                         {"seconds", seconds},
+                         {"tokens_per_s", tokens_per_s},
+                         {"skipped_steps", skipped},
+                         {"resumed_from_step", start_step},
+                         {"weights_fnv1a64", fingerprint},
+                         {"memory_bytes", memory.to_json()},
+                         {"forward_flops_per_token", model.forward_flops_per_token()}};
+  if (last_val) summary["final_val_loss"] = *last_val;
+  std::ofstream(run_dir / "summary.json") << summary.dump(2) << "\n";
+  say(fmt::format("done: {} steps in {} | loss {:.4f}{} | {} tokens/s | weights {}", last.step,
+                  telemetry::format_duration(seconds), last.loss,
+                  last_val ? fmt::format(" | val_loss {:.4f}", *last_val) : std::string(),
+                  telemetry::format_count(static_cast<uint64_t>(tokens_per_s)), fingerprint));
+  say("peak memory by category:\n" + memory.to_string());
+  std::fclose(log_file);
+  return kExitOk;
+}
+
+}  // namespace trainctl::app

@@ -6,6 +6,7 @@
 #include <exception>
 #include <string>
 
+#include "ckpt/ckpt.hpp"
 #include "commands.hpp"
 
 namespace app = trainctl::app;
@@ -35,10 +36,42 @@ int main(int argc, char** argv) {
   validate_cmd->add_flag("--explain", validate.explain,
                          "Print every recipe key with its type, default, range and help");
 
+  app::ResumeOptions resume;
+  CLI::App* resume_cmd =
+      cli.add_subcommand("resume", "Continue a run from its newest valid checkpoint (bit for bit)");
+  resume_cmd->add_option("target", resume.target, "Run directory, or the recipe file of the run")
+      ->required();
+  resume_cmd
+      ->add_option("--set", resume.overrides,
+                   "Override a recipe key, e.g. --set training.steps=400 to extend the run")
+      ->type_name("KEY=VALUE");
+  resume_cmd->add_option("--run-dir", resume.run_dir,
+                         "Run directory when TARGET is a recipe (default: runs/<recipe name>)");
+
+  app::CkptOptions ckpt;
+  CLI::App* ckpt_cmd = cli.add_subcommand("ckpt", "Inspect, verify or export checkpoints");
+  ckpt_cmd->require_subcommand(1);
+  CLI::App* inspect_cmd = ckpt_cmd->add_subcommand(
+      "inspect", "Print a checkpoint's step, layout, tensors, sizes and training state");
+  inspect_cmd->add_option("path", ckpt.path, "Step, checkpoints or run directory")->required();
+  inspect_cmd->add_flag("--json", ckpt.json, "Print the manifest summary as JSON");
+  CLI::App* verify_cmd = ckpt_cmd->add_subcommand(
+      "verify", "Re-read every byte and check every checksum; non-zero exit names what is bad");
+  verify_cmd->add_option("path", ckpt.path, "Step, checkpoints or run directory")->required();
+  CLI::App* export_cmd = ckpt_cmd->add_subcommand(
+      "export", "Write the model weights with Hugging Face's names and layout");
+  export_cmd->add_option("path", ckpt.path, "Step, checkpoints or run directory")->required();
+  export_cmd->add_option("--format", ckpt.format, "Output format")
+      ->check(CLI::IsMember({"safetensors"}));
+  export_cmd->add_option("--out", ckpt.out, "Output file")->required();
+
   app::VersionOptions version;
   CLI::App* version_cmd =
       cli.add_subcommand("version", "Print the version, build type, backends and libraries");
 
+  // A checkpoint write past RLIMIT_FSIZE must fail with EFBIG (reported, earlier checkpoints
+  // intact), not kill the process with SIGXFSZ.
+  trainctl::ckpt::ignore_file_size_signal();
   try {
     cli.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -58,6 +91,11 @@ int main(int argc, char** argv) {
   try {
     if (show_version || version_cmd->parsed()) return app::run_version(version);
     if (run_cmd->parsed()) return app::run_run(run);
+    if (resume_cmd->parsed()) return app::run_resume(resume);
+    if (ckpt_cmd->parsed()) {
+      ckpt.action = inspect_cmd->parsed() ? "inspect" : verify_cmd->parsed() ? "verify" : "export";
+      return app::run_ckpt(ckpt);
+    }
     if (validate_cmd->parsed()) {
       if (!validate.explain && validate.recipe_path.empty()) {
         std::fprintf(stderr, "trainctl validate: a recipe file is required (or --explain)\n");

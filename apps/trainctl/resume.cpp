@@ -13,43 +13,13 @@ namespace fs = std::filesystem;
 namespace trainctl::app {
 
 int resume_session(SessionInput input, const std::string& command) {
-  const recipe::Recipe& r = input.loaded.recipe;
   const fs::path dir = input.run_dir / "checkpoints";
-  const ckpt::ScanReport report = ckpt::scan(dir);
-  const ckpt::ScanEntry* newest = report.newest_valid();
-  if (!newest) {
-    std::string found;
-    for (const ckpt::ScanEntry& e : report.entries)
-      found += fmt::format("\n  {}: {}", e.name, e.reason.empty() ? "not valid" : e.reason);
-    return bad_input(
-        command,
-        report.entries.empty()
-            ? fmt::format("{} holds no checkpoint to resume from", dir.string())
-            : fmt::format("{} holds no valid checkpoint to resume from:{}", dir.string(), found));
-  }
-  // Newer entries are partial or corrupt: report them and move them out of the way.
-  for (const ckpt::ScanEntry& e : report.entries) {
-    if (&e == newest) break;
-    const fs::path rejected = dir / "rejected" / e.name;
-    fs::create_directories(rejected.parent_path());
-    fs::remove_all(rejected);
-    fs::rename(e.path, rejected);
-    input.notes.push_back(fmt::format("skipped {} ({}): moved to {}, never read", e.name,
-                                      e.reason.empty() ? "not valid" : e.reason,
-                                      rejected.string()));
-  }
-  if (newest->step >= r.training.steps) {
-    std::fprintf(stderr,
-                 "trainctl %s: %s is at step %lld of training.steps %lld: the run is complete "
-                 "(extend it with --set training.steps=N)\n",
-                 command.c_str(), newest->path.string().c_str(),
-                 static_cast<long long>(newest->step), static_cast<long long>(r.training.steps));
-    return kExitOk;
-  }
-  input.notes.push_back(
-      fmt::format("resuming from {} (the newest valid checkpoint)", newest->name));
-  input.resume_from = newest->path;
-  return train_session(std::move(input));
+  ckpt::ScanReport report = ckpt::scan(dir);
+  if (report.entries.empty())
+    return bad_input(command, fmt::format("{} holds no checkpoint to resume from", dir.string()));
+  input.resuming = true;
+  input.resume_candidates = std::move(report.entries);
+  return train_session(std::move(input), command);
 }
 
 int run_resume(const ResumeOptions& options) {

@@ -8,11 +8,10 @@
 
 namespace trainctl::app {
 
-// Scans input.run_dir/checkpoints, picks the newest valid checkpoint, says which and why newer
-// ones were skipped (those are moved to checkpoints/rejected/ so a later save of the same step
-// cannot collide with them, and are never read), and trains from it. With no valid checkpoint it
-// refuses (exit 2) listing what it found; a run that already reached training.steps is reported
-// done (exit 0).
+// Scans input.run_dir/checkpoints and trains from the newest checkpoint that loads intact (see
+// SessionInput::resume_candidates). With no checkpoint at all, or none intact, it refuses (exit
+// 2) listing what it found and changes nothing; a run that already reached training.steps is
+// reported done (exit 0).
 int resume_session(SessionInput input, const std::string& command);
 
 }  // namespace trainctl::app

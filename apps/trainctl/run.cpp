@@ -62,7 +62,7 @@ int run_run(const RunOptions& options) {
   } else {
     remove_previous_run(input.run_dir);
   }
-  return train_session(std::move(input));
+  return train_session(std::move(input), "run");
 }
 
 }  // namespace trainctl::app

@@ -145,10 +145,42 @@ nlohmann::json layout_json(const recipe::Recipe& r) {
 
 }  // namespace
 
-int train_session(SessionInput input) {
+namespace {
+
+// Loads the newest candidate that is valid and reads back intact (every slice's checksum is
+// checked as it is read). Returns the loaded entry, or nullopt after printing why none could be
+// loaded; `skipped` collects the newer entries passed over, with the reason.
+struct Skipped {
+  ckpt::ScanEntry entry;
+  std::string reason;
+};
+std::optional<ckpt::ScanEntry> load_newest_intact(const std::vector<ckpt::ScanEntry>& candidates,
+                                                  model::Transformer& model,
+                                                  train::Trainer& trainer, backend::Backend& be,
+                                                  std::vector<Skipped>& skipped,
+                                                  std::string& recipe_hash) {
+  for (const ckpt::ScanEntry& e : candidates) {
+    if (e.status != ckpt::Status::valid) {
+      skipped.push_back({e, e.reason.empty() ? "not valid" : e.reason});
+      continue;
+    }
+    try {
+      const ckpt::CheckpointReader reader = ckpt::CheckpointReader::open(e.path);
+      train::restore_checkpoint(reader, model, trainer, be);
+      recipe_hash = reader.manifest().header.recipe_hash;
+      return e;
+    } catch (const ckpt::CheckpointError& error) {
+      skipped.push_back({e, error.what()});
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+int train_session(SessionInput input, const std::string& command) {
   const recipe::Recipe& r = input.loaded.recipe;
-  const bool resuming = input.resume_from.has_value();
-  const char* command = resuming ? "resume" : "run";
+  const bool resuming = input.resuming;
 
   // ---- 1. input that depends on the environment: the data ----
   const backend::DeviceReport devices = backend::detect_gpus();
@@ -176,17 +208,41 @@ int train_session(SessionInput input) {
   const train::TrainConfig train_config = to_train_config(r);
   train::Trainer trainer(train_config, model, *be, *sampler, val ? &*val : nullptr);
   std::string checkpoint_recipe_hash;
+  std::optional<ckpt::ScanEntry> resumed;
+  const fs::path checkpoints_dir = input.run_dir / "checkpoints";
   if (resuming) {
+    std::vector<Skipped> skipped;
     try {
-      const ckpt::CheckpointReader reader = ckpt::CheckpointReader::open(*input.resume_from);
-      train::restore_checkpoint(reader, model, trainer, *be);
-      checkpoint_recipe_hash = reader.manifest().header.recipe_hash;
-    } catch (const ckpt::CheckpointError& e) {
+      resumed = load_newest_intact(input.resume_candidates, model, trainer, *be, skipped,
+                                   checkpoint_recipe_hash);
+    } catch (const train::CheckpointMismatch& e) {
       return bad_input(command, e.what());
-    } catch (const data::DataError& e) {
-      return bad_input(command, fmt::format("{}: the checkpoint's data position does not fit this "
-                                            "recipe's data: {}",
-                                            input.resume_from->string(), e.what()));
+    }
+    if (!resumed) {
+      std::string found;
+      for (const Skipped& k : skipped)
+        found += fmt::format("\n  {}: {}", k.entry.name, k.reason);
+      return bad_input(command, fmt::format("{} holds no valid checkpoint to resume from:{}\n"
+                                            "start the run again with trainctl run --overwrite",
+                                            checkpoints_dir.string(), found));
+    }
+    if (resumed->step >= r.training.steps) {
+      std::fprintf(stderr,
+                   "trainctl %s: %s is at step %lld of training.steps %lld: the run is complete "
+                   "(extend it with --set training.steps=N)\n",
+                   command.c_str(), resumed->path.string().c_str(),
+                   static_cast<long long>(resumed->step), static_cast<long long>(r.training.steps));
+      return kExitOk;
+    }
+    // Only now that a checkpoint has loaded: move the newer broken ones out of the way, so a
+    // later save of the same step cannot collide with them. They are kept, never read.
+    for (const Skipped& k : skipped) {
+      const fs::path rejected = checkpoints_dir / "rejected" / k.entry.name;
+      fs::create_directories(rejected.parent_path());
+      fs::remove_all(rejected);
+      fs::rename(k.entry.path, rejected);
+      input.notes.push_back(fmt::format("skipped {} ({}): moved to {}, never read", k.entry.name,
+                                        k.reason, rejected.string()));
     }
   }
   const int64_t start_step = trainer.steps_done();
@@ -231,8 +287,8 @@ int train_session(SessionInput input) {
       telemetry::format_count(static_cast<uint64_t>(dataset.val ? dataset.val->size() : 0))));
   say(fmt::format("run directory: {}", run_dir.string()));
   if (resuming) {
-    say(fmt::format("resumed from {} at step {} of {}", input.resume_from->string(), start_step,
-                    r.training.steps));
+    say(fmt::format("resuming from {} (the newest valid checkpoint) at step {} of {}",
+                    resumed->name, start_step, r.training.steps));
     if (checkpoint_recipe_hash != hash)
       say(
           fmt::format("note: the recipe (hash {}) differs from the checkpoint's (hash {}); "
@@ -266,48 +322,66 @@ int train_session(SessionInput input) {
                     stats->write_seconds,
                     telemetry::format_bytes(static_cast<uint64_t>(stats->bandwidth)), stall_ms));
   };
-  trainer.run([&](const train::StepMetrics& m) {
-    metrics.write(metrics_record(m, fp16, moe));
-    telemetry::StepInfo info{m.step,         m.loss,    m.lr,
-                             m.tokens_per_s, m.step_ms, {{"grad_norm", m.grad_norm}}};
-    if (fp16) info.extras.push_back({"scale", m.loss_scale});
-    if (m.val_loss) info.extras.push_back({"val_loss", *m.val_loss});
-    progress.update(info);
-    log.update(info);
-    if (tensorboard) {
-      std::vector<std::pair<std::string, double>> scalars{{"train/loss", m.loss},
-                                                          {"train/lr", m.lr},
-                                                          {"train/grad_norm", m.grad_norm},
-                                                          {"perf/tokens_per_s", m.tokens_per_s}};
-      if (fp16) scalars.push_back({"train/loss_scale", m.loss_scale});
-      if (moe) {
-        scalars.push_back({"moe/aux_loss", m.aux_loss});
-        scalars.push_back({"moe/z_loss", m.z_loss});
+  try {
+    trainer.run([&](const train::StepMetrics& m) {
+      metrics.write(metrics_record(m, fp16, moe));
+      telemetry::StepInfo info{m.step,         m.loss,    m.lr,
+                               m.tokens_per_s, m.step_ms, {{"grad_norm", m.grad_norm}}};
+      if (fp16) info.extras.push_back({"scale", m.loss_scale});
+      if (m.val_loss) info.extras.push_back({"val_loss", *m.val_loss});
+      progress.update(info);
+      log.update(info);
+      if (tensorboard) {
+        std::vector<std::pair<std::string, double>> scalars{{"train/loss", m.loss},
+                                                            {"train/lr", m.lr},
+                                                            {"train/grad_norm", m.grad_norm},
+                                                            {"perf/tokens_per_s", m.tokens_per_s}};
+        if (fp16) scalars.push_back({"train/loss_scale", m.loss_scale});
+        if (moe) {
+          scalars.push_back({"moe/aux_loss", m.aux_loss});
+          scalars.push_back({"moe/z_loss", m.z_loss});
+        }
+        if (m.val_loss) scalars.push_back({"val/loss", *m.val_loss});
+        tensorboard->add_scalars(m.step, scalars);
       }
-      if (m.val_loss) scalars.push_back({"val/loss", *m.val_loss});
-      tensorboard->add_scalars(m.step, scalars);
-    }
-    if (m.skipped) {
-      ++skipped;
-      say(fmt::format("step {}: non-finite gradients, step skipped, loss scale now {}", m.step,
-                      trainer.loss_scaler().scale()));
-    }
-    if (m.val_loss) last_val = m.val_loss;
-    last = m;
-    report_saves();
-    const double since_save = std::chrono::duration<double>(Clock::now() - last_save).count();
-    if (policy.due(m.step, since_save, stop.requested())) {
-      if (tensorboard) tensorboard->flush();
-      const auto before = Clock::now();
-      ckpt::SaveRequest request =
-          train::capture_checkpoint(model, trainer, *be, hash, layout_json(r));
-      writer.save(std::move(request));  // waits for the previous save first
-      last_save = Clock::now();
-      stall_ms = std::chrono::duration<double, std::milli>(last_save - before).count();
-    }
-    return !stop.requested();
-  });
-  writer.wait();
+      if (m.skipped) {
+        ++skipped;
+        say(fmt::format("step {}: non-finite gradients, step skipped, loss scale now {}", m.step,
+                        trainer.loss_scaler().scale()));
+      }
+      if (m.val_loss) last_val = m.val_loss;
+      last = m;
+      writer.poll();  // a failed background save stops the run now, not at the next save
+      report_saves();
+      const double since_save = std::chrono::duration<double>(Clock::now() - last_save).count();
+      if (policy.due(m.step, since_save, stop.requested())) {
+        if (tensorboard) tensorboard->flush();
+        const auto before = Clock::now();
+        ckpt::SaveRequest request =
+            train::capture_checkpoint(model, trainer, *be, hash, layout_json(r));
+        writer.save(std::move(request));  // waits for the previous save first
+        last_save = Clock::now();
+        stall_ms = std::chrono::duration<double, std::milli>(last_save - before).count();
+      }
+      return !stop.requested();
+    });
+    writer.wait();
+  } catch (const ckpt::CheckpointError& e) {
+    progress.finish();
+    const ckpt::ScanEntry* good = nullptr;
+    const ckpt::ScanReport now = ckpt::scan(checkpoints_dir);
+    good = now.newest_valid();
+    const std::string message = fmt::format(
+        "saving a checkpoint failed: {}\n{}", e.what(),
+        good ? fmt::format("the newest good checkpoint is {}; after fixing the cause, continue "
+                           "with: trainctl resume {}",
+                           good->name, run_dir.string())
+             : std::string("no checkpoint of this run has been saved yet"));
+    log.message("error: " + message);
+    std::fclose(log_file);
+    std::fprintf(stderr, "trainctl %s: error: %s\n", command.c_str(), message.c_str());
+    return kExitFailure;
+  }
   report_saves();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   progress.finish();

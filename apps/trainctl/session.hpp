@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/ckpt.hpp"
 #include "recipe/recipe.hpp"
 
 namespace trainctl::app {
@@ -17,8 +18,13 @@ struct SessionInput {
   recipe::LoadedRecipe loaded;
   std::string recipe_label;  // the recipe path, for problem reports
   std::filesystem::path run_dir;
-  std::optional<std::filesystem::path> resume_from;  // a checkpoints/step_<N> directory
-  std::vector<std::string> notes;                    // printed first (e.g. skipped checkpoints)
+  // Resuming: every entry of the checkpoints directory, newest first (ckpt::scan). The session
+  // loads the newest one that is valid and reads back intact; the newer ones are reported and
+  // moved to checkpoints/rejected/ once a checkpoint has loaded (never before: a failed resume
+  // changes nothing).
+  bool resuming = false;
+  std::vector<ckpt::ScanEntry> resume_candidates;
+  std::vector<std::string> notes;  // printed first
 };
 
 // Prints every problem (file:line:col, or the --set) and the summary line; returns exit code 2.
@@ -30,7 +36,8 @@ int bad_input(const std::string& command, const std::string& message);
 // asked for it.
 std::vector<recipe::Problem> unsupported_in_this_build(const recipe::LoadedRecipe& loaded);
 
-// Runs the session; returns the process exit code (0, 1, 2, or kExitSavedOnSignal).
-int train_session(SessionInput input);
+// Runs the session; returns the process exit code (0, 1, 2, or kExitSavedOnSignal). `command`
+// ("run" or "resume") prefixes its error messages.
+int train_session(SessionInput input, const std::string& command);
 
 }  // namespace trainctl::app

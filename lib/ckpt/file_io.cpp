@@ -117,6 +117,12 @@ void File::read_exact(void* data, size_t bytes, uint64_t offset) const {
   }
 }
 
+void File::prefetch(uint64_t offset, uint64_t bytes) const {
+  if (fd_ >= 0 && bytes > 0)
+    (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes),
+                          POSIX_FADV_WILLNEED);
+}
+
 uint64_t File::size() const {
   struct stat st {};
   if (::fstat(fd_, &st) != 0) throw_os_error("cannot stat", path_, errno);

@@ -28,6 +28,9 @@ class File {
   void write_all(const void* data, size_t bytes);  // loops over short writes and EINTR
   // Reads exactly `bytes` at `offset`; a short file is a CheckpointError ("truncated").
   void read_exact(void* data, size_t bytes, uint64_t offset) const;
+  // Asks the kernel to start reading [offset, offset + bytes) now (posix_fadvise WILLNEED), so
+  // the disk works while the caller checksums what it read; a hint, errors are ignored.
+  void prefetch(uint64_t offset, uint64_t bytes) const;
   uint64_t size() const;
   void sync();   // fsync
   void close();  // reports close errors (NFS reports write errors there)

@@ -40,6 +40,8 @@ inline constexpr uint64_t kShardHeaderBytes = 64;
 inline constexpr uint64_t kSliceAlignment = 64;
 inline constexpr std::string_view kManifestFile = "manifest.json";
 inline constexpr std::string_view kLatestFile = "latest";
+// The manifest's self-checksum key (see manifest_checksum). Required in version 1.
+inline constexpr std::string_view kManifestChecksumKey = "manifest_crc32c";
 
 // [begin, end) along one dimension of a tensor.
 struct Range {
@@ -99,12 +101,22 @@ std::optional<int64_t> parse_step_dir_name(std::string_view name);
 // "rank_3.bin"
 std::string shard_file_name(int rank);
 
+// The manifest as JSON, with "manifest_crc32c" set (manifest_checksum of the rest).
 nlohmann::json manifest_to_json(const Manifest& manifest);
 
-// Parses manifest.json text strictly: every field present and typed, every number in range,
-// every tensor's slices inside its shape, non-overlapping and covering it, names unique, every
-// slice inside a listed file. `source` names the file in messages. Total: any input either
-// yields a consistent Manifest or throws CheckpointError (never allocates by what the text claims).
+// The self-checksum of a manifest: CRC32C of the compact JSON serialisation (nlohmann dump():
+// keys sorted, no whitespace) of the top-level object without the "manifest_crc32c" key. Shard
+// checksums cannot see the free JSON (layout/model/state), so a flipped byte there would
+// otherwise go unnoticed. A serialisation rather than the file bytes, so whitespace or a
+// pretty-printer never matters; dump(parse(dump(x))) == dump(x) makes it stable.
+uint32_t manifest_checksum(const nlohmann::json& manifest);
+
+// Parses manifest.json text strictly: format and version first, then the self-checksum (missing or
+// different: "corrupt: manifest checksum mismatch"), then every field present and typed, every
+// number in range, every tensor's slices inside its shape, non-overlapping and covering it, names
+// unique, every slice inside a listed file. `source` names the file in messages. Total: any input
+// either yields a consistent Manifest or throws CheckpointError (never allocates by what the text
+// claims).
 Manifest parse_manifest(std::string_view text, const std::string& source);
 
 // The consistency checks parse_manifest runs after reading the fields (also used by the writer

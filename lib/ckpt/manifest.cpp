@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "ckpt/format.hpp"
+#include "tensor/checksum.hpp"
 
 namespace trainctl::ckpt {
 
@@ -144,16 +145,8 @@ TensorEntry parse_tensor(const json& j, size_t position) {
   return t;
 }
 
+// The fields, once check_format_and_checksum has passed.
 Manifest parse_fields(const json& root) {
-  as_kind(root, true, "the document");
-  const std::string& format = as_string(field(root, "format", "manifest"), "format");
-  if (format != kFormatName)
-    throw std::runtime_error(fmt::format("format is \"{}\", expected \"{}\"", format, kFormatName));
-  const uint64_t version = as_u64(field(root, "version", "manifest"), "version", 1u << 30);
-  if (version != static_cast<uint64_t>(kFormatVersion))
-    throw std::runtime_error(
-        fmt::format("format version {} is not supported (this build reads version {})", version,
-                    kFormatVersion));
   Manifest m;
   m.header.step = as_i64(field(root, "step", "manifest"), "step");
   m.header.recipe_hash = as_string(field(root, "recipe_hash", "manifest"), "recipe_hash");
@@ -175,6 +168,33 @@ Manifest parse_fields(const json& root) {
   for (size_t i = 0; i < tensors.size(); ++i)
     m.tensors.push_back(parse_tensor(tensors[i], i));
   return m;
+}
+
+// Format and version first (a newer format may hash differently), then the self-checksum,
+// before any other field is trusted.
+void check_format_and_checksum(const json& root) {
+  as_kind(root, true, "the document");
+  const std::string& format = as_string(field(root, "format", "manifest"), "format");
+  if (format != kFormatName)
+    throw std::runtime_error(fmt::format("format is \"{}\", expected \"{}\"", format, kFormatName));
+  const uint64_t version = as_u64(field(root, "version", "manifest"), "version", 1u << 30);
+  if (version != static_cast<uint64_t>(kFormatVersion))
+    throw std::runtime_error(
+        fmt::format("format version {} is not supported (this build reads version {})", version,
+                    kFormatVersion));
+  const auto it = root.find(kManifestChecksumKey);
+  if (it == root.end())
+    throw std::runtime_error(fmt::format(
+        "corrupt: manifest checksum missing (no \"{}\"; version {} manifests carry one)",
+        kManifestChecksumKey, kFormatVersion));
+  const auto stored = static_cast<uint32_t>(
+      as_u64(*it, std::string(kManifestChecksumKey), std::numeric_limits<uint32_t>::max()));
+  const uint32_t actual = manifest_checksum(root);
+  if (stored != actual)
+    throw std::runtime_error(fmt::format(
+        "corrupt: manifest checksum mismatch ({} is {:#010x}, the content hashes to {:#010x}: "
+        "the file changed after it was written)",
+        kManifestChecksumKey, stored, actual));
 }
 
 bool boxes_overlap(const std::vector<Range>& a, const std::vector<Range>& b) {
@@ -283,11 +303,33 @@ json manifest_to_json(const Manifest& m) {
   json files = json::object();
   for (const auto& [name, f] : m.files)
     files[name] = {{"bytes", f.bytes}, {"crc32c", f.crc32c}};
-  return {{"format", kFormatName},   {"version", kFormatVersion},
-          {"step", m.header.step},   {"recipe_hash", m.header.recipe_hash},
-          {"created", m.created},    {"layout", m.header.layout},
-          {"model", m.header.model}, {"state", m.header.state},
-          {"tensors", tensors},      {"files", files}};
+  json root = {{"format", kFormatName},   {"version", kFormatVersion},
+               {"step", m.header.step},   {"recipe_hash", m.header.recipe_hash},
+               {"created", m.created},    {"layout", m.header.layout},
+               {"model", m.header.model}, {"state", m.header.state},
+               {"tensors", tensors},      {"files", files}};
+  root[std::string(kManifestChecksumKey)] = manifest_checksum(root);
+  return root;
+}
+
+uint32_t manifest_checksum(const json& manifest) {
+  if (!manifest.is_object()) {
+    const std::string text = manifest.dump();
+    return tensor::crc32c(text.data(), text.size());
+  }
+  // Equal to crc32c(copy-without-the-key.dump()) without copying the (large) tensor list.
+  uint32_t crc = tensor::crc32c("{", 1);
+  bool first = true;
+  for (auto it = manifest.begin(); it != manifest.end(); ++it) {
+    if (it.key() == kManifestChecksumKey) continue;
+    std::string part = first ? "" : ",";
+    first = false;
+    part += json(it.key()).dump();
+    part += ':';
+    part += it.value().dump();
+    crc = tensor::crc32c(part.data(), part.size(), crc);
+  }
+  return tensor::crc32c("}", 1, crc);
 }
 
 void validate_manifest(const Manifest& m, const std::string& source) {
@@ -360,6 +402,7 @@ Manifest parse_manifest(std::string_view text, const std::string& source) {
   }
   Manifest m;
   try {
+    check_format_and_checksum(root);
     m = parse_fields(root);
   } catch (const CheckpointError&) {
     throw;

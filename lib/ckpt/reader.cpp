@@ -126,6 +126,9 @@ void CheckpointReader::read_slice(const TensorEntry& t, const SliceRecord& s, vo
   uint32_t crc = 0;
   for (uint64_t done = 0; done < s.length;) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(kReadChunk, s.length - done));
+    // Keep the disk busy while this chunk is checksummed: read ahead the next two chunks.
+    if (done + n < s.length)
+      f.prefetch(s.offset + done + n, std::min<uint64_t>(2 * kReadChunk, s.length - done - n));
     f.read_exact(out + done, n, s.offset + done);
     crc = tensor::crc32c(out + done, n, crc);
     done += n;

@@ -145,6 +145,11 @@ void CheckpointWriter::save(SaveRequest request) {
   changed_.notify_all();
 }
 
+void CheckpointWriter::poll() {
+  std::lock_guard lock(mutex_);
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
 std::optional<SaveStats> CheckpointWriter::last_stats() const {
   std::lock_guard lock(mutex_);
   return stats_;

@@ -63,6 +63,9 @@ class CheckpointWriter {
   void save(SaveRequest request);
   // Blocks until no save is in flight; rethrows the error of the last background save, once.
   void wait();
+  // Rethrows the error of a background save that has already failed, without waiting: the
+  // training loop calls it every step so a failed save stops the run at once.
+  void poll();
   // Statistics of the last successful save.
   std::optional<SaveStats> last_stats() const;
   const fs::path& dir() const { return dir_; }

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "data/data.hpp"
 #include "train/state_json.hpp"
 
 namespace trainctl::train {
@@ -81,7 +82,7 @@ void restore_checkpoint(const ckpt::CheckpointReader& reader, model::Transformer
   for (const auto& [key, value] : expected.items()) {
     const auto it = saved.find(key);
     if (it == saved.end() || *it != value)
-      throw ckpt::CheckpointError(fmt::format(
+      throw CheckpointMismatch(fmt::format(
           "{}: saved for another model: model {} is {} there but {} in this recipe",
           reader.dir().string(), key, it == saved.end() ? "missing" : it->dump(), value.dump()));
   }
@@ -97,7 +98,7 @@ void restore_checkpoint(const ckpt::CheckpointReader& reader, model::Transformer
       const std::string name = prefix + spec.name;
       const ckpt::TensorEntry& entry = reader.tensor(name);
       if (entry.dtype != whole.dtype || entry.shape != dims(spec.shape))
-        throw ckpt::CheckpointError(fmt::format(
+        throw CheckpointMismatch(fmt::format(
             "{}: tensor {} is {} [{}] in the checkpoint but {} {} in this model",
             reader.dir().string(), name, tensor::dtype_name(entry.dtype),
             fmt::join(entry.shape, ", "), tensor::dtype_name(whole.dtype), spec.shape.to_string()));
@@ -115,7 +116,13 @@ void restore_checkpoint(const ckpt::CheckpointReader& reader, model::Transformer
   if (state.step != reader.step())
     throw ckpt::CheckpointError(fmt::format("{}: state step {} does not match manifest step {}",
                                             reader.dir().string(), state.step, reader.step()));
-  trainer.restore(state);
+  try {
+    trainer.restore(state);
+  } catch (const data::DataError& e) {
+    throw CheckpointMismatch(
+        fmt::format("{}: its data position does not fit this recipe's data: {}",
+                    reader.dir().string(), e.what()));
+  }
 }
 
 }  // namespace trainctl::train

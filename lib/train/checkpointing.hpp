@@ -8,6 +8,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 
 #include "backend/backend.hpp"
@@ -17,6 +18,14 @@
 
 namespace trainctl::train {
 
+// A checkpoint that is intact but belongs to another run: another model shape or precision, or a
+// data position in other data. Unlike ckpt::CheckpointError (damage), an older checkpoint of the
+// same run would not help: the recipe is what differs.
+class CheckpointMismatch : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // Everything that must match for a checkpoint's tensors to mean the same thing.
 nlohmann::json describe_model(const model::ModelConfig& config);
 
@@ -25,9 +34,10 @@ ckpt::SaveRequest capture_checkpoint(const model::Transformer& model, const Trai
                                      backend::Backend& backend, const std::string& recipe_hash,
                                      const nlohmann::json& layout);
 
-// Loads parameters, master weights, moments and the trainer state. Throws ckpt::CheckpointError
-// when the checkpoint holds another model (naming the first difference) or misses a tensor, and
-// data::DataError when its sampler position belongs to other data.
+// Loads parameters, master weights, moments and the trainer state. Throws CheckpointMismatch when
+// the checkpoint holds another model (naming the first difference) or a position in other data,
+// and ckpt::CheckpointError when it is damaged (a checksum, a missing tensor, a bad state field).
+// On a throw the model holds partly loaded values: load another checkpoint or start fresh.
 void restore_checkpoint(const ckpt::CheckpointReader& reader, model::Transformer& model,
                         Trainer& trainer, backend::Backend& backend);
 

@@ -7,8 +7,11 @@
 //   - expect_*(): cheap argument checks that throw std::invalid_argument naming the op, the
 //     argument and the mismatch.
 //   - ScratchPool: growing scratch buffers owned by the backend, so warm calls do not allocate.
-// Determinism: every kernel runs on one thread in a fixed order; reductions over many elements
-// (sum, sum_squares) accumulate in double.
+// Determinism: every kernel runs on one thread in a fixed order of operations that depends only on
+// the shapes (lane sums of fast_math.hpp, fixed attention blocks); reductions over many elements
+// (sum, sum_squares) accumulate in double. OpenBLAS may use threads: its results are stable run to
+// run but depend on OPENBLAS_NUM_THREADS. So results are bit-identical for the same binary, inputs
+// and OPENBLAS_NUM_THREADS. The float path uses fast_exp (~1 ulp); the f64 path uses libm.
 #pragma once
 
 #include <array>

@@ -26,7 +26,9 @@ inline float fast_exp(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-  const float xc = x < kLo ? kLo : (x > kHi ? kHi : x);
+  // No clamp on the way in: outside [kLo, kHi] (and for NaN) the integer steps below produce
+  // garbage bits (defined behaviour: unsigned arithmetic), and the selects at the end replace them.
+  const float xc = x;
   const float t = xc * kLog2e + kMagic;
   const float n = t - kMagic;  // nearest integer to x / ln 2
   float r = xc - n * kLn2Hi;

@@ -4,8 +4,9 @@
 //
 // Types. A run has one storage type S for parameters and activations (f64 | f32 | bf16 | f16).
 // Derived from it:
-//   G = parameter-gradient type: f64 when S is f64, else f32 (fp32 accumulation across micro-batches)
-//   A = statistics type (norm mean/rstd, log-sum-exp, router probabilities): f64 when S is f64, else f32
+//   G = parameter-gradient type: f64 when S is f64, else f32 (fp32 accumulation across
+//   micro-batches) A = statistics type (norm mean/rstd, log-sum-exp, router probabilities): f64
+//   when S is f64, else f32
 // Every op computes in fp32 (fp64 for S = f64) and rounds once when it stores an S value.
 //
 // Gradient contract (as in llm.c): parameter gradients ACCUMULATE (+=) so micro-batches add up;
@@ -51,7 +52,8 @@ class Backend;
 class Allocation {
  public:
   Allocation() = default;
-  Allocation(Backend* owner, void* data, size_t bytes) : owner_(owner), data_(data), bytes_(bytes) {}
+  Allocation(Backend* owner, void* data, size_t bytes)
+      : owner_(owner), data_(data), bytes_(bytes) {}
   Allocation(Allocation&& other) noexcept;
   Allocation& operator=(Allocation&& other) noexcept;
   Allocation(const Allocation&) = delete;
@@ -99,7 +101,7 @@ struct RouterArgs {
   Tensor gates;       // [N, k] A         out: probs of the chosen experts
   Tensor slot;        // [N, k] i32       out: row in the expert buffer e*capacity + position, or -1
   Tensor counts;      // [E]    i32       out: tokens kept per expert (<= capacity)
-  Tensor load;        // [E]    A         out: share of the N*k assignments each expert was chosen for
+  Tensor load;  // [E]    A         out: share of the N*k assignments each expert was chosen for
   int64_t top_k = 1;
   int64_t capacity = 0;  // slots per expert; positions are given in order (slot j, then token n)
 };
@@ -123,12 +125,12 @@ class Backend {
   virtual void copy_from_host(const Tensor& dst, const void* src) = 0;
 
   // ---- elementwise and reductions (any float dtypes; shapes must match in numel) ----
-  virtual void cast(const Tensor& dst, const Tensor& src) = 0;         // dst = round(src)
+  virtual void cast(const Tensor& dst, const Tensor& src) = 0;  // dst = round(src)
   virtual void fill(const Tensor& dst, double value) = 0;
   virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b
   virtual void accumulate(const Tensor& dst, const Tensor& src) = 0;          // dst += src
   virtual void scale(const Tensor& dst, double factor) = 0;                   // dst *= factor
-  virtual double sum(const Tensor& src) = 0;          // fixed order, f64 accumulation
+  virtual double sum(const Tensor& src) = 0;  // fixed order, f64 accumulation
   // Fixed order, f64 accumulation. For f32/bf16/f16 input it cannot overflow, so it is finite
   // exactly when every element is (the trainer's overflow check relies on this).
   virtual double sum_squares(const Tensor& src) = 0;
@@ -167,8 +169,8 @@ class Backend {
   // x, out: [B*T, width]; the first `rotated_heads` heads of D columns of each row are rotated by
   // the angle of their position t (row % T), the remaining columns are copied. `inverse` applies
   // the transpose rotation: the backward pass.
-  virtual void rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads,
-                    int64_t D, double theta, bool inverse) = 0;
+  virtual void rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads, int64_t D,
+                    double theta, bool inverse) = 0;
 
   // ---- causal attention, softmax scale 1/sqrt(D) ----
   // out [N, H*D] S; lse [B, H, T] A (log-sum-exp of each score row, kept for backward).
@@ -227,8 +229,8 @@ class Backend {
     double lr, beta1, beta2, eps, weight_decay, grad_scale;
     int64_t step;
   };
-  virtual void adamw(const Tensor& param, const Tensor& master, const Tensor& grad,
-                     const Tensor& m, const Tensor& v, const AdamW& hyper) = 0;
+  virtual void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
+                     const Tensor& v, const AdamW& hyper) = 0;
 };
 
 // The CPU backend (lib/backend/cpu): OpenBLAS GEMMs (its thread count: OPENBLAS_NUM_THREADS) and

@@ -102,8 +102,8 @@ void check_schedule_and_data(const Recipe& r, RuleChecker& c) {
     c.fail({"schedule.min_lr", "optimizer.lr"},
            fmt::format("schedule.min_lr <= optimizer.lr fails: {} > {}",
                        format_number(r.schedule.min_lr), format_number(r.optimizer.lr)));
-  if (c.usable({"schedule.warmup_steps", "schedule.decay_steps"}) &&
-      r.schedule.decay_steps > 0 && r.schedule.warmup_steps > r.schedule.decay_steps)
+  if (c.usable({"schedule.warmup_steps", "schedule.decay_steps"}) && r.schedule.decay_steps > 0 &&
+      r.schedule.warmup_steps > r.schedule.decay_steps)
     c.fail({"schedule.warmup_steps", "schedule.decay_steps"},
            fmt::format("schedule.warmup_steps <= schedule.decay_steps fails: {} > {}",
                        r.schedule.warmup_steps, r.schedule.decay_steps));

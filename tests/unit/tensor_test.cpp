@@ -52,8 +52,8 @@ TEST_CASE("f16: every half round-trips and the fast encoder equals the exact one
     REQUIRE(to_f16(mid).bits == even);
   }
   CHECK(to_f16(65504.0f).bits == 0x7bff);
-  CHECK(to_f16(65519.0f).bits == 0x7bff);  // below the midpoint to the next binade
-  CHECK(to_f16(65520.0f).bits == 0x7c00);  // rounds to inf
+  CHECK(to_f16(65519.0f).bits == 0x7bff);                 // below the midpoint to the next binade
+  CHECK(to_f16(65520.0f).bits == 0x7c00);                 // rounds to inf
   CHECK(to_float(f16{0x0001}) == std::ldexp(1.0f, -24));  // smallest subnormal
 }
 
@@ -110,7 +110,8 @@ TEST_CASE("counter rng: values are a function of (seed, stream, index) only", "[
 
 TEST_CASE("tensor views: rows, reshape, bounds", "[tensor]") {
   OwnedTensor t(DType::f32, {4, 3});
-  for (int i = 0; i < 12; ++i) set_element(t, i, i);
+  for (int i = 0; i < 12; ++i)
+    set_element(t, i, i);
   const Tensor r = t.view().rows(1, 2);
   CHECK(r.shape == Shape{2, 3});
   CHECK(get_element(r, 0) == 3.0);

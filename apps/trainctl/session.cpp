@@ -388,7 +388,7 @@ int train_session(SessionInput input, const std::string& command) {
   if (tensorboard) tensorboard->flush();
 
   // ---- 5. summary ----
-  if (stop.requested()) {
+  if (stop.requested() && last.step < r.training.steps) {  // a signal after the last step: done
     say(fmt::format(
         "stopped by {} after step {}, checkpoint saved; continue with: trainctl resume {}",
         stop.name(), last.step, run_dir.string()));

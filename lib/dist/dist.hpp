@@ -1,0 +1,13 @@
+// lib/dist: how the ranks of a job find each other and talk.
+//   Store        rendezvous key-value store (FileStore, TcpStore), namespaced per job attempt
+//   Communicator collectives of one group (Gloo on CPU; NCCL later), with timeouts and DistError
+//   Layout/Mesh  the tp, ep, dp, pp and dp*ep groups of a rank, and one communicator for each
+// See docs/dist.md.
+#pragma once
+
+#include "dist/communicator.hpp"
+#include "dist/error.hpp"
+#include "dist/gloo_communicator.hpp"
+#include "dist/layout.hpp"
+#include "dist/mesh.hpp"
+#include "dist/store.hpp"

@@ -1,0 +1,437 @@
+// GlooCommunicator: Communicator over Gloo's new-style collectives (never the legacy algorithm
+// classes: mixing them on one context pins socket buffers and slows later calls 400x).
+// reduce_scatter has no new-style Gloo op: it is all_to_all plus a local sum in rank order.
+#include <net/if.h>
+#include <signal.h>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "dist/error.hpp"
+#include "dist/gloo_communicator.hpp"
+#include "dist/peers.hpp"
+
+namespace trainctl::dist {
+
+class GlooDevice {
+ public:
+  explicit GlooDevice(std::shared_ptr<gloo::transport::Device> device)
+      : device(std::move(device)) {}
+  std::shared_ptr<gloo::transport::Device> device;
+};
+
+std::shared_ptr<GlooDevice> make_gloo_device() {
+  // Gloo writes to its sockets without MSG_NOSIGNAL: a peer that dies mid-transfer would kill this
+  // process with SIGPIPE instead of failing the collective with an error that names the peer.
+  // Ignore SIGPIPE unless the program installed its own handler (Python does the same).
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL)
+    ::signal(SIGPIPE, SIG_IGN);
+  gloo::transport::tcp::attr attr;
+  const char* choice = std::getenv("TRAINCTL_GLOO_IFACE");
+  if (choice != nullptr && *choice != '\0') {
+    if (::if_nametoindex(choice) != 0)
+      attr.iface = choice;
+    else
+      attr.hostname = choice;
+  } else {
+    attr.hostname = "127.0.0.1";
+  }
+  try {
+    return std::make_shared<GlooDevice>(gloo::transport::tcp::CreateDevice(attr));
+  } catch (const std::exception& error) {
+    throw DistError(DistError::Kind::io,
+                    std::string("gloo: cannot create a TCP device on '") +
+                        (choice ? choice : "127.0.0.1") + "': " + error.what() +
+                        "; set TRAINCTL_GLOO_IFACE to an interface or address of this host",
+                    "device");
+  }
+}
+
+namespace {
+
+using std::chrono::milliseconds;
+constexpr uint8_t kSendRecvSlotPrefix = 0x7f;  // Gloo's own collectives use small prefixes
+
+// Our Store seen as Gloo's rendezvous store. Gloo calls wait() and get() during connectFullMesh.
+class GlooStoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(dist::Store& store, milliseconds timeout) : store_(store), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.set(key, std::string_view(data.data(), data.size()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const std::string value = store_.get(key, timeout_);
+    return std::vector<char>(value.begin(), value.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { store_.wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const milliseconds& timeout) override {
+    store_.wait(keys, timeout);
+  }
+
+ private:
+  dist::Store& store_;
+  milliseconds timeout_;
+};
+
+std::string peer_key(int rank) {
+  return "trainctl/peer/" + std::to_string(rank);
+}
+
+template <class T>
+void sum_into(void* out, const void* a, const void* b, size_t n) {
+  auto* o = static_cast<T*>(out);
+  const auto* x = static_cast<const T*>(a);
+  const auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i)
+    o[i] = x[i] + y[i];
+}
+
+// Widen a bf16/f16 buffer to f32 and back: narrow types are summed in f32, rounded once.
+std::vector<float> widen(const void* data, size_t count, DType dtype) {
+  std::vector<float> wide(count);
+  for (size_t i = 0; i < count; ++i) {
+    wide[i] = dtype == DType::bf16 ? tensor::to_float(static_cast<const tensor::bf16*>(data)[i])
+                                   : tensor::to_float(static_cast<const tensor::f16*>(data)[i]);
+  }
+  return wide;
+}
+void narrow(const std::vector<float>& wide, void* data, DType dtype) {
+  for (size_t i = 0; i < wide.size(); ++i) {
+    if (dtype == DType::bf16)
+      static_cast<tensor::bf16*>(data)[i] = tensor::to_bf16(wide[i]);
+    else
+      static_cast<tensor::f16*>(data)[i] = tensor::to_f16(wide[i]);
+  }
+}
+
+// output[i] = chunk_0[i] + chunk_1[i] + ... in that order (the deterministic part of
+// reduce_scatter). T is the storage type; the sum runs in its compute type.
+template <class T>
+void sum_chunks(const void* chunks, void* output, size_t count, int num_chunks) {
+  const auto* in = static_cast<const T*>(chunks);
+  auto* out = static_cast<T*>(output);
+  for (size_t i = 0; i < count; ++i) {
+    tensor::compute_t<T> acc = tensor::load(in[i]);
+    for (int r = 1; r < num_chunks; ++r)
+      acc += tensor::load(in[static_cast<size_t>(r) * count + i]);
+    out[i] = tensor::store<T>(acc);
+  }
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(const GroupOptions& options, std::shared_ptr<gloo::rendezvous::Context> context,
+                   std::vector<detail::PeerInfo> peers)
+      : name_(options.name),
+        rank_(options.rank),
+        size_(options.size),
+        timeout_(options.timeout),
+        context_(std::move(context)),
+        peers_(std::move(peers)) {}
+
+  const std::string& name() const override { return name_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  milliseconds timeout() const override { return timeout_; }
+
+  void all_reduce_sum(void* data, size_t count, DType dtype, milliseconds timeout) override {
+    check_sum_dtype("all_reduce", dtype);
+    if (count == 0) return;
+    if (dtype == DType::bf16 || dtype == DType::f16) {
+      std::vector<float> wide = widen(data, count, dtype);
+      all_reduce_sum(wide.data(), count, DType::f32, timeout);
+      narrow(wide, data, dtype);
+      return;
+    }
+    run("all_reduce", timeout, [&](milliseconds t) {
+      gloo::AllreduceOptions opts(context_);
+      if (dtype == DType::f32) {
+        opts.setOutput(static_cast<float*>(data), count);
+        opts.setReduceFunction(&sum_into<float>);
+      } else {
+        opts.setOutput(static_cast<double*>(data), count);
+        opts.setReduceFunction(&sum_into<double>);
+      }
+      opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+      opts.setTimeout(t);
+      gloo::allreduce(opts);
+    });
+  }
+
+  void reduce_scatter_sum(const void* input, void* output, size_t count, DType dtype,
+                          milliseconds timeout) override {
+    check_sum_dtype("reduce_scatter", dtype);
+    if (count == 0) return;
+    const size_t chunk_bytes = count * tensor::dtype_size(dtype);
+    std::vector<char> received(chunk_bytes * static_cast<size_t>(size_));
+    all_to_all_impl("reduce_scatter", input, received.data(), chunk_bytes, timeout);
+    switch (dtype) {
+      case DType::f32:
+        sum_chunks<float>(received.data(), output, count, size_);
+        break;
+      case DType::f64:
+        sum_chunks<double>(received.data(), output, count, size_);
+        break;
+      case DType::bf16:
+        sum_chunks<tensor::bf16>(received.data(), output, count, size_);
+        break;
+      default:
+        sum_chunks<tensor::f16>(received.data(), output, count, size_);
+        break;
+    }
+  }
+
+  void all_gather(const void* input, void* output, size_t bytes, milliseconds timeout) override {
+    if (bytes == 0) return;
+    run("all_gather", timeout, [&](milliseconds t) {
+      gloo::AllgatherOptions opts(context_);
+      opts.setInput(static_cast<char*>(const_cast<void*>(input)), bytes);
+      opts.setOutput(static_cast<char*>(output), bytes * static_cast<size_t>(size_));
+      opts.setTimeout(t);
+      gloo::allgather(opts);
+    });
+  }
+
+  void all_to_all(const void* input, void* output, size_t bytes, milliseconds timeout) override {
+    if (bytes == 0) return;
+    all_to_all_impl("all_to_all", input, output, bytes, timeout);
+  }
+
+  void all_to_allv(const void* input, std::span<const size_t> send_bytes, void* output,
+                   std::span<const size_t> recv_bytes, milliseconds timeout) override {
+    if (send_bytes.size() != static_cast<size_t>(size_) ||
+        recv_bytes.size() != static_cast<size_t>(size_)) {
+      throw DistError(DistError::Kind::usage,
+                      describe_call("all_to_allv", *this) + ": got " +
+                          std::to_string(send_bytes.size()) + " send and " +
+                          std::to_string(recv_bytes.size()) + " receive counts; pass one per rank",
+                      "all_to_allv");
+    }
+    std::vector<int64_t> send(send_bytes.begin(), send_bytes.end());
+    std::vector<int64_t> recv(recv_bytes.begin(), recv_bytes.end());
+    char dummy = 0;  // Gloo wants a pointer even for an empty side
+    char* in = input ? static_cast<char*>(const_cast<void*>(input)) : &dummy;
+    char* out = output ? static_cast<char*>(output) : &dummy;
+    run("all_to_allv", timeout, [&](milliseconds t) {
+      gloo::AlltoallvOptions opts(context_);
+      opts.setInput(in, send);
+      opts.setOutput(out, recv);
+      opts.setTimeout(t);
+      gloo::alltoallv(opts);
+    });
+  }
+
+  void send(const void* data, size_t bytes, int peer, uint32_t tag, milliseconds timeout) override {
+    check_peer("send", peer);
+    if (bytes == 0) return;
+    run(
+        "send", timeout,
+        [&](milliseconds t) {
+          auto buffer = context_->createUnboundBuffer(const_cast<void*>(data), bytes);
+          buffer->send(peer, gloo::Slot::build(kSendRecvSlotPrefix, tag));
+          if (!buffer->waitSend(t)) throw gloo::IoException("send aborted");
+        },
+        peer);
+  }
+
+  void recv(void* data, size_t bytes, int peer, uint32_t tag, milliseconds timeout) override {
+    check_peer("recv", peer);
+    if (bytes == 0) return;
+    run(
+        "recv", timeout,
+        [&](milliseconds t) {
+          auto buffer = context_->createUnboundBuffer(data, bytes);
+          buffer->recv(peer, gloo::Slot::build(kSendRecvSlotPrefix, tag));
+          if (!buffer->waitRecv(t)) throw gloo::IoException("recv aborted");
+        },
+        peer);
+  }
+
+  void broadcast(void* data, size_t bytes, int root, milliseconds timeout) override {
+    check_peer("broadcast", root, /*self_ok=*/true);
+    if (bytes == 0) return;
+    run("broadcast", timeout, [&](milliseconds t) {
+      gloo::BroadcastOptions opts(context_);
+      if (rank_ == root) opts.setInput(static_cast<char*>(data), bytes);
+      opts.setOutput(static_cast<char*>(data), bytes);
+      opts.setRoot(root);
+      opts.setTimeout(t);
+      gloo::broadcast(opts);
+    });
+  }
+
+  void barrier(milliseconds timeout) override {
+    run("barrier", timeout, [&](milliseconds t) {
+      gloo::BarrierOptions opts(context_);
+      opts.setTimeout(t);
+      gloo::barrier(opts);
+    });
+  }
+
+ private:
+  void all_to_all_impl(const char* op, const void* input, void* output, size_t bytes,
+                       milliseconds timeout) {
+    run(op, timeout, [&](milliseconds t) {
+      gloo::AlltoallOptions opts(context_);
+      const size_t total = bytes * static_cast<size_t>(size_);
+      opts.setInput(static_cast<char*>(const_cast<void*>(input)), total);
+      opts.setOutput(static_cast<char*>(output), total);
+      opts.setTimeout(t);
+      gloo::alltoall(opts);
+    });
+  }
+
+  void check_sum_dtype(const char* op, DType dtype) const {
+    if (dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 || dtype == DType::f16)
+      return;
+    throw DistError(DistError::Kind::usage,
+                    describe_call(op, *this) + ": cannot sum " +
+                        std::string(tensor::dtype_name(dtype)) + "; use f32, f64, bf16 or f16",
+                    op);
+  }
+
+  void check_peer(const char* op, int peer, bool self_ok = false) const {
+    if (peer >= 0 && peer < size_ && (self_ok || peer != rank_)) return;
+    throw DistError(DistError::Kind::usage,
+                    describe_call(op, *this) + ": peer " + std::to_string(peer) +
+                        (peer == rank_ ? " is this rank" : " is not a member") +
+                        "; use a rank in 0.." + std::to_string(size_ - 1) +
+                        (self_ok ? "" : " other than this one"),
+                    op, peer);
+  }
+
+  // Runs one Gloo call; turns any Gloo failure into a DistError that names the peer when it can.
+  template <class Call>
+  void run(const char* op, milliseconds timeout, Call&& call, int hinted_peer = -1) {
+    if (broken_) {
+      throw DistError(DistError::Kind::io,
+                      describe_call(op, *this) + ": this group is broken by an earlier failure (" +
+                          broken_reason_ + "); stop and restart the job",
+                      op);
+    }
+    const milliseconds t = timeout.count() > 0 ? timeout : timeout_;
+    try {
+      call(t);
+    } catch (const gloo::Exception& error) {
+      broken_ = true;
+      throw diagnose(op, t, error.what(), hinted_peer);
+    } catch (const std::exception& error) {  // GLOO_ENFORCE and friends
+      broken_ = true;
+      throw diagnose(op, t, error.what(), hinted_peer);
+    }
+  }
+
+  // Which peer failed? Gloo names peers by socket address at best (and not at all on a timeout),
+  // so ask the process table about the members on this host; else the peer a send/recv named.
+  DistError diagnose(const char* op, milliseconds t, const std::string& what, int hinted_peer) {
+    const bool timed_out =
+        what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
+    // The process table: a dead or stopped local peer is the most useful thing to name.
+    std::vector<std::pair<int, detail::PeerState>> suspects;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_ || static_cast<size_t>(r) >= peers_.size()) continue;
+      const detail::PeerState s = detail::probe(peers_[static_cast<size_t>(r)]);
+      if (s == detail::PeerState::gone || s == detail::PeerState::stopped)
+        suspects.emplace_back(r, s);
+    }
+    const int peer = !suspects.empty() ? suspects.front().first : hinted_peer;
+    std::string message = describe_call(op, *this) + ": ";
+    if (timed_out) {
+      message += "timed out after " + std::to_string(t.count()) + " ms";
+      if (suspects.empty() && peer >= 0)
+        message += "; rank " + std::to_string(peer) + " did not answer";
+    } else if (peer >= 0) {
+      message += "rank " + std::to_string(peer) + " is gone (connection closed)";
+    } else {
+      message += "a peer closed its connection (Gloo names only its address)";
+    }
+    for (const auto& [r, s] : suspects) {
+      if (!timed_out && r == peer && s == detail::PeerState::gone) continue;  // said already
+      message += "; rank " + std::to_string(r) + " is " + detail::state_text(s);
+    }
+    message += " [gloo: " + what + "]";
+    broken_reason_ = message;
+    const auto kind = timed_out   ? DistError::Kind::timeout
+                      : peer >= 0 ? DistError::Kind::peer_gone
+                                  : DistError::Kind::io;
+    return DistError(kind, message, op, peer);
+  }
+
+  std::string name_;
+  int rank_;
+  int size_;
+  milliseconds timeout_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::vector<detail::PeerInfo> peers_;
+  bool broken_ = false;
+  std::string broken_reason_;
+};
+
+// Names the members that never published their peer key: the ranks that "have not arrived".
+std::string missing_ranks(dist::Store& store, int size) {
+  std::string list;
+  for (int r = 0; r < size; ++r)
+    if (!store.try_get(peer_key(r))) list += (list.empty() ? "" : ", ") + std::to_string(r);
+  return list;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> create_gloo_communicator(Store& store, const GroupOptions& options) {
+  const std::string where = "rendezvous of group " + options.name + " (" +
+                            std::to_string(options.size) + " ranks, this is rank " +
+                            std::to_string(options.rank) + ")";
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    throw DistError(DistError::Kind::usage,
+                    where + ": rank must be in 0.." + std::to_string(options.size - 1),
+                    "rendezvous");
+  }
+  if (options.timeout.count() <= 0) {
+    throw DistError(DistError::Kind::usage, where + ": timeout must be positive", "rendezvous");
+  }
+  if (options.size == 1) return create_local_communicator(options.name, options.timeout);
+
+  std::shared_ptr<GlooDevice> device = options.device ? options.device : make_gloo_device();
+  store.set(peer_key(options.rank), detail::encode(detail::this_process()));
+  auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
+  context->setTimeout(options.timeout);
+  GlooStoreAdapter adapter(store, options.timeout);
+  try {
+    context->connectFullMesh(adapter, device->device);
+  } catch (const DistError& error) {
+    if (error.kind() != DistError::Kind::timeout) throw;
+    const std::string missing = missing_ranks(store, options.size);
+    throw DistError(DistError::Kind::timeout,
+                    where + ": " +
+                        (missing.empty() ? std::string("peers did not connect")
+                                         : "rank(s) " + missing + " have not arrived") +
+                        " within " + std::to_string(options.timeout.count()) + " ms in " +
+                        store.describe() +
+                        "; check that every rank started, with the same job id and restart count",
+                    "rendezvous");
+  } catch (const std::exception& error) {
+    throw DistError(DistError::Kind::io, where + ": " + error.what(), "rendezvous");
+  }
+  std::vector<detail::PeerInfo> peers(static_cast<size_t>(options.size));
+  for (int r = 0; r < options.size; ++r) {
+    if (auto text = store.try_get(peer_key(r)))
+      peers[static_cast<size_t>(r)] = detail::decode_peer(*text);
+  }
+  return std::make_unique<GlooCommunicator>(options, std::move(context), std::move(peers));
+}
+
+}  // namespace trainctl::dist

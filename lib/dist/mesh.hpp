@@ -1,0 +1,47 @@
+// Mesh: the communicators of one rank, one per group kind (world, tp, ep, dp, pp, dp_ep), built
+// from a validated Layout. A plain value passed down explicitly: no process-group globals.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "dist/communicator.hpp"
+#include "dist/gloo_communicator.hpp"
+#include "dist/layout.hpp"
+#include "dist/store.hpp"
+
+namespace trainctl::dist {
+
+struct MeshOptions {
+  std::chrono::milliseconds timeout{30000};  // rendezvous and default per-call timeout
+  std::shared_ptr<GlooDevice> device{};      // null: one new device shared by all groups
+};
+
+class Mesh {
+ public:
+  // Collective over the whole world: every rank calls it with the same store namespace (a
+  // job_store), world size and layout. Validates the layout first (DistError, Kind::usage).
+  // Group kinds are joined in a fixed order (world, tp, ep, dp, pp, dp_ep) and each group
+  // rendezvouses under its own prefix "mesh/<kind>/<first member>/", so the disjoint groups of one
+  // kind connect in parallel and no rank waits on a group it is not in. Size-1 groups cost nothing.
+  static Mesh create(Store& store, int world_size, int rank, const Layout& layout,
+                     const MeshOptions& options = {});
+
+  const Layout& layout() const { return layout_; }
+  const RankGroups& groups() const { return groups_; }
+  int rank() const { return groups_.rank; }
+
+  Communicator& world() const { return *world_; }
+  Communicator& tp() const { return *tp_; }
+  Communicator& ep() const { return *ep_; }
+  Communicator& dp() const { return *dp_; }
+  Communicator& pp() const { return *pp_; }
+  Communicator& dp_ep() const { return *dp_ep_; }
+
+ private:
+  Layout layout_;
+  RankGroups groups_;
+  std::unique_ptr<Communicator> world_, tp_, ep_, dp_, pp_, dp_ep_;
+};
+
+}  // namespace trainctl::dist

@@ -1,0 +1,134 @@
+// Failures never hang: a peer that exits, a peer that stops (SIGSTOP), a rank that never arrives.
+// Each survivor must get a DistError naming the op, the group and the peer within the timeout.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+
+#include "dist/dist.hpp"
+#include "dist_test_util.hpp"
+
+using namespace trainctl::dist;
+using dist_test::expect;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::unique_ptr<Communicator> join(const std::string& dir, int rank, int size,
+                                   Milliseconds timeout) {
+  FileStore store(dir);
+  return create_gloo_communicator(
+      store, GroupOptions{.name = "dp", .rank = rank, .size = size, .timeout = timeout});
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("a peer that exits: the others get DistError naming op and peer, not a hang",
+          "[dist][gloo][failure]") {
+  const dist_test::TempDir temp;
+  const std::string& dir = temp.path;
+  const auto started = Clock::now();
+  const auto status = dist_test::run_ranks(4, [&](int rank) {
+    auto comm = join(dir, rank, 4, Milliseconds(10000));
+    comm->barrier();
+    if (rank == 2) ::_exit(0);  // gone without a word, sockets closed by the kernel
+    std::vector<float> data(1 << 16, 1.0f);
+    const auto start = Clock::now();
+    try {
+      comm->all_reduce_sum(std::span<float>(data));
+      expect(false, "all_reduce succeeded without rank 2");
+    } catch (const DistError& error) {
+      const std::string what = error.what();
+      std::fprintf(stderr, "rank %d saw: %s\n", rank, what.c_str());
+      expect(
+          contains(what, "all_reduce on group dp (4 ranks, this is rank " + std::to_string(rank)),
+          "op and group named: " + what);
+      expect(contains(what, "rank 2 is gone"), "dead peer named: " + what);
+      expect(Clock::now() - start < Milliseconds(5000), "error came within the timeout");
+      // The group is broken now: later calls fail at once with the first failure's reason.
+      try {
+        comm->barrier();
+        expect(false, "barrier on a broken group succeeded");
+      } catch (const DistError& again) {
+        expect(contains(again.what(), "broken by an earlier failure"), again.what());
+      }
+    }
+    return 0;
+  });
+  CHECK(status == std::vector<int>{0, 0, 0, 0});
+  CHECK(Clock::now() - started < std::chrono::seconds(8));
+}
+
+TEST_CASE("a peer that stops answering (SIGSTOP): the others time out naming op and peer",
+          "[dist][gloo][failure]") {
+  const dist_test::TempDir temp;
+  const std::string& dir = temp.path;
+  const auto status = dist_test::run_ranks(
+      3,
+      [&](int rank) {
+        auto comm = join(dir, rank, 3, Milliseconds(10000));
+        comm->barrier();
+        if (rank == 1) ::raise(SIGSTOP);  // the harness SIGKILLs it once the others are done
+        std::vector<double> data(1000, 2.0);
+        const auto start = Clock::now();
+        try {
+          comm->all_reduce_sum(data.data(), data.size(), DType::f64, Milliseconds(700));
+          expect(false, "all_reduce succeeded with rank 1 stopped");
+        } catch (const DistError& error) {
+          const std::string what = error.what();
+          std::fprintf(stderr, "rank %d saw: %s\n", rank, what.c_str());
+          expect(error.kind() == DistError::Kind::timeout, "timeout kind: " + what);
+          expect(error.op() == "all_reduce", "op field");
+          expect(contains(what, "all_reduce on group dp (3 ranks"), "op and group: " + what);
+          expect(contains(what, "timed out after 700 ms"), "timeout named: " + what);
+          expect(contains(what, "rank 1 is stopped"), "silent peer named: " + what);
+          expect(error.peer() == 1, "peer field");
+          const auto waited = Clock::now() - start;
+          expect(waited >= Milliseconds(600) && waited < Milliseconds(3000), "waited ~ timeout");
+        }
+        return 0;
+      },
+      {.deadline = Milliseconds(20000), .required = {0, 2}});
+  CHECK(status[0] == 0);
+  CHECK(status[2] == 0);
+  CHECK(status[1] == -1);  // still stopped: killed by the harness
+}
+
+TEST_CASE("a rank that never arrives: rendezvous names it after the timeout",
+          "[dist][gloo][failure]") {
+  const dist_test::TempDir temp;
+  const std::string& dir = temp.path;
+  const auto status = dist_test::run_ranks(2, [&](int rank) {
+    if (rank == 1) return 0;  // never joins
+    const auto start = Clock::now();
+    try {
+      join(dir, 0, 3, Milliseconds(500));
+      expect(false, "rendezvous completed without ranks 1 and 2");
+    } catch (const DistError& error) {
+      const std::string what = error.what();
+      expect(error.kind() == DistError::Kind::timeout, "timeout kind: " + what);
+      expect(contains(what, "rendezvous of group dp (3 ranks, this is rank 0)"), what);
+      expect(contains(what, "rank(s) 1, 2 have not arrived"), what);
+      expect(Clock::now() - start < Milliseconds(3000), "no hang");
+    }
+    return 0;
+  });
+  CHECK(status == std::vector<int>{0, 0});
+}
+
+TEST_CASE("creating a Gloo device ignores SIGPIPE, so a dead peer is an error, not a silent death",
+          "[dist][gloo][failure]") {
+  const auto status = dist_test::run_ranks(1, [](int) {
+    ::signal(SIGPIPE, SIG_DFL);
+    auto device = make_gloo_device();
+    struct sigaction current {};
+    ::sigaction(SIGPIPE, nullptr, &current);
+    expect(current.sa_handler == SIG_IGN, "SIGPIPE ignored");
+    return 0;
+  });
+  CHECK(status == std::vector<int>{0});
+}

@@ -1,6 +1,11 @@
 // Failures never hang: a peer that exits, a peer that stops (SIGSTOP), a rank that never arrives.
 // Each survivor must get a DistError naming the op, the group and the peer within the timeout.
 #include <signal.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <thread>
 
 #include <catch2/catch.hpp>
 
@@ -19,6 +24,19 @@ std::unique_ptr<Communicator> join(const std::string& dir, int rank, int size,
   FileStore store(dir);
   return create_gloo_communicator(
       store, GroupOptions{.name = "dp", .rank = rank, .size = size, .timeout = timeout});
+}
+
+// Polls /proc/<pid>/stat until the process is in state T (stopped), for up to 10 s.
+void wait_until_stopped(int pid) {
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (Clock::now() < deadline) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto close = line.rfind(')');
+    if (close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'T') return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 bool contains(const std::string& text, const std::string& part) {
@@ -71,8 +89,13 @@ TEST_CASE("a peer that stops answering (SIGSTOP): the others time out naming op 
       3,
       [&](int rank) {
         auto comm = join(dir, rank, 3, Milliseconds(10000));
+        FileStore store(dir + "/test");
+        if (rank == 1) store.set("stopper_pid", std::to_string(::getpid()));
         comm->barrier();
         if (rank == 1) ::raise(SIGSTOP);  // the harness SIGKILLs it once the others are done
+        // Start the collective only once rank 1 really is stopped: on a loaded machine it may not
+        // be scheduled for a while after the barrier, and the test is about a stopped peer.
+        wait_until_stopped(std::stoi(store.get("stopper_pid", Milliseconds(10000))));
         std::vector<double> data(1000, 2.0);
         const auto start = Clock::now();
         try {

@@ -1,5 +1,10 @@
 // FileStore and TcpStore: basics, atomic counters across processes, timeouts that name the key,
 // and the per-job, per-restart namespace.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include "dist/error.hpp"
@@ -81,12 +86,17 @@ TEST_CASE("tcp store: set, get, add, wait, timeouts", "[dist][store]") {
 
 TEST_CASE("tcp store: a client waits for a late server, and says so when there is none",
           "[dist][store]") {
-  // Find a free port, then release it: nobody listens there.
-  int port = 0;
-  {
-    TcpStoreServer probe("127.0.0.1", 0);
-    port = probe.port();
-  }
+  // A port that is bound but never listened on: connections are refused, and no other process
+  // (a test running beside this one) can take the port while the socket is held.
+  const int holder = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(holder >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(holder, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  socklen_t length = sizeof(address);
+  REQUIRE(::getsockname(holder, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  const int port = ntohs(address.sin_port);
   try {
     TcpStore store("127.0.0.1", port, Milliseconds(100));
     FAIL("connected to nothing");
@@ -99,6 +109,7 @@ TEST_CASE("tcp store: a client waits for a late server, and says so when there i
   std::unique_ptr<TcpStoreServer> late;
   std::thread starter([&] {
     std::this_thread::sleep_for(Milliseconds(200));
+    ::close(holder);  // hand the port to the server
     late = std::make_unique<TcpStoreServer>("127.0.0.1", port);
   });
   TcpStore client("127.0.0.1", port, Milliseconds(5000));

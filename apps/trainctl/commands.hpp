@@ -51,6 +51,19 @@ struct CkptOptions {
 };
 int run_ckpt(const CkptOptions& options);
 
+// `trainctl plan RECIPE`: the parallel layouts that fit a cluster, ranked by predicted step time.
+struct PlanOptions {
+  std::string recipe_path;
+  std::vector<std::string> overrides;
+  std::string cluster_file;  // empty: detect this machine (or the recipe's cluster.file)
+  int nodes = 0;             // 0: from the cluster
+  int gpus_per_node = 0;     // 0: from the cluster
+  int top = 5;               // rows of the table
+  bool json = false;
+  bool show_topology = false;  // print what was detected / read, then exit
+};
+int run_plan(const PlanOptions& options);
+
 struct VersionOptions {};
 int run_version(const VersionOptions& options);
 

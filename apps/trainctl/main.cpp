@@ -65,6 +65,23 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"safetensors"}));
   export_cmd->add_option("--out", ckpt.out, "Output file")->required();
 
+  app::PlanOptions plan;
+  CLI::App* plan_cmd = cli.add_subcommand(
+      "plan", "Rank the parallel layouts that fit a cluster, with memory, speed and why");
+  plan_cmd->add_option("recipe", plan.recipe_path, "Recipe YAML file");
+  plan_cmd->add_option("--set", plan.overrides, "Override a recipe key")->type_name("KEY=VALUE");
+  plan_cmd->add_option("--cluster", plan.cluster_file,
+                       "Cluster description file (default: the recipe's cluster.file, else "
+                       "this machine)");
+  plan_cmd->add_option("--nodes", plan.nodes, "Override the number of nodes")
+      ->check(CLI::PositiveNumber);
+  plan_cmd->add_option("--gpus-per-node", plan.gpus_per_node, "Override GPUs per node")
+      ->check(CLI::PositiveNumber);
+  plan_cmd->add_option("--top", plan.top, "How many layouts to show")->check(CLI::PositiveNumber);
+  plan_cmd->add_flag("--json", plan.json, "Print the plan as a stable JSON document");
+  plan_cmd->add_flag("--show-topology", plan.show_topology,
+                     "Print the detected (or described) topology and exit");
+
   app::VersionOptions version;
   CLI::App* version_cmd =
       cli.add_subcommand("version", "Print the version, build type, backends and libraries");
@@ -92,6 +109,7 @@ int main(int argc, char** argv) {
     if (show_version || version_cmd->parsed()) return app::run_version(version);
     if (run_cmd->parsed()) return app::run_run(run);
     if (resume_cmd->parsed()) return app::run_resume(resume);
+    if (plan_cmd->parsed()) return app::run_plan(plan);
     if (ckpt_cmd->parsed()) {
       ckpt.action = inspect_cmd->parsed() ? "inspect" : verify_cmd->parsed() ? "verify" : "export";
       return app::run_ckpt(ckpt);

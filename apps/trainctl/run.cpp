@@ -7,6 +7,8 @@
 
 #include "ckpt/ckpt.hpp"
 #include "commands.hpp"
+#include "plan_auto.hpp"
+#include "planner/planner.hpp"
 #include "resume_plan.hpp"
 #include "session.hpp"
 
@@ -36,6 +38,13 @@ int run_run(const RunOptions& options) {
     input.loaded = recipe::load_recipe_with_origins(options.recipe_path, options.overrides);
   } catch (const recipe::RecipeError& e) {
     return report_problems(e.problems(), options.recipe_path);
+  }
+  // parallel: auto -> the planner's top layout for this machine (plan.cpp), before any check.
+  try {
+    if (std::string note = resolve_parallel_auto(input.loaded.recipe); !note.empty())
+      input.notes.push_back(std::move(note));
+  } catch (const planner::PlanError& e) {
+    return bad_input("run", e.what());
   }
   const recipe::Recipe& r = input.loaded.recipe;
   if (auto problems = unsupported_in_this_build(input.loaded); !problems.empty())

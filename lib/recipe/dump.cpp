@@ -40,6 +40,11 @@ std::string dump_recipe(const Recipe& recipe) {
   std::string out = "# resolved recipe: every key, defaults and presets filled in\n";
   std::string_view section;
   for (const auto& key : schema()) {
+    if (key.section() == "parallel" && recipe.parallel.automatic) {
+      if (section != "parallel") out += "parallel: auto\n";
+      section = key.section();
+      continue;
+    }
     if (key.section() != section) {
       section = key.section();
       out += fmt::format("{}:\n", section);

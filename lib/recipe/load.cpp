@@ -54,6 +54,7 @@ class Loader {
   std::vector<std::string_view> bad_;          // keys whose value could not be used
   int num_overrides_ = 0;                      // --set arguments read so far
   bool unreadable_ = false;  // the YAML could not be parsed as a map: nothing else is worth saying
+  bool parallel_auto_ = false;  // `parallel: auto` (or --set parallel=auto): the planner decides
 };
 
 KeyOrigin origin_of(const YAML::Mark& mark) {
@@ -154,10 +155,16 @@ void Loader::read_text(std::string_view text) {
 
 void Loader::read_section(std::string_view section, const YAML::Node& map) {
   if (map.IsNull()) return;
+  if (section == "parallel" && map.IsScalar() && map.Scalar() == "auto") {
+    parallel_auto_ = true;
+    return;
+  }
   if (!map.IsMap()) {
-    report_at(map.Mark(), fmt::format("section '{}' must be a map of keys, e.g. `{}: {{key: "
-                                      "value}}`",
-                                      section, section));
+    report_at(
+        map.Mark(),
+        fmt::format(
+            "section '{}' must be a map of keys, e.g. `{}: {{key: value}}`{}", section, section,
+            section == "parallel" ? ", or `parallel: auto` to let the planner choose" : ""));
     return;
   }
   std::map<std::string, int> seen;
@@ -224,6 +231,15 @@ void Loader::read_override(const std::string& arg) {
     return;
   }
   std::string path = arg.substr(0, eq);
+  if (path == "parallel" && arg.substr(eq + 1) == "auto") {
+    // Replaces the file's parallel section (a later --set parallel.KEY still conflicts).
+    parallel_auto_ = true;
+    std::erase_if(entries_, [](const auto& entry) {
+      return entry.first.starts_with("parallel.") &&
+             entry.second.origin.source == KeyOrigin::Source::file;
+    });
+    return;
+  }
   const KeySpec* key = find_key(path);
   if (!key) {
     auto sections = section_names();
@@ -254,6 +270,14 @@ LoadedRecipe Loader::build() {
   Recipe recipe{};
   for (const auto& key : schema())
     if (!key.preset) key.store(recipe, key.default_value);
+  recipe.parallel.automatic = parallel_auto_;
+  if (parallel_auto_)
+    for (const auto& [path, entry] : entries_)
+      if (path.starts_with("parallel."))
+        problems.push_back(origins.problem(
+            path,
+            "`parallel: auto` lets the planner choose every parallel.* key; remove this key "
+            "or the `auto`"));
 
   std::vector<std::string_view> given;
   for (const auto& [path, entry] : entries_) {

@@ -125,6 +125,10 @@ struct ParallelConfig {
   int dp, tp, pp, ep;
   int zero;  // 0 or 1
   Recompute recompute;
+  // `parallel: auto` (YAML) or `--set parallel=auto`: the planner (lib/planner) chooses the keys
+  // above and training.micro_batch; they hold their defaults until then. No parallel.* key may
+  // be given with it.
+  bool automatic;
   bool operator==(const ParallelConfig&) const = default;
 };
 

@@ -1,0 +1,179 @@
+// The planner: which parallel layouts of a recipe fit a cluster, how fast each should be, and why
+// the best one wins -- answered before anything is launched. Three models, all documented with
+// their assumptions in docs/planner.md:
+//   memory   bytes per GPU by category (params, grads, optimizer, activations, comm buffers,
+//            framework overhead) of the worst pipeline stage. For tp = pp = dp = ep = 1 it
+//            reproduces what lib/model allocates (ParamStore::bytes, Transformer::
+//            activation_bytes) -- the unit tests hold it to that.
+//   time     compute (FLOPs over peak x an achievable fraction), tensor-parallel collectives,
+//            pipeline bubble and point-to-point sends, data-parallel gradient sync with the
+//            overlap it gets, expert all-to-all.
+//   search   every valid (tp, pp, dp, ep, micro_batch, zero, recompute) using all GPUs of the
+//            cluster, rejected with a reason or ranked by predicted step time.
+// Rank order of a layout is tp fastest, then ep, then dp, then pp (../shared/DESIGN.md), so a tp
+// group is tp consecutive GPUs and stays inside a node's NVLink domain when tp divides it.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "recipe/recipe.hpp"
+#include "topology/topology.hpp"
+
+namespace trainctl::planner {
+
+struct Layout {
+  int tp = 1, pp = 1, dp = 1, ep = 1;
+  int micro_batch = 1;
+  int zero = 0;  // 0 or 1 (ZeRO-1: optimizer state sharded over the data-parallel ranks)
+  recipe::Recompute recompute = recipe::Recompute::none;
+
+  int world() const { return tp * pp * dp * ep; }
+  // "tp=8 pp=2 dp=4 ep=1 mb=1 zero=0 recompute=full"
+  std::string describe() const;
+  bool operator==(const Layout&) const = default;
+};
+
+// Where global rank `rank` sits in a layout (tp fastest, then ep, dp, pp).
+struct RankCoordinates {
+  int tp = 0, ep = 0, dp = 0, pp = 0;
+};
+RankCoordinates coordinates(const Layout& layout, int rank);
+
+// Divisibility rules of the recipe (heads, kv_heads, ffn_hidden, vocab % tp; layers % pp;
+// experts % ep; global_batch % (micro_batch * dp * ep)) for `layout`. Empty when valid, else
+// the first broken rule as a formula, e.g. "model.heads % tp = 32 % 3 = 2 != 0".
+std::string check_divisibility(const recipe::Recipe& recipe, const Layout& layout);
+
+// ---- memory
+// -------------------------------------------------------------------------------------- Bytes per
+// GPU of the pipeline stage that needs the most (worst_stage). Activations include the
+// micro-batches in flight under 1F1B: stage i holds min(pp - i, micro-batches per step).
+struct MemoryEstimate {
+  double params = 0, grads = 0, optimizer = 0;
+  double activations = 0;       // kept for backward x in flight, plus one set of scratch
+  double activations_kept = 0;  // of which: kept for backward (all micro-batches in flight)
+  double comm_buffers = 0;      // collective staging buffers
+  double overhead = 0;          // CUDA context, library workspaces (0 on a CPU machine)
+  int worst_stage = 0;
+  int in_flight = 1;  // micro-batches in flight on worst_stage
+  double total() const {
+    return params + grads + optimizer + activations + comm_buffers + overhead;
+  }
+};
+
+struct MemoryOptions {
+  double overhead_bytes = -1;  // < 0: 1 GiB on a GPU cluster, 0 on a CPU-only machine
+};
+
+MemoryEstimate estimate_memory(const recipe::Recipe& recipe, const topology::ClusterSpec& cluster,
+                               const Layout& layout, const MemoryOptions& options = {});
+
+// ---- time
+// ----------------------------------------------------------------------------------------
+struct TimeEstimate {
+  double step_s = 0;
+  double compute_s = 0;       // FLOPs on the critical path over achievable throughput
+  double tp_comm_s = 0;       // tensor-parallel all-reduce time on the critical path
+  double ep_comm_s = 0;       // expert all-to-all
+  double pp_p2p_s = 0;        // pipeline sends on the critical path
+  double bubble_s = 0;        // pipeline fill and drain: (pp - 1) stage times
+  double dp_comm_s = 0;       // whole gradient sync (all-reduce, or ZeRO reduce-scatter+all-gather)
+  double dp_exposed_s = 0;    // of which not hidden behind the last backward
+  int micro_batches = 1;      // per step per data-parallel replica
+  double model_flops = 0;     // per step, whole cluster: 6N + attention per token (no recompute)
+  double hardware_flops = 0;  // per step, whole cluster, recompute included
+  double tokens_per_s_per_gpu = 0;
+  double mfu = 0;  // model_flops / (step_s * GPUs * peak)
+  double bubble_share() const { return step_s > 0 ? bubble_s / step_s : 0; }
+  double comm_share() const {
+    return step_s > 0 ? (tp_comm_s + ep_comm_s + pp_p2p_s + dp_exposed_s) / step_s : 0;
+  }
+};
+
+struct TimeOptions {
+  // Achievable fraction of the GPU's dense peak for the model's GEMMs; <= 0: the calibrated
+  // default (kDefaultComputeEfficiency, fitted to Narayanan et al. 2021 on A100).
+  double compute_efficiency = 0;
+};
+// Fitted once to the published A100 runs (tests/unit/planner_published_test.cpp).
+inline constexpr double kDefaultComputeEfficiency = 0.525;
+// Share of a link's nominal bandwidth collectives reach (NCCL bus bandwidth), all links.
+inline constexpr double kLinkEfficiency = 0.80;
+
+TimeEstimate estimate_time(const recipe::Recipe& recipe, const topology::ClusterSpec& cluster,
+                           const Layout& layout, const TimeOptions& options = {});
+
+// Peak dense TFLOP/s of the cluster's GPU for the recipe's precision (fp32: peak_tflops_fp32).
+double peak_tflops(const topology::ClusterSpec& cluster, recipe::Compute compute);
+
+// ---- search
+// --------------------------------------------------------------------------------------
+struct Candidate {
+  Layout layout;
+  MemoryEstimate memory;
+  TimeEstimate time;
+  double headroom_bytes = 0;  // usable GPU memory minus memory.total()
+};
+
+struct Rejection {
+  Layout layout;       // degrees (micro_batch etc. of the variant that came closest)
+  std::string reason;  // "does not fit: 93.1 GiB > 80.0 GiB" / "does not divide: formula"
+};
+
+struct SearchOptions {
+  std::vector<recipe::Recompute> recompute{recipe::Recompute::none, recipe::Recompute::selective,
+                                           recipe::Recompute::full};
+  std::vector<int> zero{0, 1};
+  int max_micro_batch =
+      64;  // micro-batch sizes tried: divisors of the per-replica batch up to this
+  TimeOptions time;
+  MemoryOptions memory;
+};
+
+struct Plan {
+  topology::ClusterSpec cluster;
+  int world = 0;
+  // The best variant (micro_batch, zero, recompute) of each feasible (tp, pp, dp, ep), fastest
+  // first: distinct layouts, not micro-batch variations of one.
+  std::vector<Candidate> ranked;
+  // One per (tp, pp, dp, ep) without a feasible variant, with the reason.
+  std::vector<Rejection> rejected;
+  int64_t variants_evaluated = 0;
+  int64_t variants_feasible = 0;
+  double search_seconds = 0;
+};
+
+// Thrown when no layout can run: the message says why (nothing fits, and by how much; more GPUs
+// than the batch can feed; a cluster without GPUs described as having some) and what to change.
+class PlanError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Every valid layout on all cluster.world_size() GPUs (a CPU-only machine, gpus_per_node 0,
+// plans a world of 1). Throws PlanError when none fits.
+Plan make_plan(const recipe::Recipe& recipe, const topology::ClusterSpec& cluster,
+               const SearchOptions& options = {});
+
+// Why `other` lost to `best`, e.g. "+12% step time: tp=8 crosses nodes (tp comm 0.8 s vs 0.1 s)".
+std::string explain_loss(const Candidate& best, const Candidate& other,
+                         const topology::ClusterSpec& cluster);
+
+// This machine for `parallel: auto` in a CPU-only build: one device, host memory.
+topology::ClusterSpec cpu_machine();
+
+// ---- output
+// -------------------------------------------------------------------------------------- The top-K
+// table, the rank grid of the best layout, the runner-ups' reasons and the rejections.
+std::string format_plan(const Plan& plan, const recipe::Recipe& recipe, int top);
+// Which GPU of which node holds which (pp stage, dp replica, tp rank[, ep rank]). Nodes beyond
+// max_nodes are elided (first and last shown).
+std::string format_rank_grid(const Layout& layout, const topology::ClusterSpec& cluster,
+                             int max_nodes = 4);
+// The same content as format_plan as a stable JSON document (schema in docs/planner.md).
+std::string plan_json(const Plan& plan, const recipe::Recipe& recipe, int top);
+
+}  // namespace trainctl::planner

@@ -1,0 +1,203 @@
+// What `trainctl plan` prints: the top-K table, the rank grid of the winner, why the runner-ups
+// lost, and the rejections; and the same as a stable JSON document (docs/planner.md, "JSON").
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "planner/planner.hpp"
+
+namespace trainctl::planner {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string degrees(const Layout& l) {
+  std::string s = fmt::format("tp={} pp={} dp={}", l.tp, l.pp, l.dp);
+  if (l.ep > 1) s += fmt::format(" ep={}", l.ep);
+  return s;
+}
+
+std::string cell(const Layout& l, int rank) {
+  const RankCoordinates c = coordinates(l, rank);
+  std::string s = fmt::format("s{}.d{}.t{}", c.pp, c.dp, c.tp);
+  if (l.ep > 1) s += fmt::format(".e{}", c.ep);
+  return s;
+}
+
+std::string seconds(double s) {
+  if (s < 1e-3) return fmt::format("{:.1f} us", s * 1e6);
+  return s < 1 ? fmt::format("{:.1f} ms", s * 1e3) : fmt::format("{:.2f} s", s);
+}
+
+}  // namespace
+
+std::string format_rank_grid(const Layout& layout, const topology::ClusterSpec& cluster,
+                             int max_nodes) {
+  const int gpn = std::max(1, cluster.gpus_per_node);
+  const int nodes = std::max(1, layout.world() / gpn);
+  std::string out =
+      fmt::format("GPU placement of {} (cell = s<pp stage>.d<dp replica>.t<tp rank>{}):\n",
+                  degrees(layout), layout.ep > 1 ? ".e<ep rank>" : "");
+  std::vector<int> shown;
+  for (int n = 0; n < nodes && n < max_nodes - 1; ++n)
+    shown.push_back(n);
+  if (nodes > 0 && (shown.empty() || shown.back() != nodes - 1)) shown.push_back(nodes - 1);
+  int previous = -1;
+  for (int node : shown) {
+    if (node != previous + 1) out += fmt::format("  ... {} more nodes ...\n", node - previous - 1);
+    out += fmt::format("  node {:>5}:", node);
+    for (int g = 0; g < gpn; ++g)
+      out += fmt::format(" {:<12}", cell(layout, node * gpn + g));
+    while (!out.empty() && out.back() == ' ')
+      out.pop_back();
+    out += "\n";
+    previous = node;
+  }
+  return out;
+}
+
+std::string format_plan(const Plan& plan, const recipe::Recipe& recipe, int top) {
+  const topology::ClusterSpec& c = plan.cluster;
+  std::string out = fmt::format(
+      "plan for {} on {} ({} node(s) x {} {} GPU(s), {:.0f} GiB each): {} layouts evaluated, {} "
+      "fit, {} degree tuples ranked in {:.0f} ms\n\n",
+      recipe.name, c.name, c.nodes, c.gpus_per_node, c.gpu.name, c.gpu.memory_gib,
+      plan.variants_evaluated, plan.variants_feasible, plan.ranked.size(),
+      plan.search_seconds * 1e3);
+  out += fmt::format("{:>3}  {:<26} {:>3} {:>4} {:>9}  {:>16} {:>10} {:>12} {:>6} {:>7} {:>6}\n",
+                     "#", "layout", "mb", "zero", "recompute", "memory/GPU", "step", "tokens/s/GPU",
+                     "MFU", "bubble", "comm");
+  const int rows = std::min<int>(top, static_cast<int>(plan.ranked.size()));
+  for (int i = 0; i < rows; ++i) {
+    const Candidate& k = plan.ranked[static_cast<size_t>(i)];
+    out += fmt::format(
+        "{:>3}  {:<26} {:>3} {:>4} {:>9}  {:>6.1f} GiB ({:>3.0f}%) {:>10} {:>12.0f} {:>5.1f}% "
+        "{:>6.1f}% {:>5.1f}%\n",
+        i + 1, degrees(k.layout), k.layout.micro_batch, k.layout.zero,
+        recipe::to_string(k.layout.recompute), k.memory.total() / kGiB,
+        100.0 * k.memory.total() / (c.gpu.memory_gib * kGiB), seconds(k.time.step_s),
+        k.time.tokens_per_s_per_gpu, 100 * k.time.mfu, 100 * k.time.bubble_share(),
+        100 * k.time.comm_share());
+  }
+  const Candidate& best = plan.ranked.front();
+  const MemoryEstimate& m = best.memory;
+  out += fmt::format(
+      "\nbest: {}\n  memory per GPU (stage {}, {} micro-batch(es) in flight): params {:.2f} GiB, "
+      "grads {:.2f}, optimizer {:.2f}, activations {:.2f}, comm buffers {:.2f}, overhead {:.2f} "
+      "= {:.2f} GiB, headroom {:.2f} GiB\n",
+      best.layout.describe(), m.worst_stage, m.in_flight, m.params / kGiB, m.grads / kGiB,
+      m.optimizer / kGiB, m.activations / kGiB, m.comm_buffers / kGiB, m.overhead / kGiB,
+      m.total() / kGiB, best.headroom_bytes / kGiB);
+  const TimeEstimate& t = best.time;
+  out += fmt::format(
+      "  step {}: {} micro-batches; compute {}, tp comm {}, ep all-to-all {}, pipeline sends {}, "
+      "bubble {}, gradient sync {} ({} exposed)\n\n",
+      seconds(t.step_s), t.micro_batches, seconds(t.compute_s), seconds(t.tp_comm_s),
+      seconds(t.ep_comm_s), seconds(t.pp_p2p_s), seconds(t.bubble_s), seconds(t.dp_comm_s),
+      seconds(t.dp_exposed_s));
+  out += format_rank_grid(best.layout, c);
+  if (rows > 1) {
+    out += "\nwhy the runner-ups lost:\n";
+    for (int i = 1; i < rows; ++i) {
+      const Candidate& k = plan.ranked[static_cast<size_t>(i)];
+      out += fmt::format("  #{} {}: {}\n", i + 1, degrees(k.layout), explain_loss(best, k, c));
+    }
+  }
+  if (!plan.rejected.empty()) {
+    out += fmt::format("\nrejected ({} degree tuples):\n", plan.rejected.size());
+    size_t shown = 0;
+    for (const Rejection& r : plan.rejected) {
+      if (shown++ == 10) {
+        out += fmt::format("  ... {} more (see --json)\n", plan.rejected.size() - 10);
+        break;
+      }
+      out += fmt::format("  {}: {}\n", degrees(r.layout), r.reason);
+    }
+  }
+  return out;
+}
+
+std::string plan_json(const Plan& plan, const recipe::Recipe& recipe, int top) {
+  using nlohmann::json;
+  const topology::ClusterSpec& c = plan.cluster;
+  auto layout_json = [](const Layout& l) {
+    return json{{"tp", l.tp},
+                {"pp", l.pp},
+                {"dp", l.dp},
+                {"ep", l.ep},
+                {"micro_batch", l.micro_batch},
+                {"zero", l.zero},
+                {"recompute", std::string(recipe::to_string(l.recompute))}};
+  };
+  json doc{{"schema", "trainctl.plan/1"},
+           {"recipe", recipe.name},
+           {"cluster",
+            {{"name", c.name},
+             {"source", c.source},
+             {"nodes", c.nodes},
+             {"gpus_per_node", c.gpus_per_node},
+             {"gpu", c.gpu.name},
+             {"gpu_memory_gib", c.gpu.memory_gib}}},
+           {"world", plan.world},
+           {"variants_evaluated", plan.variants_evaluated},
+           {"variants_feasible", plan.variants_feasible},
+           {"search_seconds", plan.search_seconds}};
+  json ranked = json::array();
+  const int rows = std::min<int>(top, static_cast<int>(plan.ranked.size()));
+  for (int i = 0; i < rows; ++i) {
+    const Candidate& k = plan.ranked[static_cast<size_t>(i)];
+    const MemoryEstimate& m = k.memory;
+    const TimeEstimate& t = k.time;
+    json row{{"rank", i + 1},
+             {"layout", layout_json(k.layout)},
+             {"memory_bytes",
+              {{"params", m.params},
+               {"grads", m.grads},
+               {"optimizer", m.optimizer},
+               {"activations", m.activations},
+               {"comm_buffers", m.comm_buffers},
+               {"overhead", m.overhead},
+               {"total", m.total()},
+               {"headroom", k.headroom_bytes},
+               {"worst_stage", m.worst_stage},
+               {"in_flight", m.in_flight}}},
+             {"time_seconds",
+              {{"step", t.step_s},
+               {"compute", t.compute_s},
+               {"tp_comm", t.tp_comm_s},
+               {"ep_comm", t.ep_comm_s},
+               {"pp_p2p", t.pp_p2p_s},
+               {"bubble", t.bubble_s},
+               {"dp_comm", t.dp_comm_s},
+               {"dp_exposed", t.dp_exposed_s}}},
+             {"micro_batches", t.micro_batches},
+             {"tokens_per_s_per_gpu", t.tokens_per_s_per_gpu},
+             {"mfu", t.mfu},
+             {"bubble_share", t.bubble_share()},
+             {"comm_share", t.comm_share()}};
+    if (i > 0) row["why_slower"] = explain_loss(plan.ranked.front(), k, c);
+    ranked.push_back(std::move(row));
+  }
+  doc["ranked"] = std::move(ranked);
+  json rejected = json::array();
+  for (const Rejection& r : plan.rejected)
+    rejected.push_back(json{{"layout", layout_json(r.layout)}, {"reason", r.reason}});
+  doc["rejected"] = std::move(rejected);
+  // Placement of the best layout: global rank -> node, local GPU and coordinates.
+  const Layout& best = plan.ranked.front().layout;
+  const int gpn = std::max(1, c.gpus_per_node);
+  json placement = json::array();
+  const int listed = std::min(best.world(), 4096);  // huge clusters: the rule is tp fastest
+  for (int rank = 0; rank < listed; ++rank) {
+    const RankCoordinates co = coordinates(best, rank);
+    placement.push_back(json::array({rank / gpn, rank % gpn, co.pp, co.dp, co.tp, co.ep}));
+  }
+  doc["placement"] = {{"columns", json::array({"node", "gpu", "pp", "dp", "tp", "ep"})},
+                      {"ranks", std::move(placement)},
+                      {"truncated", listed < best.world()}};
+  return doc.dump(2);
+}
+
+}  // namespace trainctl::planner

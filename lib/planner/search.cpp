@@ -1,0 +1,234 @@
+// The layout search: every (tp, pp, ep) whose product divides the world, dp the rest; for each,
+// every micro-batch size, ZeRO stage and recompute mode allowed; rejected with a reason or
+// estimated. The best variant of each degree tuple is ranked by predicted step time.
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <tuple>
+
+#include "planner/planner.hpp"
+
+namespace trainctl::planner {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+std::string not_divisible(std::string_view what, int64_t value, std::string_view degree,
+                          int64_t by) {
+  return fmt::format("{} % {} = {} % {} = {} != 0", what, degree, value, by, value % by);
+}
+
+}  // namespace
+
+std::string Layout::describe() const {
+  return fmt::format("tp={} pp={} dp={} ep={} mb={} zero={} recompute={}", tp, pp, dp, ep,
+                     micro_batch, zero, recipe::to_string(recompute));
+}
+
+RankCoordinates coordinates(const Layout& l, int rank) {
+  RankCoordinates c;
+  c.tp = rank % l.tp;
+  c.ep = (rank / l.tp) % l.ep;
+  c.dp = (rank / (l.tp * l.ep)) % l.dp;
+  c.pp = rank / (l.tp * l.ep * l.dp);
+  return c;
+}
+
+std::string check_divisibility(const recipe::Recipe& r, const Layout& l) {
+  const recipe::ModelConfig& m = r.model;
+  for (auto [key, value] : {std::pair<std::string_view, int>{"model.heads", m.heads},
+                            {"model.kv_heads", m.kv_heads},
+                            {"model.ffn_hidden", m.ffn_hidden},
+                            {"model.vocab", m.vocab}})
+    if (value % l.tp != 0) return not_divisible(key, value, "tp", l.tp);
+  if (m.layers % l.pp != 0) return not_divisible("model.layers", m.layers, "pp", l.pp);
+  if (l.ep > 1 && r.moe.experts == 0) return fmt::format("ep = {} needs an MoE model", l.ep);
+  if (r.moe.experts > 0 && r.moe.experts % l.ep != 0)
+    return not_divisible("moe.experts", r.moe.experts, "ep", l.ep);
+  const int64_t per_pass = int64_t{l.micro_batch} * l.dp * l.ep;
+  if (r.training.global_batch % per_pass != 0)
+    return fmt::format("global_batch % (micro_batch * dp * ep) = {} % ({} * {} * {}) = {} != 0",
+                       r.training.global_batch, l.micro_batch, l.dp, l.ep,
+                       r.training.global_batch % per_pass);
+  return {};
+}
+
+topology::ClusterSpec cpu_machine() {
+  topology::ClusterSpec c;
+  c.name = "this machine (CPU)";
+  c.source = "detected";
+  c.gpu.name = "CPU";
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  c.gpu.memory_gib = pages > 0 && page > 0 ? static_cast<double>(pages) * page / kGiB : 4.0;
+  // Order of magnitude of an OpenBLAS core; only relative times matter for a world of 1.
+  c.gpu.peak_tflops_fp32 = 0.1;
+  c.gpu.peak_tflops_bf16 = c.gpu.peak_tflops_fp16 = 0.05;
+  c.nodes = 1;
+  c.gpus_per_node = 0;
+  return c;
+}
+
+Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
+               const SearchOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  Plan plan;
+  plan.cluster = cluster;
+  plan.world = std::max(1, cluster.world_size());
+  if (cluster.nodes < 1 || cluster.gpus_per_node < 0)
+    throw PlanError(fmt::format("cluster '{}': nodes = {} and gpus_per_node = {} describe no GPUs",
+                                cluster.name, cluster.nodes, cluster.gpus_per_node));
+  if (cluster.gpu.memory_gib <= 0)
+    throw PlanError(fmt::format("cluster '{}': gpu memory_gib = {} must be positive", cluster.name,
+                                cluster.gpu.memory_gib));
+  const double capacity = cluster.gpu.memory_gib * kGiB;
+  const int world = plan.world;
+  const std::vector<int> ep_choices =
+      r.moe.experts > 0 ? divisors(r.moe.experts) : std::vector<int>{1};
+
+  int smallest_replicas = std::numeric_limits<int>::max();
+  for (int tp : divisors(world)) {
+    for (int pp : divisors(world / tp)) {
+      for (int ep : ep_choices) {
+        if ((world / tp / pp) % ep != 0) continue;
+        const int dp = world / tp / pp / ep;
+        Layout degrees{tp, pp, dp, ep, 1, 0, recipe::Recompute::none};
+        // Degree-level rules first (one rejection per tuple).
+        const std::string degree_rule = check_divisibility(r, degrees);
+        // Tuples the model divides into, whatever the batch: how few replicas the GPUs allow.
+        if (degree_rule.empty() || degree_rule.starts_with("global_batch"))
+          smallest_replicas = std::min(smallest_replicas, dp * ep);
+        if (!degree_rule.empty()) {
+          plan.rejected.push_back({degrees, "does not divide: " + degree_rule});
+          continue;
+        }
+        const int per_replica = r.training.global_batch / (dp * ep);
+        bool found = false;
+        Candidate best;
+        double closest = std::numeric_limits<double>::max();
+        Layout closest_layout = degrees;
+        for (int mb : divisors(per_replica)) {
+          if (mb > options.max_micro_batch) break;
+          for (int zero : options.zero) {
+            if (zero && dp * ep == 1) continue;  // nothing to shard over
+            for (recipe::Recompute mode : options.recompute) {
+              Layout l{tp, pp, dp, ep, mb, zero, mode};
+              ++plan.variants_evaluated;
+              const MemoryEstimate mem = estimate_memory(r, cluster, l, options.memory);
+              if (mem.total() > capacity) {
+                if (mem.total() < closest) {
+                  closest = mem.total();
+                  closest_layout = l;
+                }
+                continue;
+              }
+              ++plan.variants_feasible;
+              const TimeEstimate time = estimate_time(r, cluster, l, options.time);
+              if (!found || time.step_s < best.time.step_s) {
+                best = Candidate{l, mem, time, capacity - mem.total()};
+                found = true;
+              }
+            }
+          }
+        }
+        if (found)
+          plan.ranked.push_back(best);
+        else
+          plan.rejected.push_back(
+              {closest_layout,
+               fmt::format("does not fit: {:.1f} GiB > {:.1f} GiB (best variant: "
+                           "{})",
+                           closest / kGiB, cluster.gpu.memory_gib, closest_layout.describe())});
+      }
+    }
+  }
+  std::sort(plan.ranked.begin(), plan.ranked.end(), [](const Candidate& a, const Candidate& b) {
+    return std::tie(a.time.step_s, a.layout.tp, a.layout.pp) <
+           std::tie(b.time.step_s, b.layout.tp, b.layout.pp);
+  });
+  plan.search_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!plan.ranked.empty()) return plan;
+
+  // Nothing runs: say the most useful reason.
+  if (smallest_replicas > r.training.global_batch)
+    throw PlanError(fmt::format(
+        "more GPUs than the batch can feed: {} GPUs need at least {} data-parallel replicas even "
+        "with the largest tp * pp * ep the model divides into, but training.global_batch = {}; "
+        "raise training.global_batch or plan for fewer GPUs (--nodes/--gpus-per-node)",
+        world, smallest_replicas, r.training.global_batch));
+  const Rejection* closest = nullptr;
+  for (const Rejection& rej : plan.rejected)
+    if (rej.reason.starts_with("does not fit") && !closest) closest = &rej;
+  std::string message = fmt::format("no layout of {} fits {} GPUs of {:.1f} GiB ({}):", r.name,
+                                    world, cluster.gpu.memory_gib, cluster.name);
+  size_t shown = 0;
+  for (const Rejection& rej : plan.rejected) {
+    if (shown++ == 8) {
+      message += fmt::format("\n  ... and {} more", plan.rejected.size() - 8);
+      break;
+    }
+    message += fmt::format("\n  tp={} pp={} dp={} ep={}: {}", rej.layout.tp, rej.layout.pp,
+                           rej.layout.dp, rej.layout.ep, rej.reason);
+  }
+  message += closest ? "\nuse more GPUs (--nodes), GPUs with more memory, a smaller model, or "
+                       "parallel.recompute: full"
+                     : "\nchange the model's dimensions or training.global_batch so that a layout "
+                       "divides them";
+  throw PlanError(message);
+}
+
+std::string explain_loss(const Candidate& best, const Candidate& other,
+                         const topology::ClusterSpec& cluster) {
+  const TimeEstimate &a = best.time, &b = other.time;
+  const double slower = (b.step_s / a.step_s - 1.0) * 100.0;
+  struct Cause {
+    double delta;
+    std::string text;
+  };
+  const Layout &x = best.layout, &y = other.layout;
+  const int gpn = std::max(1, cluster.gpus_per_node), domain = std::max(1, cluster.nvlink_domain);
+  std::string tp_where = y.tp > gpn      ? fmt::format("tp={} crosses nodes", y.tp)
+                         : y.tp > domain ? fmt::format("tp={} leaves the NVLink domain", y.tp)
+                         : y.tp > x.tp   ? fmt::format("tp={} vs {}", y.tp, x.tp)
+                                         : fmt::format("tp={}", y.tp);
+  std::vector<Cause> causes{
+      {b.tp_comm_s - a.tp_comm_s,
+       fmt::format("{} (tp comm {:.3g} s vs {:.3g} s)", tp_where, b.tp_comm_s, a.tp_comm_s)},
+      {b.bubble_s - a.bubble_s,
+       fmt::format("pipeline bubble {:.0f}% vs {:.0f}% (pp={}, {} micro-batches)",
+                   100 * b.bubble_share(), 100 * a.bubble_share(), y.pp, b.micro_batches)},
+      {b.dp_exposed_s - a.dp_exposed_s,
+       fmt::format("exposed gradient sync {:.3g} s vs {:.3g} s (dp={}{})", b.dp_exposed_s,
+                   a.dp_exposed_s, y.dp, y.zero ? ", ZeRO-1" : "")},
+      {b.compute_s - a.compute_s,
+       fmt::format("compute {:.3g} s vs {:.3g} s{}", b.compute_s, a.compute_s,
+                   y.recompute == recipe::Recompute::full && x.recompute != y.recompute
+                       ? " (full recompute reruns the forward)"
+                       : "")},
+      {b.pp_p2p_s - a.pp_p2p_s,
+       fmt::format("pipeline sends {:.3g} s vs {:.3g} s", b.pp_p2p_s, a.pp_p2p_s)},
+      {b.ep_comm_s - a.ep_comm_s, fmt::format("expert all-to-all {:.3g} s vs {:.3g} s (ep={})",
+                                              b.ep_comm_s, a.ep_comm_s, y.ep)},
+  };
+  std::sort(causes.begin(), causes.end(),
+            [](const Cause& p, const Cause& q) { return p.delta > q.delta; });
+  std::string text = fmt::format("+{:.0f}% step time: {}", slower, causes[0].text);
+  if (causes[1].delta > 0.25 * causes[0].delta && causes[1].delta > 0)
+    text += "; " + causes[1].text;
+  return text;
+}
+
+}  // namespace trainctl::planner

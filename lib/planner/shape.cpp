@@ -1,0 +1,85 @@
+#include "planner/shape.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace trainctl::planner {
+
+Sizes sizes_of(recipe::Compute compute) {
+  switch (compute) {
+    case recipe::Compute::fp64:
+      return {8, 8, 8, 8, 0};
+    case recipe::Compute::bf16:
+    case recipe::Compute::fp16:
+      return {2, 4, 4, 4, 4};
+    case recipe::Compute::fp32:
+      break;
+  }
+  return {4, 4, 4, 4, 0};
+}
+
+ModelShape shape_of(const recipe::Recipe& r) {
+  const recipe::ModelConfig& m = r.model;
+  ModelShape s;
+  s.C = m.hidden;
+  s.T = m.seq_len;
+  s.V = m.vocab;
+  s.H = m.heads;
+  s.KV = m.kv_heads;
+  s.D = m.hidden / m.heads;
+  s.W = (s.H + 2 * s.KV) * s.D;
+  const bool swiglu = m.activation == recipe::Activation::swiglu;
+  s.F = m.ffn_hidden;
+  s.F1 = swiglu ? 2 * s.F : s.F;
+  s.E = r.moe.experts;
+  s.K = r.moe.top_k;
+  s.EF = r.moe.expert_ffn_hidden > 0 ? r.moe.expert_ffn_hidden : m.ffn_hidden;
+  s.EF1 = swiglu ? 2 * s.EF : s.EF;
+  s.layers = m.layers;
+  for (int i = 0; i < m.layers; ++i)
+    s.moe_layers += r.is_moe_layer(i) ? 1 : 0;
+  s.bias = m.bias;
+  s.norm_bias = m.bias && m.norm == recipe::Norm::layernorm;
+  s.rope = m.position == recipe::Position::rope;
+  s.learned_positions = !s.rope;
+  s.tied = m.tied_embeddings;
+  s.capacity_factor = r.moe.capacity_factor;
+
+  const int64_t C = s.C, b = s.bias ? 1 : 0;
+  const int64_t norm = C * (s.norm_bias ? 2 : 1);
+  s.wpe = s.learned_positions ? s.T * C : 0;
+  s.embedding = s.V * C + s.wpe;
+  s.attention_block = 2 * norm + s.W * C + b * s.W + C * s.H * s.D + b * C;
+  s.dense_mlp = s.F1 * C + b * s.F1 + C * s.F + b * C;
+  s.moe_shared = s.E * C;
+  s.moe_experts = s.E * (s.EF1 * C + b * s.EF1 + C * s.EF + b * C);
+  s.final_norm = norm;
+  s.head = s.tied ? 0 : s.V * C;
+
+  s.attention_flops = 2.0 * C * s.W + 2.0 * s.H * s.D * C + 4.0 * s.T * s.H * s.D;
+  s.dense_mlp_flops = 2.0 * C * s.F1 + 2.0 * s.F * C;
+  s.moe_flops = 2.0 * C * s.E + s.K * (2.0 * C * s.EF1 + 2.0 * s.EF * C);
+  s.head_flops = 2.0 * C * s.V;
+  return s;
+}
+
+int64_t ModelShape::total() const {
+  const int dense_layers = layers - moe_layers;
+  return embedding + layers * attention_block + dense_layers * dense_mlp +
+         moe_layers * (moe_shared + moe_experts) + final_norm + head;
+}
+
+double ModelShape::forward_flops_per_token() const {
+  const int dense_layers = layers - moe_layers;
+  return layers * attention_flops + dense_layers * dense_mlp_flops + moe_layers * moe_flops +
+         head_flops;
+}
+
+int64_t ModelShape::capacity(int64_t tokens) const {
+  if (capacity_factor <= 0) return tokens;
+  const double slots = capacity_factor * static_cast<double>(tokens * K) /
+                       static_cast<double>(std::max<int64_t>(E, 1));
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(slots)));
+}
+
+}  // namespace trainctl::planner

@@ -1,0 +1,156 @@
+// The time model of one optimizer step (docs/planner.md, "Time"):
+//   stage time per micro-batch = compute + tensor-parallel all-reduces + expert all-to-alls
+//                                + pipeline sends (blocking, on the critical path)
+//   step = (m + pp - 1) x slowest stage time          (1F1B: m micro-batches, pp - 1 bubble)
+//        + data-parallel gradient sync not hidden behind the last micro-batch's backward
+// Collectives are rings: an all-reduce moves 2(d-1)/d of the buffer per GPU, a reduce-scatter or
+// all-gather (d-1)/d, each over the slowest link its group spans, at kLinkEfficiency of nominal.
+#include <algorithm>
+#include <cmath>
+
+#include "planner/planner.hpp"
+#include "planner/shape.hpp"
+
+namespace trainctl::planner {
+
+namespace {
+
+struct Link {
+  double bytes_per_s = 1e9;
+  double latency_s = 0;
+};
+
+// The slowest link inside a group of GPUs spanning `span` consecutive global ranks.
+Link link_for_span(const topology::ClusterSpec& c, int span) {
+  const double inter = c.inter_node_gbps > 0 ? c.inter_node_gbps : 1.0;
+  const double intra = c.intra_node_gbps > 0 ? c.intra_node_gbps : inter;
+  const double nvlink = c.nvlink_gbps > 0 ? c.nvlink_gbps : intra;
+  const int gpn = std::max(1, c.gpus_per_node);
+  const int domain = std::max(1, c.nvlink_domain);
+  Link l;
+  if (span <= domain && domain % span == 0) {
+    l.bytes_per_s = nvlink * 1e9;
+    l.latency_s = c.nvlink_latency_us * 1e-6;
+  } else if (span <= gpn && gpn % span == 0) {
+    l.bytes_per_s = intra * 1e9;
+    l.latency_s = c.nvlink_latency_us * 1e-6;
+  } else {
+    l.bytes_per_s = inter * 1e9;
+    l.latency_s = c.inter_node_latency_us * 1e-6;
+  }
+  l.bytes_per_s *= kLinkEfficiency;
+  return l;
+}
+
+// Ring collective: `passes` = 2 for all-reduce, 1 for reduce-scatter / all-gather / all-to-all.
+double ring_seconds(double bytes, int group, const Link& link, double passes) {
+  if (group <= 1 || bytes <= 0) return 0;
+  const double steps = passes * (group - 1);
+  return steps / group * bytes / link.bytes_per_s + steps * link.latency_s;
+}
+
+}  // namespace
+
+double peak_tflops(const topology::ClusterSpec& cluster, recipe::Compute compute) {
+  const topology::GpuSpec& g = cluster.gpu;
+  switch (compute) {
+    case recipe::Compute::bf16:
+      return g.peak_tflops_bf16;
+    case recipe::Compute::fp16:
+      return g.peak_tflops_fp16;
+    case recipe::Compute::fp64:
+      return g.peak_tflops_fp32 / 2;
+    case recipe::Compute::fp32:
+      break;
+  }
+  return g.peak_tflops_fp32;
+}
+
+TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
+                           const Layout& lay, const TimeOptions& options) {
+  const ModelShape s = shape_of(r);
+  const Sizes z = sizes_of(r.precision.compute);
+  const double efficiency =
+      options.compute_efficiency > 0 ? options.compute_efficiency : kDefaultComputeEfficiency;
+  const double peak = std::max(peak_tflops(cluster, r.precision.compute), 1e-3) * 1e12;
+  const double flops_per_s = peak * efficiency;
+  const bool full = lay.recompute == recipe::Recompute::full;
+  const double passes = full ? 4.0 : 3.0;  // forward, backward (2x), recompute forward
+  const double n = static_cast<double>(lay.micro_batch) * s.T;
+  const double hidden_bytes = n * s.C * z.storage;
+
+  const Link tp_link = link_for_span(cluster, lay.tp);
+  const Link ep_link = link_for_span(cluster, lay.tp * lay.ep);
+  const Link dp_link = link_for_span(cluster, lay.tp * lay.ep * lay.dp);
+  // Adjacent stages are tp*ep*dp ranks apart: another node unless a whole stage shares one.
+  const Link pp_link = link_for_span(cluster, 2 * lay.tp * lay.ep * lay.dp);
+  const double collectives_per_layer = full ? 6.0 : 4.0;  // 2 fwd + 2 bwd (+ 2 recompute)
+
+  TimeEstimate t;
+  t.micro_batches = std::max(1, r.training.global_batch / (lay.micro_batch * lay.dp * lay.ep));
+  const int layers = r.model.layers / lay.pp;
+  double worst_stage = -1, worst_compute = 0, worst_tp = 0, worst_ep = 0, worst_p2p = 0;
+  for (int stage = 0; stage < lay.pp; ++stage) {
+    const bool last = stage == lay.pp - 1;
+    // Stages differ only by the head (last) and by where MoE layers fall.
+    if (stage != 0 && !last && s.moe_layers == 0) continue;
+    int moe = 0;
+    for (int i = stage * layers; i < (stage + 1) * layers; ++i)
+      moe += r.is_moe_layer(i) ? 1 : 0;
+    const double layer_flops =
+        layers * s.attention_flops + (layers - moe) * s.dense_mlp_flops + moe * s.moe_flops;
+    double flops = n * layer_flops * passes;
+    if (last) flops += n * s.head_flops * 3.0;  // the head is never recomputed
+    const double compute = flops / lay.tp / flops_per_s;
+    const double tp_comm =
+        layers * collectives_per_layer * ring_seconds(hidden_bytes, lay.tp, tp_link, 2.0);
+    const double ep_comm = moe * collectives_per_layer *
+                           ring_seconds(n * s.K * s.C * z.storage / lay.tp, lay.ep, ep_link, 1.0);
+    const double p2p =
+        lay.pp > 1 ? 2.0 * (hidden_bytes / lay.tp / pp_link.bytes_per_s + pp_link.latency_s) : 0.0;
+    const double total = compute + tp_comm + ep_comm + p2p;
+    if (total > worst_stage) {
+      worst_stage = total;
+      worst_compute = compute;
+      worst_tp = tp_comm;
+      worst_ep = ep_comm;
+      worst_p2p = p2p;
+    }
+  }
+  const double m = t.micro_batches;
+  t.compute_s = m * worst_compute;
+  t.tp_comm_s = m * worst_tp;
+  t.ep_comm_s = m * worst_ep;
+  t.pp_p2p_s = m * worst_p2p;
+  t.bubble_s = (lay.pp - 1) * worst_stage;
+
+  // Gradient sync: non-expert gradients over the dp*ep replicas, expert gradients over dp.
+  const double expert_elements = static_cast<double>(s.moe_layers) * s.moe_experts / lay.ep;
+  const double shared_elements = static_cast<double>(s.total()) - s.moe_layers * s.moe_experts;
+  const double per_gpu = 1.0 / (static_cast<double>(lay.tp) * lay.pp);
+  const double shared_bytes = shared_elements * per_gpu;
+  const double expert_bytes = expert_elements * per_gpu;
+  auto sync = [&](double elements, int group) {
+    if (lay.zero)  // reduce-scatter the grads, all-gather the updated params
+      return ring_seconds(elements * z.grad, group, dp_link, 1.0) +
+             ring_seconds(elements * z.storage, group, dp_link, 1.0);
+    return ring_seconds(elements * z.grad, group, dp_link, 2.0);
+  };
+  t.dp_comm_s = sync(shared_bytes, lay.dp * lay.ep) + sync(expert_bytes, lay.dp);
+  // Bucketed all-reduce starts as the last micro-batch's backward produces gradients, so it
+  // hides behind that backward (2 of the `passes` forward-equivalents of one stage time).
+  const double window = worst_compute * 2.0 / passes;
+  t.dp_exposed_s = std::max(0.0, t.dp_comm_s - window);
+
+  t.step_s = m * worst_stage + t.bubble_s + t.dp_exposed_s;
+  const double tokens = static_cast<double>(r.training.global_batch) * s.T;
+  const double forward = s.forward_flops_per_token();
+  t.model_flops = 3.0 * forward * tokens;
+  t.hardware_flops = tokens * ((forward - s.head_flops) * passes + 3.0 * s.head_flops);
+  const double gpus = lay.world();
+  t.tokens_per_s_per_gpu = tokens / t.step_s / gpus;
+  t.mfu = t.model_flops / (t.step_s * gpus * peak);
+  return t;
+}
+
+}  // namespace trainctl::planner

@@ -1,0 +1,219 @@
+// The layout search and its output: validity rules, rejections with reasons, rank order, the rank
+// grid, explanations, the JSON document, the impossible requests, and the 16,384-GPU time limit.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "planner/planner.hpp"
+
+namespace {
+
+using namespace trainctl;
+
+topology::ClusterSpec h100(int nodes) {
+  topology::ClusterSpec c;
+  c.name = "dgx-h100";
+  c.source = "test";
+  c.gpu.name = "NVIDIA H100 80GB HBM3";
+  c.gpu.memory_gib = 80;
+  c.gpu.peak_tflops_fp32 = 67;
+  c.gpu.peak_tflops_bf16 = 989;
+  c.gpu.peak_tflops_fp16 = 989;
+  c.nodes = nodes;
+  c.gpus_per_node = 8;
+  c.nvlink_domain = 8;
+  c.nvlink_gbps = 450;
+  c.inter_node_gbps = 50;
+  c.nvlink_latency_us = 5;
+  c.inter_node_latency_us = 10;
+  return c;
+}
+
+recipe::Recipe llama_7b() {
+  recipe::Recipe r = recipe::default_recipe(recipe::Arch::llama);
+  r.name = "llama-7b";
+  r.model.layers = 32;
+  r.model.hidden = 4096;
+  r.model.heads = 32;
+  r.model.kv_heads = 32;
+  r.model.ffn_hidden = 11008;
+  r.model.vocab = 32000;
+  r.model.seq_len = 4096;
+  r.precision.compute = recipe::Compute::bf16;
+  r.training.global_batch = 512;
+  r.training.micro_batch = 1;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("check_divisibility names the broken rule as a formula") {
+  const recipe::Recipe r = llama_7b();
+  CHECK(planner::check_divisibility(r, {1, 1, 1, 1, 1, 0}).empty());
+  CHECK(planner::check_divisibility(r, {3, 1, 1, 1, 1, 0}) == "model.heads % tp = 32 % 3 = 2 != 0");
+  CHECK(planner::check_divisibility(r, {1, 3, 1, 1, 1, 0}) ==
+        "model.layers % pp = 32 % 3 = 2 != 0");
+  CHECK(planner::check_divisibility(r, {1, 1, 3, 1, 1, 0}) ==
+        "global_batch % (micro_batch * dp * ep) = 512 % (1 * 3 * 1) = 2 != 0");
+  CHECK(planner::check_divisibility(r, {1, 1, 1, 2, 1, 0}) == "ep = 2 needs an MoE model");
+}
+
+TEST_CASE("rank coordinates: tp fastest, then ep, dp, pp") {
+  const planner::Layout l{2, 3, 4, 2, 1, 0};
+  const planner::RankCoordinates c = planner::coordinates(l, 1 + 2 * 1 + 4 * 3 + 16 * 2);
+  CHECK(c.tp == 1);
+  CHECK(c.ep == 1);
+  CHECK(c.dp == 3);
+  CHECK(c.pp == 2);
+}
+
+TEST_CASE("plan for llama 7B on 4 DGX H100 nodes") {
+  recipe::Recipe r = llama_7b();
+  r.model.kv_heads = 8;  // grouped-query attention: tp = 16, 32 do not divide the kv heads
+  const planner::Plan plan = planner::make_plan(r, h100(4));
+  REQUIRE(!plan.ranked.empty());
+  CHECK(plan.world == 32);
+  // Sorted by step time, every ranked layout fits and uses all 32 GPUs.
+  for (size_t i = 0; i < plan.ranked.size(); ++i) {
+    const planner::Candidate& k = plan.ranked[i];
+    CHECK(k.layout.world() == 32);
+    CHECK(k.headroom_bytes >= 0);
+    CHECK(planner::check_divisibility(r, k.layout).empty());
+    if (i > 0) CHECK(k.time.step_s >= plan.ranked[i - 1].time.step_s);
+  }
+  const planner::Candidate& best = plan.ranked.front();
+  CHECK(best.layout.tp <= 8);
+  // tp = 16 does not divide the 8 kv heads: rejected with the formula.
+  bool saw_divide = false;
+  for (const planner::Rejection& rej : plan.rejected)
+    saw_divide |= rej.reason == "does not divide: model.kv_heads % tp = 8 % 16 = 8 != 0";
+  CHECK(saw_divide);
+  // With all 32 heads shardable, tp = 16 crosses nodes and the explanation says so.
+  r.model.kv_heads = 32;
+  const planner::Plan wide = planner::make_plan(r, h100(4));
+  bool saw_cross = false;
+  for (const planner::Candidate& k : wide.ranked)
+    if (k.layout.tp == 16) {
+      saw_cross = true;
+      CHECK_THAT(planner::explain_loss(wide.ranked.front(), k, wide.cluster),
+                 Catch::Contains("tp=16 crosses nodes"));
+    }
+  CHECK(saw_cross);
+  // The text output holds the table, the grid and the runner-ups.
+  const std::string text = planner::format_plan(plan, r, 5);
+  CHECK_THAT(text, Catch::Contains("tokens/s/GPU"));
+  CHECK_THAT(text, Catch::Contains("node     0:"));
+  CHECK_THAT(text, Catch::Contains("why the runner-ups lost"));
+  CHECK_THAT(text, Catch::Contains("step time"));
+}
+
+TEST_CASE("a model too big for the cluster is rejected with how much it misses by") {
+  recipe::Recipe r = llama_7b();
+  r.model.layers = 320;  // ~65B parameters on 8 GPUs of 80 GiB: 18 bytes/param does not fit
+  try {
+    planner::make_plan(r, h100(1));
+    FAIL("expected PlanError");
+  } catch (const planner::PlanError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("does not fit:"));
+    CHECK_THAT(e.what(), Catch::Contains("GiB > 80.0 GiB"));
+    CHECK_THAT(e.what(), Catch::Contains("use more GPUs"));
+  }
+}
+
+TEST_CASE("more GPUs than the batch can feed is an error that says so") {
+  recipe::Recipe r = llama_7b();
+  r.training.global_batch = 2;
+  try {
+    planner::make_plan(r, h100(512));  // 4096 GPUs; tp*pp at most 8*32 = 256 -> dp >= 16 > 2
+    FAIL("expected PlanError");
+  } catch (const planner::PlanError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("more GPUs than the batch can feed"));
+    CHECK_THAT(e.what(), Catch::Contains("training.global_batch = 2"));
+  }
+}
+
+TEST_CASE("recompute is chosen only when memory needs it") {
+  recipe::Recipe r = llama_7b();
+  r.model.layers = 4;  // small: everything fits without recompute, which is fastest
+  const planner::Plan plan = planner::make_plan(r, h100(1));
+  CHECK(plan.ranked.front().layout.recompute == recipe::Recompute::none);
+  // Full recompute costs a forward: its compute time is 4/3 of the plain one.
+  planner::Layout l = plan.ranked.front().layout;
+  const double plain = planner::estimate_time(r, plan.cluster, l).compute_s;
+  l.recompute = recipe::Recompute::full;
+  const double full = planner::estimate_time(r, plan.cluster, l).compute_s;
+  CHECK(full > plain * 1.25);
+}
+
+TEST_CASE("MoE: expert parallelism divides the experts and is searched") {
+  recipe::Recipe r = llama_7b();
+  r.model.layers = 8;
+  r.moe.experts = 8;
+  r.moe.top_k = 2;
+  r.moe.every = 1;
+  const planner::Plan plan = planner::make_plan(r, h100(2));
+  bool saw_ep = false;
+  for (const planner::Candidate& k : plan.ranked) {
+    CHECK(8 % k.layout.ep == 0);
+    saw_ep |= k.layout.ep > 1;
+  }
+  CHECK(saw_ep);
+  const planner::MemoryEstimate one =
+      planner::estimate_memory(r, plan.cluster, {1, 1, 16, 1, 1, 0});
+  const planner::MemoryEstimate eight =
+      planner::estimate_memory(r, plan.cluster, {1, 1, 2, 8, 1, 0});
+  CHECK(eight.params < one.params / 3);  // the experts dominate and are split 8 ways
+}
+
+TEST_CASE("JSON document: stable keys, same content as the table") {
+  const recipe::Recipe r = llama_7b();
+  const planner::Plan plan = planner::make_plan(r, h100(2));
+  const nlohmann::json doc = nlohmann::json::parse(planner::plan_json(plan, r, 3));
+  CHECK(doc["schema"] == "trainctl.plan/1");
+  CHECK(doc["world"] == 16);
+  REQUIRE(doc["ranked"].size() == 3);
+  const nlohmann::json& first = doc["ranked"][0];
+  CHECK(first["layout"]["tp"] == plan.ranked[0].layout.tp);
+  CHECK(first["time_seconds"]["step"].get<double>() == Approx(plan.ranked[0].time.step_s));
+  CHECK(first["memory_bytes"]["total"].get<double>() == Approx(plan.ranked[0].memory.total()));
+  CHECK(doc["ranked"][1].contains("why_slower"));
+  CHECK(doc["placement"]["ranks"].size() == 16);
+  CHECK(doc["placement"]["columns"][0] == "node");
+  CHECK(doc["rejected"].is_array());
+}
+
+TEST_CASE("16,384 GPUs are planned in under 2 s") {
+  recipe::Recipe r = llama_7b();
+  r.model.layers = 128;
+  r.model.hidden = 16384;
+  r.model.heads = 128;
+  r.model.kv_heads = 8;
+  r.model.ffn_hidden = 53248;
+  r.model.vocab = 128000;
+  r.training.global_batch = 16384;
+  const auto start = std::chrono::steady_clock::now();
+  const planner::Plan plan = planner::make_plan(r, h100(2048));
+  const std::string text = planner::format_plan(plan, r, 5);
+  const std::string json = planner::plan_json(plan, r, 5);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  WARN("16,384 GPUs: " << plan.variants_evaluated << " variants in " << seconds << " s");
+  CHECK(plan.world == 16384);
+  CHECK(!plan.ranked.empty());
+  CHECK(seconds < 2.0);
+}
+
+TEST_CASE("a CPU machine plans a world of 1") {
+  recipe::Recipe r = recipe::default_recipe(recipe::Arch::gpt);
+  const planner::Plan plan = planner::make_plan(r, planner::cpu_machine());
+  CHECK(plan.world == 1);
+  REQUIRE(plan.ranked.size() == 1);
+  const planner::Layout& l = plan.ranked.front().layout;
+  CHECK(l.tp == 1);
+  CHECK(l.pp == 1);
+  CHECK(l.dp == 1);
+  CHECK(l.ep == 1);
+  CHECK(l.zero == 0);
+  CHECK(r.training.global_batch % l.micro_batch == 0);
+}

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "planner/planner.hpp"
+#include "planner/shape.hpp"
 
 namespace trainctl::planner {
 
@@ -26,12 +27,12 @@ std::string cell(const Layout& l, int rank) {
   return s;
 }
 
+}  // namespace
+
 std::string seconds(double s) {
   if (s < 1e-3) return fmt::format("{:.1f} us", s * 1e6);
   return s < 1 ? fmt::format("{:.1f} ms", s * 1e3) : fmt::format("{:.2f} s", s);
 }
-
-}  // namespace
 
 std::string format_rank_grid(const Layout& layout, const topology::ClusterSpec& cluster,
                              int max_nodes) {

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "planner/planner.hpp"
+#include "planner/shape.hpp"
 
 namespace trainctl::planner {
 
@@ -206,22 +207,22 @@ std::string explain_loss(const Candidate& best, const Candidate& other,
                                          : fmt::format("tp={}", y.tp);
   std::vector<Cause> causes{
       {b.tp_comm_s - a.tp_comm_s,
-       fmt::format("{} (tp comm {:.3g} s vs {:.3g} s)", tp_where, b.tp_comm_s, a.tp_comm_s)},
+       fmt::format("{} (tp comm {} vs {})", tp_where, seconds(b.tp_comm_s), seconds(a.tp_comm_s))},
       {b.bubble_s - a.bubble_s,
        fmt::format("pipeline bubble {:.0f}% vs {:.0f}% (pp={}, {} micro-batches)",
                    100 * b.bubble_share(), 100 * a.bubble_share(), y.pp, b.micro_batches)},
       {b.dp_exposed_s - a.dp_exposed_s,
-       fmt::format("exposed gradient sync {:.3g} s vs {:.3g} s (dp={}{})", b.dp_exposed_s,
-                   a.dp_exposed_s, y.dp, y.zero ? ", ZeRO-1" : "")},
+       fmt::format("exposed gradient sync {} vs {} (dp={}{})", seconds(b.dp_exposed_s),
+                   seconds(a.dp_exposed_s), y.dp, y.zero ? ", ZeRO-1" : "")},
       {b.compute_s - a.compute_s,
-       fmt::format("compute {:.3g} s vs {:.3g} s{}", b.compute_s, a.compute_s,
+       fmt::format("compute {} vs {}{}", seconds(b.compute_s), seconds(a.compute_s),
                    y.recompute == recipe::Recompute::full && x.recompute != y.recompute
                        ? " (full recompute reruns the forward)"
                        : "")},
       {b.pp_p2p_s - a.pp_p2p_s,
-       fmt::format("pipeline sends {:.3g} s vs {:.3g} s", b.pp_p2p_s, a.pp_p2p_s)},
-      {b.ep_comm_s - a.ep_comm_s, fmt::format("expert all-to-all {:.3g} s vs {:.3g} s (ep={})",
-                                              b.ep_comm_s, a.ep_comm_s, y.ep)},
+       fmt::format("pipeline sends {} vs {}", seconds(b.pp_p2p_s), seconds(a.pp_p2p_s))},
+      {b.ep_comm_s - a.ep_comm_s, fmt::format("expert all-to-all {} vs {} (ep={})",
+                                              seconds(b.ep_comm_s), seconds(a.ep_comm_s), y.ep)},
   };
   std::sort(causes.begin(), causes.end(),
             [](const Cause& p, const Cause& q) { return p.delta > q.delta; });

@@ -4,6 +4,8 @@
 // Transformer::forward_flops_per_token counts them).
 #pragma once
 
+#include <string>
+
 #include <cstdint>
 
 #include "recipe/recipe.hpp"
@@ -47,5 +49,8 @@ struct ModelShape {
   int64_t capacity(int64_t tokens) const;
 };
 ModelShape shape_of(const recipe::Recipe& recipe);
+
+// A duration for people: "12.3 us", "4.5 ms", "1.23 s".
+std::string seconds(double s);
 
 }  // namespace trainctl::planner

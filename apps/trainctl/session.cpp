@@ -357,8 +357,8 @@ int train_session(SessionInput input, const std::string& command) {
       if (policy.due(m.step, since_save, stop.requested())) {
         if (tensorboard) tensorboard->flush();
         const auto before = Clock::now();
-        ckpt::SaveRequest request =
-            train::capture_checkpoint(model, trainer, *be, hash, layout_json(r));
+        ckpt::SaveRequest request = train::capture_checkpoint(
+            writer.new_request(), model, trainer, *be, hash, layout_json(r));  // reused memory
         writer.save(std::move(request));  // waits for the previous save first
         last_save = Clock::now();
         stall_ms = std::chrono::duration<double, std::milli>(last_save - before).count();

@@ -123,6 +123,16 @@ void File::prefetch(uint64_t offset, uint64_t bytes) const {
                           POSIX_FADV_WILLNEED);
 }
 
+void File::advise_sequential() const {
+  if (fd_ >= 0) (void)::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+}
+
+void File::start_writeback(uint64_t offset, uint64_t bytes) const {
+  if (fd_ >= 0 && bytes > 0)
+    (void)::sync_file_range(fd_, static_cast<off64_t>(offset), static_cast<off64_t>(bytes),
+                            SYNC_FILE_RANGE_WRITE);
+}
+
 uint64_t File::size() const {
   struct stat st {};
   if (::fstat(fd_, &st) != 0) throw_os_error("cannot stat", path_, errno);

@@ -31,6 +31,12 @@ class File {
   // Asks the kernel to start reading [offset, offset + bytes) now (posix_fadvise WILLNEED), so
   // the disk works while the caller checksums what it read; a hint, errors are ignored.
   void prefetch(uint64_t offset, uint64_t bytes) const;
+  // Tells the kernel the file will be read front to back (posix_fadvise SEQUENTIAL: a larger
+  // read-ahead window); a hint, errors are ignored.
+  void advise_sequential() const;
+  // Asks the kernel to start writing [offset, offset + bytes) to the disk now
+  // (sync_file_range WRITE, no waiting), so the final fsync finds little left to do; a hint.
+  void start_writeback(uint64_t offset, uint64_t bytes) const;
   uint64_t size() const;
   void sync();   // fsync
   void close();  // reports close errors (NFS reports write errors there)

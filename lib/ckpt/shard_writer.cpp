@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <functional>
+#include <future>
 #include <thread>
 
 #include <fmt/format.h>
@@ -26,7 +28,7 @@ using tensor::crc32c_combine;
 namespace {
 
 constexpr size_t kStagingBytes = size_t{4} << 20;  // small slices are gathered into one write
-constexpr size_t kChunkBytes = size_t{16} << 20;   // large slices: checksum then write per chunk
+constexpr uint64_t kWritebackBytes = uint64_t{32} << 20;  // start write-back this often
 
 int write_delay_ms() {
   const char* value = std::getenv("TRAINCTL_TEST_CKPT_WRITE_DELAY_MS");
@@ -60,43 +62,66 @@ std::vector<Range> checked_index(const SliceData& s) {
   return index;
 }
 
-// Buffered sequential writer that tracks the file offset and the whole-file checksum.
+// One piece of the shard file in order: header, padding or a slice's bytes (not owned).
+struct Piece {
+  const char* data;
+  uint64_t offset;
+  uint64_t length;
+  int slice;  // index into the caller's slices, -1 for header and padding
+};
+
+// Writes the pieces in order: small ones gathered in a staging buffer, large ones straight from
+// the caller's memory (no copy), asking the kernel to start writing back every kWritebackBytes
+// so the disk works while later bytes are still being copied into the page cache.
 class ShardStream {
  public:
   explicit ShardStream(io::File& file) : file_(file), staging_(kStagingBytes) {}
 
-  // Appends bytes whose checksum is already known (or computes it).
-  void append(const void* data, size_t bytes, uint32_t crc) {
+  void append(const char* data, uint64_t bytes) {
     if (bytes < kStagingBytes / 4) {
       if (used_ + bytes > staging_.size()) flush();
-      std::memcpy(staging_.data() + used_, data, bytes);
-      used_ += bytes;
-    } else {
-      flush();
-      file_.write_all(data, bytes);
+      std::memcpy(staging_.data() + used_, data, static_cast<size_t>(bytes));
+      used_ += static_cast<size_t>(bytes);
+      return;
     }
-    file_crc_ = crc32c_combine(file_crc_, crc, bytes);
-    offset_ += bytes;
-  }
-  void pad_to(uint64_t alignment) {
-    static const char zeros[kSliceAlignment] = {};
-    const uint64_t pad = (alignment - offset_ % alignment) % alignment;
-    if (pad) append(zeros, pad, crc32c(zeros, pad));
+    flush();
+    for (uint64_t done = 0; done < bytes;) {
+      const auto n = static_cast<size_t>(std::min<uint64_t>(kWritebackBytes, bytes - done));
+      file_.write_all(data + done, n);
+      advance(n);
+      done += n;
+    }
   }
   void flush() {
     if (used_) file_.write_all(staging_.data(), used_);
+    advance(used_);
     used_ = 0;
   }
-  uint64_t offset() const { return offset_; }
-  uint32_t file_crc() const { return file_crc_; }
 
  private:
+  void advance(uint64_t bytes) {
+    written_ += bytes;
+    if (written_ - started_ >= kWritebackBytes) {
+      file_.start_writeback(started_, written_ - started_);
+      started_ = written_;
+    }
+  }
+
   io::File& file_;
   std::vector<char> staging_;
   size_t used_ = 0;
-  uint64_t offset_ = 0;
-  uint32_t file_crc_ = 0;
+  uint64_t written_ = 0;  // bytes handed to the kernel
+  uint64_t started_ = 0;  // bytes whose write-back was started
 };
+
+// The checksum of every piece, computed on another thread while the pieces are written: the
+// caller's bytes do not change during a save, so checksum and write may read them concurrently.
+std::vector<uint32_t> checksum_pieces(const std::vector<Piece>& pieces) {
+  std::vector<uint32_t> crcs(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i)
+    crcs[i] = crc32c(pieces[i].data, static_cast<size_t>(pieces[i].length));
+  return crcs;
+}
 
 }  // namespace
 
@@ -167,45 +192,59 @@ ShardIndex write_shard(const fs::path& dir, int rank, std::span<const SliceData>
   index.rank = rank;
   index.file = shard_file_name(rank);
   const int delay_ms = write_delay_ms();
-  io::File file = io::File::create(dir / index.file);
-  ShardStream out(file);
 
+  // Lay the file out first: header, then each slice at a multiple of kSliceAlignment.
+  static const char zeros[kSliceAlignment] = {};
   char header[kShardHeaderBytes] = {};
   std::memcpy(header, kShardMagic, sizeof kShardMagic);
   const uint32_t version = kFormatVersion, rank_u32 = static_cast<uint32_t>(rank);
   std::memcpy(header + 8, &version, 4);  // little-endian hosts only (x86-64, aarch64)
   std::memcpy(header + 12, &rank_u32, 4);
-  out.append(header, sizeof header, crc32c(header, sizeof header));
-
-  for (const SliceData& s : slices) {
+  std::vector<Piece> pieces{{header, 0, kShardHeaderBytes, -1}};
+  uint64_t offset = kShardHeaderBytes;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const SliceData& s = slices[i];
     std::vector<Range> slice_index = checked_index(s);
     uint64_t length = tensor::dtype_size(s.dtype);
     for (const Range& r : slice_index)
       length *= static_cast<uint64_t>(r.size());
-    out.pad_to(kSliceAlignment);
-    const uint64_t offset = out.offset();
-    const auto* bytes = static_cast<const char*>(s.data);
-    uint32_t slice_crc = 0;
-    for (uint64_t done = 0; done < length;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(kChunkBytes, length - done));
-      const uint32_t chunk_crc = crc32c(bytes + done, n);
-      out.append(bytes + done, n, chunk_crc);
-      slice_crc = crc32c_combine(slice_crc, chunk_crc, n);
-      done += n;
+    if (const uint64_t pad = (kSliceAlignment - offset % kSliceAlignment) % kSliceAlignment) {
+      pieces.push_back({zeros, offset, pad, -1});
+      offset += pad;
     }
-    index.slices.push_back(
-        {s.name, s.dtype, s.shape,
-         SliceRecord{index.file, offset, length, std::move(slice_index), slice_crc}});
-    if (delay_ms > 0) {
-      out.flush();
-      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-    }
+    pieces.push_back({static_cast<const char*>(s.data), offset, length, static_cast<int>(i)});
+    index.slices.push_back({s.name, s.dtype, s.shape,
+                            SliceRecord{index.file, offset, length, std::move(slice_index), 0}});
+    offset += length;
   }
-  out.flush();
-  file.sync();
-  file.close();
-  index.bytes = out.offset();
-  index.crc32c = out.file_crc();
+
+  std::future<std::vector<uint32_t>> checksums =
+      std::async(std::launch::async, checksum_pieces, std::cref(pieces));
+  try {
+    io::File file = io::File::create(dir / index.file);
+    ShardStream out(file);
+    for (const Piece& p : pieces) {
+      out.append(p.data, p.length);
+      if (delay_ms > 0 && p.slice >= 0) {
+        out.flush();
+        std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      }
+    }
+    out.flush();
+    file.sync();
+    file.close();
+  } catch (...) {
+    checksums.wait();  // it reads `pieces` and the caller's bytes
+    throw;
+  }
+  const std::vector<uint32_t> crcs = checksums.get();
+  uint32_t file_crc = 0;
+  for (size_t i = 0, slice = 0; i < pieces.size(); ++i) {
+    file_crc = crc32c_combine(file_crc, crcs[i], pieces[i].length);
+    if (pieces[i].slice >= 0) index.slices[slice++].record.crc32c = crcs[i];
+  }
+  index.bytes = offset;
+  index.crc32c = file_crc;
   return index;
 }
 

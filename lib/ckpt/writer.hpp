@@ -4,10 +4,18 @@
 // and returns. A second save() first waits for the one in flight, and an error of a background
 // save is rethrown by the next save() or wait(). The destructor waits (and reports a pending
 // error on stderr, since it cannot throw).
+//
+// Why new_request(): a fresh 1 GB host copy costs its page faults (the kernel zero-fills every
+// page on first touch) on every save, which was most of the stall. A request taken from
+// new_request() reuses the host memory of the writer's last finished save, so only the first
+// save pays for the faults and every later one is a plain memcpy into warm pages. The writer
+// keeps one set of host memory (the size of one checkpoint) between saves.
 #pragma once
 
 #include <condition_variable>
+#include <cstddef>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -19,26 +27,88 @@
 
 namespace trainctl::ckpt {
 
+// Host memory for a SaveRequest: 64-byte aligned pieces bump-allocated from large blocks. The
+// blocks are mapped without being zero-filled by us (MAP_POPULATE faults them in at once, which is
+// cheaper than faulting page by page during the copy) and can be handed to the next request, so
+// an identical sequence of allocations lands in the same, already mapped, pages.
+class HostArena {
+ public:
+  HostArena() = default;
+  HostArena(HostArena&& other) noexcept;
+  HostArena& operator=(HostArena&& other) noexcept;  // releases this arena's blocks first
+  ~HostArena();
+
+  // `bytes` of uninitialised memory (never null; a zero-byte request gets a valid pointer).
+  std::byte* allocate(size_t bytes);
+  // True when [data, data + bytes) lies inside the allocated part of one block (pieces are
+  // rounded up to 64 bytes, so a few bytes past a piece's end still count as inside).
+  bool owns(const void* data, size_t bytes) const;
+  // Total bytes mapped (used and spare).
+  size_t mapped_bytes() const;
+  // Moves this arena's blocks out (to seed the next request's arena); spare blocks that were
+  // never used are released rather than kept.
+  HostArena recycle();
+
+ private:
+  struct Block {
+    std::byte* data = nullptr;
+    size_t bytes = 0;
+    size_t used = 0;
+  };
+  static constexpr size_t kMaxBlockBytes = size_t{64} << 20;  // larger pieces get their own
+  static Block map_block(size_t bytes);
+  static void unmap(Block& block) noexcept;
+  void release() noexcept;
+
+  std::vector<Block> blocks_;  // in use, in allocation order; the last one is being filled
+  std::vector<Block> spare_;   // from an earlier request, taken front first
+  size_t next_spare_ = 0;
+  size_t next_block_bytes_ = size_t{1} << 20;  // doubles up to kMaxBlockBytes
+};
+
 // A checkpoint's content with its own host copy of every slice.
 class SaveRequest {
  public:
+  // A request with fresh host memory. Prefer CheckpointWriter::new_request(), which reuses the
+  // memory of the last finished save.
+  SaveRequest() = default;
+
   ManifestHeader header;
 
   // Copies the row-major bytes of box `index` (empty: the whole tensor) of a tensor of global
-  // `shape` from host memory at `data`.
+  // `shape` from host memory at `data`. Large copies are split over a few threads.
   void add(std::string name, DType dtype, std::vector<int64_t> shape, std::vector<Range> index,
            const void* data);
   // Copies a whole host tensor.
   void add(std::string name, const tensor::Tensor& whole);
 
+  // Uninitialised host memory owned by the request, 64-byte aligned, for a caller that fills it
+  // itself (one device-to-host copy of a whole parameter buffer), then describes the slices in
+  // it with add_view(). Reused from the previous save when the request came from new_request().
+  std::byte* allocate(size_t bytes);
+  // Like add() but without a copy: `data` must point into memory from allocate() (the bytes of
+  // the box must lie inside one allocation; otherwise a CheckpointError).
+  void add_view(std::string name, DType dtype, std::vector<int64_t> shape, std::vector<Range> index,
+                const void* data);
+
   std::span<const SliceData> slices() const { return slices_; }
   uint64_t bytes() const { return bytes_; }
 
  private:
-  std::vector<tensor::Buffer> copies_;
-  std::vector<SliceData> slices_;  // point into copies_
+  friend class CheckpointWriter;
+  // Checks the box and returns its byte count.
+  static uint64_t box_bytes(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                            std::vector<Range>& index);
+
+  HostArena memory_;
+  std::vector<SliceData> slices_;  // point into memory_
   uint64_t bytes_ = 0;
 };
+
+// Copies `bytes` from src to dst, split over up to four threads (one per 8 MiB, at most one per
+// core), with non-temporal stores on x86-64 for copies of 256 KiB and more: the destination is
+// written out by another thread later, so it need not pass through this core's cache.
+void copy_parallel(void* dst, const void* src, size_t bytes);
 
 // Deletes old checkpoints after a commit: keeps the newest `keep_last` valid ones (by step; the
 // manifest-level check of scan()) and removes every step_* directory older than the oldest kept
@@ -58,8 +128,12 @@ class CheckpointWriter {
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
+  // An empty request whose host memory is that of the last finished save (the pages are already
+  // mapped, so copying the same state again costs no page faults). When a save is in flight its
+  // memory is needed: waits for it (as save() would anyway); its error stays for save()/wait().
+  SaveRequest new_request();
   // Waits for the previous save (rethrowing its error), then saves `request`: in the background
-  // when async, else before returning.
+  // when async, else before returning. The request's memory goes back to the writer afterwards.
   void save(SaveRequest request);
   // Blocks until no save is in flight; rethrows the error of the last background save, once.
   void wait();
@@ -71,7 +145,8 @@ class CheckpointWriter {
   const fs::path& dir() const { return dir_; }
 
  private:
-  void run(SaveRequest& request);  // save, then retention and cleanup
+  void run(SaveRequest& request);          // save, then retention and cleanup
+  void keep_memory(SaveRequest& request);  // under mutex_
   void worker_loop();
 
   fs::path dir_;
@@ -83,6 +158,7 @@ class CheckpointWriter {
   bool stop_ = false;
   std::exception_ptr error_;
   std::optional<SaveStats> stats_;
+  HostArena spare_memory_;                 // of the last finished save, for new_request()
   std::vector<fs::path> failed_tmp_dirs_;  // this writer's failed saves, removed later
   std::thread worker_;
 };

@@ -47,10 +47,9 @@ nlohmann::json describe_model(const model::ModelConfig& c) {
           {"storage", std::string(tensor::dtype_name(c.storage))}};
 }
 
-ckpt::SaveRequest capture_checkpoint(const model::Transformer& model, const Trainer& trainer,
-                                     backend::Backend& be, const std::string& recipe_hash,
-                                     const nlohmann::json& layout) {
-  ckpt::SaveRequest request;
+ckpt::SaveRequest capture_checkpoint(ckpt::SaveRequest request, const model::Transformer& model,
+                                     const Trainer& trainer, backend::Backend& be,
+                                     const std::string& recipe_hash, const nlohmann::json& layout) {
   const TrainerState state = trainer.state();
   request.header.step = state.step;
   request.header.recipe_hash = recipe_hash;
@@ -58,21 +57,24 @@ ckpt::SaveRequest capture_checkpoint(const model::Transformer& model, const Trai
   request.header.model = describe_model(model.config());
   request.header.state = to_json(state);
   const model::ParamStore& params = model.params();
-  std::vector<unsigned char> staging;
   for (const auto& [prefix, whole] : buffers(params)) {
-    const void* base = whole.data;
-    if (whole.device != tensor::Device::cpu) {  // device memory: one copy to the host first
-      staging.resize(whole.bytes());
-      be.copy_to_host(staging.data(), whole);
-      base = staging.data();
-    }
+    std::byte* host = request.allocate(whole.bytes());
+    if (whole.device == tensor::Device::cpu)
+      ckpt::copy_parallel(host, whole.data, whole.bytes());
+    else
+      be.copy_to_host(host, whole);
     for (const model::ParamSpec& spec : params.table().specs()) {
       const size_t offset = static_cast<size_t>(spec.offset) * tensor::dtype_size(whole.dtype);
-      request.add(prefix + spec.name, whole.dtype, dims(spec.shape), {},
-                  static_cast<const char*>(base) + offset);
+      request.add_view(prefix + spec.name, whole.dtype, dims(spec.shape), {}, host + offset);
     }
   }
   return request;
+}
+
+ckpt::SaveRequest capture_checkpoint(const model::Transformer& model, const Trainer& trainer,
+                                     backend::Backend& be, const std::string& recipe_hash,
+                                     const nlohmann::json& layout) {
+  return capture_checkpoint(ckpt::SaveRequest{}, model, trainer, be, recipe_hash, layout);
 }
 
 void restore_checkpoint(const ckpt::CheckpointReader& reader, model::Transformer& model,

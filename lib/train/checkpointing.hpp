@@ -29,7 +29,14 @@ class CheckpointMismatch : public std::runtime_error {
 // Everything that must match for a checkpoint's tensors to mean the same thing.
 nlohmann::json describe_model(const model::ModelConfig& config);
 
-// Copies the run's state into a request (this copy is the training loop's stall).
+// Copies the run's state into `request` and returns it (this copy is the training loop's stall).
+// Pass CheckpointWriter::new_request(): its host memory is the last save's, already mapped, so
+// only the first save pays for page faults. Each parameter buffer (values, master, moments) is
+// copied whole, in one host copy or one device-to-host copy, and its tensors are views into it.
+ckpt::SaveRequest capture_checkpoint(ckpt::SaveRequest request, const model::Transformer& model,
+                                     const Trainer& trainer, backend::Backend& backend,
+                                     const std::string& recipe_hash, const nlohmann::json& layout);
+// The same into a request with fresh host memory (tests, one-off saves).
 ckpt::SaveRequest capture_checkpoint(const model::Transformer& model, const Trainer& trainer,
                                      backend::Backend& backend, const std::string& recipe_hash,
                                      const nlohmann::json& layout);

@@ -9,44 +9,13 @@
 #include <cstdio>
 
 #include "backend/backend.hpp"
+#include "convert.hpp"
 #include "model/model.hpp"
 #include "planner/planner.hpp"
 
 namespace {
 
 using namespace trainctl;
-
-model::ModelConfig to_model(const recipe::Recipe& r) {
-  model::ModelConfig c;
-  const recipe::ModelConfig& m = r.model;
-  c.layers = m.layers;
-  c.hidden = m.hidden;
-  c.heads = m.heads;
-  c.kv_heads = m.kv_heads;
-  c.ffn_hidden = m.ffn_hidden;
-  c.vocab = m.vocab;
-  c.seq_len = m.seq_len;
-  c.norm =
-      m.norm == recipe::Norm::layernorm ? model::NormKind::layernorm : model::NormKind::rmsnorm;
-  c.activation = m.activation == recipe::Activation::gelu ? model::ActivationKind::gelu
-                                                          : model::ActivationKind::swiglu;
-  c.position = m.position == recipe::Position::learned ? model::PositionKind::learned
-                                                       : model::PositionKind::rope;
-  c.tied_embeddings = m.tied_embeddings;
-  c.bias = m.bias;
-  c.moe = {r.moe.experts,     r.moe.top_k, r.moe.capacity_factor,  r.moe.aux_loss_coef,
-           r.moe.z_loss_coef, r.moe.every, r.moe.expert_ffn_hidden};
-  const recipe::Compute p = r.precision.compute;
-  c.storage = p == recipe::Compute::bf16   ? tensor::DType::bf16
-              : p == recipe::Compute::fp16 ? tensor::DType::f16
-              : p == recipe::Compute::fp64 ? tensor::DType::f64
-                                           : tensor::DType::f32;
-  c.recompute = r.parallel.recompute == recipe::Recompute::full ? model::RecomputeMode::full
-                : r.parallel.recompute == recipe::Recompute::selective
-                    ? model::RecomputeMode::selective
-                    : model::RecomputeMode::none;
-  return c;
-}
 
 struct Case {
   const char* name;
@@ -107,7 +76,7 @@ TEST_CASE("memory model reproduces the engine's bytes for single-rank layouts") 
   for (const Case& k : cases) {
     INFO(k.name);
     const recipe::Recipe r = recipe_for(k);
-    model::Transformer engine(to_model(r), *cpu, k.micro_batch);
+    model::Transformer engine(app::to_model_config(r), *cpu, k.micro_batch);
     planner::Layout layout{1, 1, 1, 1, k.micro_batch, 0, k.recompute};
     const planner::MemoryEstimate predicted = planner::estimate_memory(r, machine, layout);
     const model::ParamStore::Bytes measured = engine.params().bytes();

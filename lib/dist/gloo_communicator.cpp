@@ -348,7 +348,17 @@ class GlooCommunicator final : public Communicator {
       if (s == detail::PeerState::gone || s == detail::PeerState::stopped)
         suspects.emplace_back(r, s);
     }
-    const int peer = !suspects.empty() ? suspects.front().first : hinted_peer;
+    // The culprit: on a timeout a stopped peer (a peer that already exited may be another victim
+    // that timed out first and gave up); on a closed connection a peer that is gone.
+    const detail::PeerState culprit =
+        timed_out ? detail::PeerState::stopped : detail::PeerState::gone;
+    int peer = !suspects.empty() ? suspects.front().first : hinted_peer;
+    for (const auto& [r, s] : suspects) {
+      if (s == culprit) {
+        peer = r;
+        break;
+      }
+    }
     std::string message = describe_call(op, *this) + ": ";
     if (timed_out) {
       message += "timed out after " + std::to_string(t.count()) + " ms";

@@ -2,6 +2,8 @@
 // include recipe.hpp and schema.hpp only). Keeps yaml-cpp out of the public headers.
 #pragma once
 
+#include "recipe/suggest.hpp"
+
 #include <functional>
 #include <optional>
 #include <string>
@@ -21,10 +23,6 @@ struct Converted {
   std::string error;
 };
 Converted convert_node(const KeySpec& key, const YAML::Node& node);
-
-// The candidate closest to `word` by edit distance (transpositions count 1, case ignored), or ""
-// when none is close enough to be a plausible typo.
-std::string closest(std::string_view word, const std::vector<std::string_view>& candidates);
 
 // "0.001", "1e-05", "65536": shortest text that parses back to the same double.
 std::string format_number(double x);

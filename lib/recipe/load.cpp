@@ -16,8 +16,6 @@
 namespace trainctl::recipe {
 namespace {
 
-using internal::closest;
-
 struct Entry {
   YAML::Node node;
   KeyOrigin origin;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "recipe/internal.hpp"
+#include "recipe/suggest.hpp"
 
 namespace trainctl::recipe {
 namespace internal {
@@ -175,12 +176,18 @@ Converted convert_node(const KeySpec& key, const YAML::Node& node) {
   return result;
 }
 
+std::string format_number(double x) {
+  return fmt::format("{}", x);
+}
+
+}  // namespace internal
+
 std::string closest(std::string_view word, const std::vector<std::string_view>& candidates) {
   std::string best;
   std::size_t best_distance = 0;
-  std::string w = lower(word);
+  std::string w = internal::lower(word);
   for (auto c : candidates) {
-    std::size_t d = edit_distance(w, lower(c));
+    std::size_t d = internal::edit_distance(w, internal::lower(c));
     if (best.empty() || d < best_distance) {
       best = std::string(c);
       best_distance = d;
@@ -189,12 +196,6 @@ std::string closest(std::string_view word, const std::vector<std::string_view>& 
   std::size_t limit = word.size() <= 3 ? 1 : std::max<std::size_t>(2, word.size() / 3);
   return best_distance <= limit ? best : std::string{};
 }
-
-std::string format_number(double x) {
-  return fmt::format("{}", x);
-}
-
-}  // namespace internal
 
 bool Range::contains(double x) const {
   if (low && (low_open ? x <= *low : x < *low)) return false;

@@ -17,17 +17,18 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include "recipe/suggest.hpp"
 #include "topology/cluster_schema.hpp"
 #include "topology/topology.hpp"
 
 namespace trainctl::topology {
 namespace {
 
-using internal::closest;
 using internal::find_key;
 using internal::keys_of;
 using internal::KeySpec;
 using internal::Kind;
+using recipe::closest;
 
 struct Entry {
   YAML::Node value;

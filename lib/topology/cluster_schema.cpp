@@ -71,48 +71,4 @@ std::vector<std::string_view> keys_of(std::string_view section) {
   return out;
 }
 
-namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (auto& c : out)
-    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-// Optimal string alignment distance: insertions, deletions, substitutions, transpositions.
-std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
-  for (std::size_t i = 0; i <= a.size(); ++i)
-    d[i][0] = i;
-  for (std::size_t j = 0; j <= b.size(); ++j)
-    d[0][j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  }
-  return d[a.size()][b.size()];
-}
-
-}  // namespace
-
-std::string closest(std::string_view word, const std::vector<std::string_view>& candidates) {
-  std::string best;
-  std::size_t best_distance = 0;
-  std::string w = lower(word);
-  for (auto c : candidates) {
-    std::size_t d = edit_distance(w, lower(c));
-    if (best.empty() || d < best_distance) {
-      best = std::string(c);
-      best_distance = d;
-    }
-  }
-  std::size_t limit = word.size() <= 3 ? 1 : std::max<std::size_t>(2, word.size() / 3);
-  return best_distance <= limit ? best : std::string{};
-}
-
 }  // namespace trainctl::topology::internal

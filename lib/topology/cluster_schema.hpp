@@ -26,10 +26,6 @@ const KeySpec* find_key(std::string_view path);
 // The keys (leaf and section names) directly inside `section` ("" = the top level).
 std::vector<std::string_view> keys_of(std::string_view section);
 
-// The candidate closest to `word` (edit distance with transpositions, case ignored), or "" when
-// none is close enough to be a plausible typo.
-std::string closest(std::string_view word, const std::vector<std::string_view>& candidates);
-
 // Defaults of the optional keys (documented in docs/topology.md).
 inline constexpr double kDefaultIntraNodeGbps = 25;  // PCIe Gen4 x16, one direction, achievable
 inline constexpr double kDefaultNvlinkLatencyUs = 1;

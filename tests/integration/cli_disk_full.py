@@ -65,9 +65,10 @@ def main(binary, root):
               f"with: trainctl resume {run_dir}" in failed.stderr,
               f"expected the way forward (the newest good checkpoint and the resume command)\n"
               f"{failed.describe()}")
-        # The background save's failure stops the run at the next step, not the next save.
-        check("step 6/6" not in failed.stderr,
-              f"the run went on training after the failed save\n{failed.describe()}")
+        # The background save's failure stops the run as soon as it is known (the next step's
+        # poll, or at the latest the next save): the run never reports itself done.
+        check("done:" not in failed.stderr,
+              f"the run finished after the failed save\n{failed.describe()}")
         check(checkpoint_bytes(run_dir) == before,
               f"the failed save changed checkpoints/ (a leftover temporary directory or a touched "
               f"earlier checkpoint): before {sorted(before)}, after "

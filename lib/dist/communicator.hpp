@@ -46,6 +46,21 @@ class Communicator {
   // rank(), added in rank order.
   virtual void reduce_scatter_sum(const void* input, void* output, size_t count, DType dtype,
                                   std::chrono::milliseconds timeout = kGroupTimeout) = 0;
+  // Uneven reduce_scatter: input holds size() chunks packed in rank order, chunk r of counts[r]
+  // elements; output[counts[rank()]] <- sum over ranks of their chunk rank(), added in rank order
+  // (bit-identical to reduce_scatter_sum when the counts are equal). Every rank passes the same
+  // counts. Used by ZeRO-1, whose parts end at parameter-row boundaries. Zero-length parts are
+  // allowed. A wrong number of counts is a usage error; counts that differ between ranks cannot
+  // be seen locally, and Gloo aborts the process that receives more bytes than it expected, so
+  // derive them on every rank from the same layout.
+  // The base versions are correct but move more data (an all_reduce of the whole input; an
+  // all_gather padded to the largest part); implementations override them.
+  virtual void reduce_scatter_sum_v(const void* input, void* output, std::span<const size_t> counts,
+                                    DType dtype, std::chrono::milliseconds timeout = kGroupTimeout);
+  // Uneven all_gather: output holds size() chunks packed in rank order, chunk r of bytes[r] bytes
+  // from rank r; input is this rank's bytes[rank()] bytes. Every rank passes the same bytes.
+  virtual void all_gather_v(const void* input, void* output, std::span<const size_t> bytes,
+                            std::chrono::milliseconds timeout = kGroupTimeout);
   // output[size*bytes]: chunk r is rank r's input[bytes].
   virtual void all_gather(const void* input, void* output, size_t bytes,
                           std::chrono::milliseconds timeout = kGroupTimeout) = 0;

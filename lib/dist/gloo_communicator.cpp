@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
 #include <gloo/alltoallv.h>
@@ -16,6 +17,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -101,16 +103,14 @@ void sum_into(void* out, const void* a, const void* b, size_t n) {
 }
 
 // Widen a bf16/f16 buffer to f32 and back: narrow types are summed in f32, rounded once.
-std::vector<float> widen(const void* data, size_t count, DType dtype) {
-  std::vector<float> wide(count);
+void widen(const void* data, float* wide, size_t count, DType dtype) {
   for (size_t i = 0; i < count; ++i) {
     wide[i] = dtype == DType::bf16 ? tensor::to_float(static_cast<const tensor::bf16*>(data)[i])
                                    : tensor::to_float(static_cast<const tensor::f16*>(data)[i]);
   }
-  return wide;
 }
-void narrow(const std::vector<float>& wide, void* data, DType dtype) {
-  for (size_t i = 0; i < wide.size(); ++i) {
+void narrow(const float* wide, void* data, size_t count, DType dtype) {
+  for (size_t i = 0; i < count; ++i) {
     if (dtype == DType::bf16)
       static_cast<tensor::bf16*>(data)[i] = tensor::to_bf16(wide[i]);
     else
@@ -119,16 +119,39 @@ void narrow(const std::vector<float>& wide, void* data, DType dtype) {
 }
 
 // output[i] = chunk_0[i] + chunk_1[i] + ... in that order (the deterministic part of
-// reduce_scatter). T is the storage type; the sum runs in its compute type.
+// reduce_scatter); chunk r starts at r * count. T is the storage type; the sum runs in its compute
+// type and is rounded once. Blocked so the inner loops run over contiguous elements and vectorise:
+// the order of the additions per element is still rank order.
 template <class T>
 void sum_chunks(const void* chunks, void* output, size_t count, int num_chunks) {
+  constexpr size_t kBlock = 1024;
   const auto* in = static_cast<const T*>(chunks);
   auto* out = static_cast<T*>(output);
-  for (size_t i = 0; i < count; ++i) {
-    tensor::compute_t<T> acc = tensor::load(in[i]);
-    for (int r = 1; r < num_chunks; ++r)
-      acc += tensor::load(in[static_cast<size_t>(r) * count + i]);
-    out[i] = tensor::store<T>(acc);
+  tensor::compute_t<T> acc[kBlock];
+  for (size_t begin = 0; begin < count; begin += kBlock) {
+    const size_t n = std::min(kBlock, count - begin);
+    for (size_t i = 0; i < n; ++i)
+      acc[i] = tensor::load(in[begin + i]);
+    for (int r = 1; r < num_chunks; ++r) {
+      const T* chunk = in + static_cast<size_t>(r) * count + begin;
+      for (size_t i = 0; i < n; ++i)
+        acc[i] += tensor::load(chunk[i]);
+    }
+    for (size_t i = 0; i < n; ++i)
+      out[begin + i] = tensor::store<T>(acc[i]);
+  }
+}
+
+void sum_chunks(DType dtype, const void* chunks, void* output, size_t count, int num_chunks) {
+  switch (dtype) {
+    case DType::f32:
+      return sum_chunks<float>(chunks, output, count, num_chunks);
+    case DType::f64:
+      return sum_chunks<double>(chunks, output, count, num_chunks);
+    case DType::bf16:
+      return sum_chunks<tensor::bf16>(chunks, output, count, num_chunks);
+    default:
+      return sum_chunks<tensor::f16>(chunks, output, count, num_chunks);
   }
 }
 
@@ -152,9 +175,10 @@ class GlooCommunicator final : public Communicator {
     check_sum_dtype("all_reduce", dtype);
     if (count == 0) return;
     if (dtype == DType::bf16 || dtype == DType::f16) {
-      std::vector<float> wide = widen(data, count, dtype);
-      all_reduce_sum(wide.data(), count, DType::f32, timeout);
-      narrow(wide, data, dtype);
+      auto* wide = reinterpret_cast<float*>(scratch(count * sizeof(float)));
+      widen(data, wide, count, dtype);
+      all_reduce_sum(wide, count, DType::f32, timeout);
+      narrow(wide, data, count, dtype);
       return;
     }
     run("all_reduce", timeout, [&](milliseconds t) {
@@ -177,22 +201,57 @@ class GlooCommunicator final : public Communicator {
     check_sum_dtype("reduce_scatter", dtype);
     if (count == 0) return;
     const size_t chunk_bytes = count * tensor::dtype_size(dtype);
-    std::vector<char> received(chunk_bytes * static_cast<size_t>(size_));
-    all_to_all_impl("reduce_scatter", input, received.data(), chunk_bytes, timeout);
-    switch (dtype) {
-      case DType::f32:
-        sum_chunks<float>(received.data(), output, count, size_);
-        break;
-      case DType::f64:
-        sum_chunks<double>(received.data(), output, count, size_);
-        break;
-      case DType::bf16:
-        sum_chunks<tensor::bf16>(received.data(), output, count, size_);
-        break;
-      default:
-        sum_chunks<tensor::f16>(received.data(), output, count, size_);
-        break;
-    }
+    char* received = scratch(chunk_bytes * static_cast<size_t>(size_));
+    all_to_all_impl("reduce_scatter", input, received, chunk_bytes, timeout);
+    sum_chunks(dtype, received, output, count, size_);
+  }
+
+  // alltoallv sends chunk r to rank r and receives size() chunks of counts[rank()] elements, packed
+  // like reduce_scatter_sum's: the same local sum then gives the same bits for equal counts.
+  void reduce_scatter_sum_v(const void* input, void* output, std::span<const size_t> counts,
+                            DType dtype, milliseconds timeout) override {
+    check_sum_dtype("reduce_scatter_v", dtype);
+    check_counts("reduce_scatter_v", counts, "element counts");
+    size_t total = 0;
+    for (size_t c : counts)
+      total += c;
+    if (total == 0) return;
+    const size_t item = tensor::dtype_size(dtype);
+    const size_t mine = counts[static_cast<size_t>(rank_)];
+    std::vector<int64_t> send(counts.size()),
+        recv(counts.size(), static_cast<int64_t>(mine * item));
+    for (size_t r = 0; r < counts.size(); ++r)
+      send[r] = static_cast<int64_t>(counts[r] * item);
+    char dummy = 0;  // Gloo wants a pointer even for an empty side
+    char* received = mine > 0 ? scratch(mine * item * static_cast<size_t>(size_)) : &dummy;
+    char* in = input ? static_cast<char*>(const_cast<void*>(input)) : &dummy;
+    run("reduce_scatter_v", timeout, [&](milliseconds t) {
+      gloo::AlltoallvOptions opts(context_);
+      opts.setInput(in, send);
+      opts.setOutput(received, recv);
+      opts.setTimeout(t);
+      gloo::alltoallv(opts);
+    });
+    if (mine > 0) sum_chunks(dtype, received, output, mine, size_);
+  }
+
+  void all_gather_v(const void* input, void* output, std::span<const size_t> bytes,
+                    milliseconds timeout) override {
+    check_counts("all_gather_v", bytes, "byte counts");
+    size_t total = 0;
+    for (size_t b : bytes)
+      total += b;
+    if (total == 0) return;
+    char dummy = 0;
+    const size_t mine = bytes[static_cast<size_t>(rank_)];
+    char* in = mine > 0 ? static_cast<char*>(const_cast<void*>(input)) : &dummy;
+    run("all_gather_v", timeout, [&](milliseconds t) {
+      gloo::AllgathervOptions opts(context_);
+      opts.setInput(in, mine);
+      opts.setOutput(static_cast<char*>(output), std::vector<size_t>(bytes.begin(), bytes.end()));
+      opts.setTimeout(t);
+      gloo::allgatherv(opts);
+    });
   }
 
   void all_gather(const void* input, void* output, size_t bytes, milliseconds timeout) override {
@@ -295,6 +354,25 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  // A receive buffer kept between calls: a fresh multi-megabyte vector per call would be a new
+  // mmap, and faulting its pages in costs about as much as sending them over loopback.
+  char* scratch(size_t bytes) {
+    if (scratch_.size() < bytes) {
+      scratch_.clear();
+      scratch_.shrink_to_fit();
+      scratch_.resize(bytes);
+    }
+    return scratch_.data();
+  }
+
+  void check_counts(const char* op, std::span<const size_t> counts, const char* what) const {
+    if (counts.size() == static_cast<size_t>(size_)) return;
+    throw DistError(DistError::Kind::usage,
+                    describe_call(op, *this) + ": got " + std::to_string(counts.size()) + " " +
+                        what + "; pass one per rank (" + std::to_string(size_) + ")",
+                    op);
+  }
+
   void check_sum_dtype(const char* op, DType dtype) const {
     if (dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 || dtype == DType::f16)
       return;
@@ -389,6 +467,7 @@ class GlooCommunicator final : public Communicator {
   std::vector<detail::PeerInfo> peers_;
   bool broken_ = false;
   std::string broken_reason_;
+  std::vector<char> scratch_;
 };
 
 // Names the members that never published their peer key: the ranks that "have not arrived".

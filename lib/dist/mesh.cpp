@@ -4,13 +4,15 @@
 #include <numeric>
 
 #include "dist/error.hpp"
+#include "dist/timed_communicator.hpp"
 
 namespace trainctl::dist {
 namespace {
 
 std::unique_ptr<Communicator> join(Store& store, const std::string& kind,
                                    const std::vector<int>& members, int rank,
-                                   const MeshOptions& options) {
+                                   const MeshOptions& options,
+                                   const std::shared_ptr<CommClock>& clock) {
   const auto it = std::find(members.begin(), members.end(), rank);
   PrefixStore group_store(store, "mesh/" + kind + "/" + std::to_string(members.front()) + "/");
   GroupOptions group;
@@ -19,7 +21,10 @@ std::unique_ptr<Communicator> join(Store& store, const std::string& kind,
   group.size = static_cast<int>(members.size());
   group.timeout = options.timeout;
   group.device = options.device;
-  return create_gloo_communicator(group_store, group);
+  std::unique_ptr<Communicator> communicator = create_gloo_communicator(group_store, group);
+  // A one-rank group only copies: it is not communication and stays a direct call.
+  if (communicator->size() == 1) return communicator;
+  return std::make_unique<TimedCommunicator>(std::move(communicator), clock);
 }
 
 }  // namespace
@@ -30,17 +35,22 @@ Mesh Mesh::create(Store& store, int world_size, int rank, const Layout& layout,
   Mesh mesh;
   mesh.layout_ = layout;
   mesh.groups_ = rank_groups(layout, rank);
+  mesh.clock_ = std::make_shared<CommClock>();
   MeshOptions shared = options;
   if (!shared.device && world_size > 1) shared.device = make_gloo_device();
   std::vector<int> everyone(static_cast<size_t>(world_size));
   std::iota(everyone.begin(), everyone.end(), 0);
-  mesh.world_ = join(store, "world", everyone, rank, shared);
-  mesh.tp_ = join(store, "tp", mesh.groups_.tp, rank, shared);
-  mesh.ep_ = join(store, "ep", mesh.groups_.ep, rank, shared);
-  mesh.dp_ = join(store, "dp", mesh.groups_.dp, rank, shared);
-  mesh.pp_ = join(store, "pp", mesh.groups_.pp, rank, shared);
-  mesh.dp_ep_ = join(store, "dp_ep", mesh.groups_.dp_ep, rank, shared);
+  mesh.world_ = join(store, "world", everyone, rank, shared, mesh.clock_);
+  mesh.tp_ = join(store, "tp", mesh.groups_.tp, rank, shared, mesh.clock_);
+  mesh.ep_ = join(store, "ep", mesh.groups_.ep, rank, shared, mesh.clock_);
+  mesh.dp_ = join(store, "dp", mesh.groups_.dp, rank, shared, mesh.clock_);
+  mesh.pp_ = join(store, "pp", mesh.groups_.pp, rank, shared, mesh.clock_);
+  mesh.dp_ep_ = join(store, "dp_ep", mesh.groups_.dp_ep, rank, shared, mesh.clock_);
   return mesh;
+}
+
+double Mesh::comm_seconds() const {
+  return clock_ ? clock_->seconds() : 0.0;
 }
 
 }  // namespace trainctl::dist

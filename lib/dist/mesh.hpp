@@ -12,6 +12,8 @@
 
 namespace trainctl::dist {
 
+class CommClock;
+
 struct MeshOptions {
   std::chrono::milliseconds timeout{30000};  // rendezvous and default per-call timeout
   std::shared_ptr<GlooDevice> device{};      // null: one new device shared by all groups
@@ -38,10 +40,18 @@ class Mesh {
   Communicator& pp() const { return *pp_; }
   Communicator& dp_ep() const { return *dp_ep_; }
 
+  // Wall time this process has spent inside calls of any of its communicators (all groups), for
+  // the share of step time spent communicating. Monotonic; callers take differences.
+  // Counts the union of the calls' intervals (overlapping calls on two threads count once) and
+  // only groups of more than one rank: a one-rank group's copies are not communication.
+  // Thread-safe.
+  double comm_seconds() const;
+
  private:
   Layout layout_;
   RankGroups groups_;
   std::unique_ptr<Communicator> world_, tp_, ep_, dp_, pp_, dp_ep_;
+  std::shared_ptr<CommClock> clock_;  // shared by the timed communicators of the groups above
 };
 
 }  // namespace trainctl::dist

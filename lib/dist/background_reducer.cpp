@@ -1,0 +1,85 @@
+#include "dist/background_reducer.hpp"
+
+#include "dist/error.hpp"
+
+namespace trainctl::dist {
+
+void Work::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  if (timeout.count() > 0) {
+    if (!finished_.wait_for(lock, timeout, [&] { return done_; })) {
+      throw DistError(DistError::Kind::timeout,
+                      "waiting for the background " + what_ + ": not finished after " +
+                          std::to_string(timeout.count()) +
+                          " ms; the operation keeps its own timeout and may still complete",
+                      "wait");
+    }
+  } else {
+    finished_.wait(lock, [&] { return done_; });
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool Work::done() const {
+  std::lock_guard lock(mutex_);
+  return done_;
+}
+
+void Work::finish(std::exception_ptr error) {
+  {
+    std::lock_guard lock(mutex_);
+    done_ = true;
+    error_ = std::move(error);
+  }
+  finished_.notify_all();
+}
+
+BackgroundReducer::BackgroundReducer(std::unique_ptr<Communicator> communicator)
+    : communicator_(std::move(communicator)), worker_([this] { run(); }) {}
+
+BackgroundReducer::~BackgroundReducer() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  queued_.notify_all();
+  worker_.join();
+}
+
+std::shared_ptr<Work> BackgroundReducer::start_all_reduce_sum(void* data, size_t count,
+                                                              DType dtype) {
+  auto work = std::make_shared<Work>();
+  work->what_ =
+      "all_reduce of " + std::to_string(count) + " elements on group " + communicator_->name();
+  {
+    std::lock_guard lock(mutex_);
+    queue_.emplace_back(
+        [this, data, count, dtype] { communicator_->all_reduce_sum(data, count, dtype); }, work);
+  }
+  queued_.notify_one();
+  return work;
+}
+
+// Drains the queue before stopping: a destructor that dropped queued operations would leave the
+// other ranks waiting in a collective this rank never joins.
+void BackgroundReducer::run() {
+  while (true) {
+    std::pair<std::function<void()>, std::shared_ptr<Work>> item;
+    {
+      std::unique_lock lock(mutex_);
+      queued_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      item.first();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    item.second->finish(error);
+  }
+}
+
+}  // namespace trainctl::dist

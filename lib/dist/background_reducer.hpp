@@ -1,0 +1,77 @@
+// BackgroundReducer: all_reduce_sum started now and waited for later (c10d's Work idea), so the
+// gradient reduction of one bucket can overlap the backward pass of the layers before it.
+//
+// Threading rules (why they are safe with Gloo):
+//  - The reducer owns its communicator and a single worker thread that alone calls it. Give it a
+//    group joined only for this purpose (the dp members joined a second time under another name,
+//    e.g. "dp_bg"): a Gloo context is not safe for two concurrent operations, while two contexts
+//    of the same members run concurrently without interference (tested).
+//  - Operations run one at a time, in the order they were started. Every member must start the
+//    same operations in the same order, as for blocking collectives.
+//  - start_all_reduce_sum and wait are called from one thread (the training thread).
+//  - The buffer is the caller's: it must stay valid, and be neither read nor written, from start
+//    until wait() returns (the handle does not copy it).
+//  - A failure (timeout, dead peer) is rethrown by wait() of the failed operation, and by wait() of
+//    every later one (the communicator is broken); the destructor waits for queued operations
+//    and swallows their errors, so wait on every handle you care about.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "dist/communicator.hpp"
+
+namespace trainctl::dist {
+
+// The handle of one background operation.
+class Work {
+ public:
+  // Blocks until the operation finished; rethrows its exception. Throws DistError (timeout) when
+  // it has not finished after `timeout` (0: wait without limit; the operation's own timeout
+  // still applies).
+  void wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+  // True once the operation finished, successfully or not. Never blocks.
+  bool done() const;
+
+ private:
+  friend class BackgroundReducer;
+  void finish(std::exception_ptr error);
+
+  mutable std::mutex mutex_;
+  std::condition_variable finished_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  std::string what_;  // "all_reduce of N elements on group dp_bg", for the wait timeout message
+};
+
+class BackgroundReducer {
+ public:
+  explicit BackgroundReducer(std::unique_ptr<Communicator> communicator);
+  ~BackgroundReducer();
+  BackgroundReducer(const BackgroundReducer&) = delete;
+  BackgroundReducer& operator=(const BackgroundReducer&) = delete;
+
+  // Queues data[count] <- sum over ranks (Communicator::all_reduce_sum, same dtypes and
+  // determinism) and returns at once.
+  std::shared_ptr<Work> start_all_reduce_sum(void* data, size_t count, DType dtype);
+
+  const Communicator& communicator() const { return *communicator_; }
+
+ private:
+  void run();
+
+  std::unique_ptr<Communicator> communicator_;
+  std::mutex mutex_;
+  std::condition_variable queued_;
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<Work>>> queue_;
+  bool stopping_ = false;
+  std::thread worker_;
+};
+
+}  // namespace trainctl::dist

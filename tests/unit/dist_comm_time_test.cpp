@@ -1,0 +1,82 @@
+// Mesh::comm_seconds: the wall time a rank spends inside its communicators' calls, counted once
+// when calls on two threads overlap, and zero for one-rank groups (which only copy).
+#include <catch2/catch.hpp>
+#include <thread>
+
+#include "dist/dist.hpp"
+#include "dist_test_util.hpp"
+
+using namespace trainctl::dist;
+using dist_test::expect;
+
+namespace {
+
+constexpr double kLate = 0.4;  // seconds rank 1 arrives after rank 0
+
+Mesh join(const std::string& dir, int rank) {
+  FileStore store(dir);
+  return Mesh::create(store, 2, rank, Layout{.dp = 2}, MeshOptions{.timeout = Milliseconds(10000)});
+}
+
+void sleep_seconds(double seconds) {
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
+
+}  // namespace
+
+TEST_CASE("comm_seconds counts the time a rank waits inside a collective", "[dist][gloo]") {
+  const dist_test::TempDir temp;
+  const auto status = dist_test::run_ranks(2, [&](int rank) {
+    Mesh mesh = join(temp.path, rank);
+    mesh.world().barrier();
+    const double before = mesh.comm_seconds();
+    if (rank == 1) sleep_seconds(kLate);
+    double value = 1;
+    mesh.dp().all_reduce_sum(&value, 1, DType::f64);
+    expect(value == 2, "sum");
+    const double spent = mesh.comm_seconds() - before;
+    if (rank == 0)
+      expect(spent >= kLate * 0.9 && spent < kLate + 1.0, "rank 0 waited " + std::to_string(spent) +
+                                                              " s for a rank " +
+                                                              std::to_string(kLate) + " s late");
+    else
+      expect(spent < kLate * 0.5, "rank 1 arrived last but counted " + std::to_string(spent));
+    return 0;
+  });
+  CHECK(status == std::vector<int>{0, 0});
+}
+
+TEST_CASE("comm_seconds counts overlapping calls on two threads once", "[dist][gloo]") {
+  const dist_test::TempDir temp;
+  const auto status = dist_test::run_ranks(2, [&](int rank) {
+    Mesh mesh = join(temp.path, rank);
+    mesh.world().barrier();
+    const double before = mesh.comm_seconds();
+    if (rank == 1) sleep_seconds(kLate);
+    // Two different groups (world and dp), one per thread, both blocked on the late rank 1.
+    double a = 1, b = 1;
+    std::thread other([&] { mesh.world().all_reduce_sum(&a, 1, DType::f64); });
+    mesh.dp().all_reduce_sum(&b, 1, DType::f64);
+    other.join();
+    expect(a == 2 && b == 2, "sums");
+    const double spent = mesh.comm_seconds() - before;
+    if (rank == 0)  // a sum of the two calls would be at least 2 * kLate
+      expect(spent >= kLate * 0.9 && spent < kLate * 1.7,
+             "overlapping calls counted " + std::to_string(spent) + " s, expected about " +
+                 std::to_string(kLate));
+    return 0;
+  });
+  CHECK(status == std::vector<int>{0, 0});
+}
+
+TEST_CASE("comm_seconds stays zero for one-rank groups", "[dist]") {
+  const dist_test::TempDir temp;
+  FileStore store(temp.path);
+  Mesh mesh = Mesh::create(store, 1, 0, Layout{});
+  std::vector<float> data(1 << 20, 1.0f), out(1 << 20);
+  for (int i = 0; i < 10; ++i) {
+    mesh.dp().all_reduce_sum(std::span<float>(data));
+    mesh.tp().reduce_scatter_sum(data.data(), out.data(), data.size(), DType::f32);
+  }
+  CHECK(mesh.comm_seconds() == 0.0);
+}

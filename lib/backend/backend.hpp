@@ -199,6 +199,23 @@ class Backend {
                                       const Tensor& lse, const Tensor& targets,
                                       double grad_scale) = 0;
 
+  // ---- vocab-parallel variants (tensor parallel) ----
+  // The table or logits hold vocabulary rows/columns [vocab_begin, vocab_begin + V_local) of a
+  // larger vocabulary; tokens and targets are global ids.
+  // Lookup: a token outside the shard reads zeros; wpe (optional) is added to every row.
+  virtual void embedding_forward_shard(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                       const Tensor& wpe, int64_t T, int64_t vocab_begin) = 0;
+  // dwte (G) += dout rows of the tokens inside the shard; dwpe (G, optional) += as for
+  // embedding_backward (every token). Fixed order.
+  virtual void embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                        const Tensor& tokens, int64_t T, int64_t vocab_begin) = 0;
+  // lse [N] (A) is the log-sum-exp over the WHOLE vocabulary. dlogits[n] = (softmax(logits[n]) -
+  // onehot(targets[n] when inside the shard)) * grad_scale, with softmax relative to that lse;
+  // target < 0: zeros. Overwritten, S.
+  virtual void cross_entropy_backward_shard(const Tensor& dlogits, const Tensor& logits,
+                                            const Tensor& lse, const Tensor& targets,
+                                            int64_t vocab_begin, double grad_scale) = 0;
+
   // ---- mixture of experts ----
   virtual RouterLosses moe_router_forward(const RouterArgs& args) = 0;
   // dlogits (S, overwritten) from dgates [N, k] (A), plus the gradients of

@@ -6,6 +6,38 @@ namespace trainctl::model {
 
 using backend::GemmArgs;
 
+// ---- TensorParallel -------------------------------------------------------------------------
+
+void TensorParallel::all_reduce(const Tensor& t) const {
+  if (comm) comm->all_reduce_sum(t.data, static_cast<size_t>(t.numel()), t.dtype);
+}
+
+void TensorParallel::add_bias(Backend& be, const Tensor& y, const Tensor& bias) const {
+  if (bias.empty()) return;
+  GemmArgs g;  // y[rows, n] += ones[rows, 1] bias[1, n]: every element gets exactly bias[n]
+  g.a = ones.rows(0, y.shape[0]);
+  g.b = bias;
+  g.c = y;
+  g.m = y.shape[0];
+  g.n = bias.numel();
+  g.k = 1;
+  g.beta = 1.0;
+  be.gemm(g);
+}
+
+namespace {
+// A row-parallel layer: the local partial product, summed over tp, then the bias.
+void row_parallel_forward(Backend& be, const Linear& layer, const TensorParallel& tp,
+                          const Tensor& y, const Tensor& x) {
+  Linear{layer.weight, Param{}}.forward(be, y, x);
+  tp.all_reduce(y);
+  tp.add_bias(be, y, layer.bias.value);
+}
+bool tp_active(const TensorParallel* tp) {
+  return tp != nullptr && tp->active();
+}
+}  // namespace
+
 // ---- Linear ---------------------------------------------------------------------------------
 
 void Linear::forward(Backend& be, const Tensor& y, const Tensor& x) const {
@@ -76,7 +108,10 @@ void Attention::forward(Backend& be, const Tensor& out, const Tensor& x, int64_t
     qkv.forward(be, s.qkv, x);
   }
   be.attention_forward(s.attn_out, s.lse, s.qkv, shape(B, T));
-  proj.forward(be, out, s.attn_out);
+  if (tp_active(tp))
+    row_parallel_forward(be, proj, *tp, out, s.attn_out);
+  else
+    proj.forward(be, out, s.attn_out);
 }
 
 void Attention::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x,
@@ -89,6 +124,7 @@ void Attention::backward(Backend& be, const Tensor& dx, const Tensor& dout, cons
   } else {
     qkv.backward(be, dx, scratch.dqkv, x);
   }
+  if (tp_active(tp)) tp->all_reduce(dx);
 }
 
 // ---- MLP ------------------------------------------------------------------------------------
@@ -103,7 +139,10 @@ void Mlp::activate(Backend& be, const Saved& s) const {
 void Mlp::forward(Backend& be, const Tensor& out, const Tensor& x, const Saved& s) const {
   fc1.forward(be, s.fc1_out, x);
   activate(be, s);
-  fc2.forward(be, out, s.act_out);
+  if (tp_active(tp))
+    row_parallel_forward(be, fc2, *tp, out, s.act_out);
+  else
+    fc2.forward(be, out, s.act_out);
 }
 
 void Mlp::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x,
@@ -114,6 +153,7 @@ void Mlp::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tens
   else
     be.swiglu_backward(scratch.dfc1, scratch.dact, s.fc1_out);
   fc1.backward(be, dx, scratch.dfc1, x);
+  if (tp_active(tp)) tp->all_reduce(dx);
 }
 
 // ---- MoE ------------------------------------------------------------------------------------
@@ -135,31 +175,62 @@ Mlp::Saved expert_saved(const Mlp::Saved& s, int64_t e, int64_t cap, int64_t cou
 }
 }  // namespace
 
-backend::RouterLosses Moe::forward(Backend& be, const Tensor& out, const Tensor& x,
-                                   Saved& s) const {
+namespace {
+// Exchanges an [E*cap, ...] buffer between layouts: chunk r (the rows of rank r's experts, or of
+// source r) goes to rank r.
+void exchange(dist::Communicator& ep, const Tensor& from, const Tensor& to) {
+  ep.all_to_all(from.data, to.data, from.bytes() / static_cast<size_t>(ep.size()));
+}
+}  // namespace
+
+void Moe::run_experts(Backend& be, const Tensor& out, const Saved& s) const {
+  const int64_t cap = s.route.capacity, local = static_cast<int64_t>(experts.size());
+  for (int64_t b = 0; b < static_cast<int64_t>(s.block_counts.size()); ++b) {
+    const int64_t count = s.block_counts[static_cast<size_t>(b)];
+    if (count == 0) continue;
+    experts[static_cast<size_t>(b % local)].forward(be, expert_rows(out, b, cap, count),
+                                                    expert_rows(s.expert_in, b, cap, count),
+                                                    expert_saved(s.expert, b, cap, count));
+  }
+  if (!tp_active(tp)) return;
+  tp->all_reduce(out);
+  for (int64_t b = 0; b < static_cast<int64_t>(s.block_counts.size()); ++b) {
+    const int64_t count = s.block_counts[static_cast<size_t>(b)];
+    if (count > 0)
+      tp->add_bias(be, expert_rows(out, b, cap, count),
+                   fc2_bias[static_cast<size_t>(b % local)].value);
+  }
+}
+
+backend::RouterLosses Moe::forward(Backend& be, const Tensor& out, const Tensor& x, Saved& s,
+                                   const Scratch& scratch) const {
   router.forward(be, s.route.logits, x);
   const backend::RouterLosses losses = be.moe_router_forward(s.route);
   s.counts.resize(static_cast<size_t>(num_experts()));
   be.copy_to_host(s.counts.data(), s.route.counts);
-  be.moe_permute(s.expert_in, x, s.route.slot);
-  const int64_t cap = s.route.capacity;
-  for (int64_t e = 0; e < num_experts(); ++e) {
-    const int64_t count = s.counts[static_cast<size_t>(e)];
-    if (count == 0) continue;
-    experts[static_cast<size_t>(e)].forward(be, expert_rows(s.expert_out, e, cap, count),
-                                            expert_rows(s.expert_in, e, cap, count),
-                                            expert_saved(s.expert, e, cap, count));
+  if (ep == nullptr) {
+    be.moe_permute(s.expert_in, x, s.route.slot);
+    s.block_counts = s.counts;
+    run_experts(be, s.expert_out, s);
+  } else {
+    be.moe_permute(scratch.send, x, s.route.slot);
+    exchange(*ep, scratch.send, s.expert_in);
+    s.block_counts.resize(s.counts.size());
+    ep->all_to_all(s.counts.data(), s.block_counts.data(),
+                   s.counts.size() / static_cast<size_t>(ep->size()) * sizeof(int32_t));
+    run_experts(be, scratch.recv, s);
+    exchange(*ep, scratch.recv, s.expert_out);
   }
   be.moe_unpermute(out, s.expert_out, s.route.gates, s.route.slot);
   return losses;
 }
 
 void Moe::activate(Backend& be, const Saved& s) const {
-  const int64_t cap = s.route.capacity;
-  for (int64_t e = 0; e < num_experts(); ++e) {
-    const int64_t count = s.counts[static_cast<size_t>(e)];
+  const int64_t cap = s.route.capacity, local = static_cast<int64_t>(experts.size());
+  for (int64_t b = 0; b < static_cast<int64_t>(s.block_counts.size()); ++b) {
+    const int64_t count = s.block_counts[static_cast<size_t>(b)];
     if (count > 0)
-      experts[static_cast<size_t>(e)].activate(be, expert_saved(s.expert, e, cap, count));
+      experts[static_cast<size_t>(b % local)].activate(be, expert_saved(s.expert, b, cap, count));
   }
 }
 
@@ -167,17 +238,25 @@ void Moe::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tens
                    const Saved& s, const Scratch& scratch, double loss_grad_scale) const {
   be.moe_unpermute_backward(scratch.dexpert_out, scratch.dgates, dout, s.expert_out, s.route.gates,
                             s.route.slot);
-  const int64_t cap = s.route.capacity;
-  for (int64_t e = 0; e < num_experts(); ++e) {
-    const int64_t count = s.counts[static_cast<size_t>(e)];
+  // The execution-layout gradients: the source-layout buffers themselves on one ep rank.
+  const Tensor exec_dout = ep ? scratch.recv : scratch.dexpert_out;
+  const Tensor exec_din = ep ? scratch.send : scratch.dexpert_in;
+  if (ep) exchange(*ep, scratch.dexpert_out, exec_dout);
+  const int64_t cap = s.route.capacity, local = static_cast<int64_t>(experts.size());
+  for (int64_t b = 0; b < static_cast<int64_t>(s.block_counts.size()); ++b) {
+    const int64_t count = s.block_counts[static_cast<size_t>(b)];
     if (count == 0) continue;
-    const Mlp::Scratch rows{expert_rows(scratch.expert.dact, e, cap, count),
-                            expert_rows(scratch.expert.dfc1, e, cap, count)};
-    experts[static_cast<size_t>(e)].backward(be, expert_rows(scratch.dexpert_in, e, cap, count),
-                                             expert_rows(scratch.dexpert_out, e, cap, count),
-                                             expert_rows(s.expert_in, e, cap, count),
-                                             expert_saved(s.expert, e, cap, count), rows);
+    const Mlp::Scratch rows{expert_rows(scratch.expert.dact, b, cap, count),
+                            expert_rows(scratch.expert.dfc1, b, cap, count)};
+    const Tensor block_dout = expert_rows(exec_dout, b, cap, count);
+    experts[static_cast<size_t>(b % local)].backward(
+        be, expert_rows(exec_din, b, cap, count), block_dout,
+        expert_rows(s.expert_in, b, cap, count), expert_saved(s.expert, b, cap, count), rows);
+    if (tp_active(tp) && !fc2_bias[static_cast<size_t>(b % local)].value.empty())
+      be.bias_backward(fc2_bias[static_cast<size_t>(b % local)].grad, block_dout);
   }
+  if (tp_active(tp)) tp->all_reduce(exec_din);
+  if (ep) exchange(*ep, exec_din, scratch.dexpert_in);
   be.moe_permute_backward(dx, scratch.dexpert_in, s.route.slot);
   be.moe_router_backward(scratch.dlogits, scratch.dgates, s.route, aux_loss_coef, z_loss_coef,
                          loss_grad_scale);

@@ -6,17 +6,31 @@
 //
 // Dimension legend: N = B*T tokens of a micro-batch, C = hidden, H query heads, KV key/value heads,
 // D = head dim, F = ffn hidden, F1 = rows of fc1 (F, or 2F for SwiGLU), E experts, k = top_k,
-// cap = tokens per expert buffer, V = vocab.
+// cap = tokens per expert buffer, V = vocab. Under tensor parallel H, KV, F, F1 and V are this
+// rank's local counts; under expert parallel `experts` holds this rank's experts only.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "dist/communicator.hpp"
 #include "model/config.hpp"
 #include "model/params.hpp"
 
 namespace trainctl::model {
+
+// The tensor-parallel group as the layers see it. Megatron's conjugate pairs: a column-parallel
+// layer all-reduces its input gradient in backward; a row-parallel layer all-reduces its output
+// in forward and adds its (replicated) bias after the sum, so the bias counts once.
+struct TensorParallel {
+  dist::Communicator* comm = nullptr;  // null: tp = 1, nothing to do
+  Tensor ones;  // [rows] S of 1.0: adds a bias to every row as a rank-1 GEMM after a reduction
+  bool active() const { return comm != nullptr; }
+  void all_reduce(const Tensor& t) const;
+  // y[rows, n] += bias[n] (bias optional).
+  void add_bias(Backend& be, const Tensor& y, const Tensor& bias) const;
+};
 
 // y[N, out] = x[N, in] W^T + b.   Optional bias: a Param whose value is empty.
 struct Linear {
@@ -47,6 +61,7 @@ struct Attention {
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   bool rope = false;
   double rope_theta = 10000.0;
+  const TensorParallel* tp = nullptr;  // qkv column-parallel, proj row-parallel
   struct Saved {
     Tensor qkv;       // [N, (H+2KV)D] after RoPE
     Tensor attn_out;  // [N, H*D]
@@ -71,6 +86,7 @@ struct Attention {
 struct Mlp {
   Linear fc1, fc2;
   ActivationKind activation = ActivationKind::gelu;
+  const TensorParallel* tp = nullptr;  // fc1 column-parallel, fc2 row-parallel
   struct Saved {
     Tensor fc1_out;  // [N, F1]
     Tensor act_out;  // [N, F]
@@ -87,31 +103,49 @@ struct Mlp {
 
 // Mixture of experts: softmax router, top-k, capacity with dropping, E expert MLPs, weighted
 // combine. Dropped tokens contribute nothing (the block's residual carries them on).
+//
+// Expert parallel over `ep` (P ranks, E/P experts each): the [E*cap, C] buffer of this rank's
+// tokens is in source layout (rows of expert e at e*cap); all_to_all sends the rows of rank r's
+// experts to rank r, which then holds "execution layout": block b = source * (E/P) + local expert
+// at rows b*cap, `block_counts[b]` of them valid. With P = 1 both layouts are the same buffer.
+// With tp the experts are tensor-parallel: the expert outputs of all blocks are all-reduced over
+// tp in one call, then each block gets its fc2 bias; the input gradients likewise.
 struct Moe {
-  Linear router;             // [E, C], no bias
-  std::vector<Mlp> experts;  // views into the stacked [E, ...] parameters
+  Linear router;                // [E, C], no bias
+  std::vector<Mlp> experts;     // this rank's experts: views into the stacked [E/P, ...] parameters
+  std::vector<Param> fc2_bias;  // tp only: each local expert's fc2 bias, added after the reduce
+  int64_t total_experts = 0;    // E of the whole model (routing, capacity); 0: experts.size()
   int64_t top_k = 1;
   double capacity_factor = 0;
   double aux_loss_coef = 0, z_loss_coef = 0;
+  const TensorParallel* tp = nullptr;
+  dist::Communicator* ep = nullptr;  // null: every expert is local
 
-  int64_t num_experts() const { return static_cast<int64_t>(experts.size()); }
+  int64_t num_experts() const {
+    return total_experts > 0 ? total_experts : static_cast<int64_t>(experts.size());
+  }
   int64_t capacity(int64_t tokens) const;  // slots per expert
   struct Saved {
-    backend::RouterArgs route;     // logits, probs, expert_idx, gates, slot, counts, load
-    Tensor expert_in, expert_out;  // [E*cap, C]
-    Mlp::Saved expert;             // [E*cap, F1] / [E*cap, F]; rows of expert e at e*cap
-    std::vector<int32_t> counts;   // host copy of route.counts
+    backend::RouterArgs route;    // logits, probs, expert_idx, gates, slot, counts, load
+    Tensor expert_in;             // [E*cap, C] execution layout: the rows the local experts ran on
+    Tensor expert_out;            // [E*cap, C] source layout: the outputs for this rank's tokens
+    Mlp::Saved expert;            // [E*cap, F1] / [E*cap, F] execution layout
+    std::vector<int32_t> counts;  // host copy of route.counts (this rank's tokens)
+    std::vector<int32_t> block_counts;  // valid rows of each execution block
   };
   struct Scratch {
-    Tensor dexpert_in, dexpert_out;  // [E*cap, C]
+    Tensor dexpert_in, dexpert_out;  // [E*cap, C] source layout
     Tensor dgates;                   // [N, k] A
     Tensor dlogits;                  // [N, E]
     Tensor dx_router;                // [N, C]
     Mlp::Scratch expert;             // [E*cap, ...], row views taken per expert
+    Tensor send, recv;               // [E*cap, C] ep only: the other layout of an exchange
   };
-  backend::RouterLosses forward(Backend& be, const Tensor& out, const Tensor& x,
-                                Saved& saved) const;
+  backend::RouterLosses forward(Backend& be, const Tensor& out, const Tensor& x, Saved& saved,
+                                const Scratch& scratch) const;
   void activate(Backend& be, const Saved& saved) const;
+  // Runs every execution block through its expert into `out` (execution layout).
+  void run_experts(Backend& be, const Tensor& out, const Saved& saved) const;
   // loss_grad_scale: d(objective)/d(this layer's aux/z loss) before the coefficients.
   void backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x,
                 const Saved& saved, const Scratch& scratch, double loss_grad_scale) const;

@@ -19,6 +19,8 @@
 
 namespace trainctl::model {
 
+// On a pipeline stage: loss and objective count only what this stage computes (the cross-entropy
+// on the last stage, the MoE losses of its own layers); the trainer sums the stages.
 struct ForwardResult {
   double loss = 0;      // mean cross-entropy over the micro-batch's tokens (nats/token)
   double aux_loss = 0;  // sum over MoE layers of the load-balancing loss (before its coefficient)
@@ -27,6 +29,7 @@ struct ForwardResult {
       0;  // loss + aux_coef * aux_loss + z_coef * z_loss: what backward differentiates
   std::vector<std::vector<double>> expert_load;  // per MoE layer: share of assignments per expert
   std::vector<int64_t> dropped_tokens;           // per MoE layer: assignments over capacity
+  std::vector<int> moe_layers;                   // the global layer index of each entry above
 };
 
 struct ActivationBytes {
@@ -37,15 +40,29 @@ struct ActivationBytes {
 
 class Transformer {
  public:
-  Transformer(const ModelConfig& config, Backend& backend, int64_t micro_batch);
+  Transformer(const ModelConfig& config, Backend& backend, int64_t micro_batch,
+              const ModelParallel& parallel = {});
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
 
   // tokens, targets: host int32 arrays of micro_batch * seq_len. Targets < 0 are ignored.
-  ForwardResult forward(const int32_t* tokens, const int32_t* targets);
-  // Differentiates the last forward's objective; parameter gradients += grad_scale * d objective.
-  void backward(double grad_scale);
+  // `slot` (< parallel.activation_slots) picks the activation set: a pipeline stage keeps the
+  // activations of several micro-batches in flight. Every stage receives tokens and targets (the
+  // first stage embeds the tokens, the last one scores the targets). On a non-first stage,
+  // stage_input(slot) must hold the previous stage's output before forward.
+  ForwardResult forward(const int32_t* tokens, const int32_t* targets, int slot = 0);
+  // Differentiates the objective of the forward of `slot`; parameter gradients += grad_scale *
+  // d objective. On a non-last stage, output_grad() must hold d objective / d stage_output(slot)
+  // (already multiplied by grad_scale) first. Evaluation-only forwards need no backward.
+  void backward(double grad_scale, int slot = 0);
+
+  // Pipeline boundaries, [micro_batch * seq_len, hidden] tensors in the storage type.
+  Tensor stage_input(int slot);   // non-first stage: receive the previous stage's output here
+  Tensor stage_output(int slot);  // non-last stage: after forward, send this to the next stage
+  Tensor output_grad();           // non-last stage: receive the next stage's input_grad here
+  Tensor input_grad();            // non-first stage: after backward, send this to the previous
+  const ModelParallel& parallel() const;
 
   ParamStore& params();
   const ParamStore& params() const;

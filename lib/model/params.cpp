@@ -1,5 +1,6 @@
 #include "model/params.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -7,10 +8,85 @@
 
 namespace trainctl::model {
 
+namespace {
+
+std::vector<std::vector<IndexRange>> whole_pieces(const Shape& shape) {
+  std::vector<std::vector<IndexRange>> pieces;
+  for (int d = 0; d < shape.rank; ++d)
+    pieces.push_back({IndexRange{0, shape[d]}});
+  return pieces;
+}
+
+// Joins ranges that touch, so a dimension that is not split is one range whatever the layout.
+std::vector<IndexRange> merged(const std::vector<IndexRange>& ranges) {
+  std::vector<IndexRange> out;
+  for (const IndexRange& r : ranges) {
+    if (r.size() == 0) continue;
+    if (!out.empty() && out.back().end == r.begin)
+      out.back().end = r.end;
+    else
+      out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace
+
+int64_t ParamSpec::global_index(int64_t local_index) const {
+  if (pieces.empty()) return local_index;
+  // Peel local coordinates off from the last dimension, map each through its pieces.
+  int64_t global = 0, stride = 1, rest = local_index;
+  for (int d = shape.rank - 1; d >= 0; --d) {
+    int64_t coord = rest % shape[d];
+    rest /= shape[d];
+    int64_t mapped = -1;
+    for (const IndexRange& r : pieces[static_cast<size_t>(d)]) {
+      if (coord < r.size()) {
+        mapped = r.begin + coord;
+        break;
+      }
+      coord -= r.size();
+    }
+    global += mapped * stride;
+    stride *= global_shape[d];
+  }
+  return global;
+}
+
 const ParamSpec& ParamTable::add(std::string name, Shape shape, Init init, double std, bool decay) {
-  if (index_.count(name)) throw std::logic_error("ParamTable: duplicate parameter " + name);
-  ParamSpec spec{std::move(name), shape, init, std, decay, numel_};
-  numel_ += shape.numel();
+  ParamSpec spec;
+  spec.name = std::move(name);
+  spec.init = init;
+  spec.std = std;
+  spec.weight_decay = decay;
+  spec.global_shape = shape;
+  return add(std::move(spec));
+}
+
+const ParamSpec& ParamTable::add(ParamSpec spec) {
+  if (index_.count(spec.name))
+    throw std::logic_error("ParamTable: duplicate parameter " + spec.name);
+  if (spec.pieces.empty()) spec.pieces = whole_pieces(spec.global_shape);
+  if (static_cast<int>(spec.pieces.size()) != spec.global_shape.rank)
+    throw std::logic_error("ParamTable: " + spec.name + " has " +
+                           std::to_string(spec.pieces.size()) + " piece lists for global shape " +
+                           spec.global_shape.to_string());
+  Shape local;
+  local.rank = spec.global_shape.rank;
+  for (int d = 0; d < local.rank; ++d) {
+    int64_t extent = 0;
+    for (const IndexRange& r : spec.pieces[static_cast<size_t>(d)]) {
+      if (r.begin < 0 || r.end > spec.global_shape[d] || r.size() <= 0)
+        throw std::logic_error("ParamTable: " + spec.name + " piece [" + std::to_string(r.begin) +
+                               ", " + std::to_string(r.end) + ") of dim " + std::to_string(d) +
+                               " lies outside global shape " + spec.global_shape.to_string());
+      extent += r.size();
+    }
+    local.dims[static_cast<size_t>(d)] = extent;
+  }
+  spec.shape = local;
+  spec.offset = numel_;
+  numel_ += local.numel();
   index_[spec.name] = specs_.size();
   specs_.push_back(std::move(spec));
   return specs_.back();
@@ -22,47 +98,153 @@ const ParamSpec& ParamTable::find(const std::string& name) const {
   return specs_[it->second];
 }
 
-ParamTable build_param_table(const ModelConfig& c) {
+std::vector<int64_t> zero_partition(const ParamTable& table, int parts) {
+  if (parts < 1)
+    throw std::invalid_argument("zero_partition: parts = " + std::to_string(parts) +
+                                " must be >= 1");
+  const int64_t total = table.numel();
+  std::vector<int64_t> bounds{0};
+  size_t spec = 0;
+  const auto& specs = table.specs();
+  for (int k = 1; k < parts; ++k) {
+    // The row boundary nearest to the ideal cut k * total / parts (ties: the lower one).
+    const int64_t ideal = total * k / parts;
+    while (spec < specs.size() && specs[spec].offset + specs[spec].shape.numel() <= ideal)
+      ++spec;
+    int64_t cut = total;
+    if (spec < specs.size()) {
+      const ParamSpec& s = specs[spec];
+      const int64_t n = s.shape.numel();
+      const int64_t row = s.shape.rank > 0 && s.shape[0] > 0 ? n / s.shape[0] : n;
+      const int64_t within = ideal - s.offset;
+      const int64_t lower = within / row * row;
+      cut = s.offset + (within - lower > lower + row - within ? lower + row : lower);
+    }
+    bounds.push_back(std::max(cut, bounds.back()));
+  }
+  bounds.push_back(total);
+  return bounds;
+}
+
+ParamTable build_param_table(const ModelConfig& c, const ModelParallel& par) {
   ParamTable t;
   const int64_t C = c.hidden, V = c.vocab, D = c.head_dim();
+  const int64_t T = par.tp_size(), tr = par.tp_rank(), P = par.ep_size(), er = par.ep_rank();
   const double std = c.init_std;
   // GPT-2: residual projections scaled by 1/sqrt(2 * layers) so the residual stream's variance
   // does not grow with depth.
   const double residual_std = std / std::sqrt(2.0 * c.layers);
   const bool norm_bias = c.bias && c.norm == NormKind::layernorm;
 
-  auto add_norm = [&](const std::string& prefix) {
-    t.add(prefix + ".weight", {C}, Init::ones, 0, false);
-    if (norm_bias) t.add(prefix + ".bias", {C}, Init::zeros, 0, false);
+  auto divisible = [&](int64_t value, const std::string& what, int64_t by, const char* axis) {
+    if (value % by != 0)
+      throw std::invalid_argument("model parallel: " + what + " = " + std::to_string(value) +
+                                  " is not divisible by " + axis + " = " + std::to_string(by) +
+                                  ": choose a " + axis + " degree that divides it");
   };
-  auto add_linear = [&](const std::string& prefix, Shape weight, Shape bias, double init_std) {
-    t.add(prefix + ".weight", weight, Init::normal, init_std, true);
-    if (c.bias) t.add(prefix + ".bias", bias, Init::zeros, 0, false);
+  divisible(c.heads, "heads", T, "tp");
+  divisible(c.kv_heads, "kv_heads", T, "tp");
+  divisible(c.vocab, "vocab", T, "tp");
+  if (c.moe.experts == 0 || c.moe.every > 1)  // some layer is dense
+    divisible(c.ffn_hidden, "ffn_hidden", T, "tp");
+  if (c.moe.experts > 0) {
+    divisible(c.expert_ffn(), "expert ffn hidden", T, "tp");
+    divisible(c.moe.experts, "experts", P, "ep");
+  }
+  const std::vector<StageRange> stages = stage_ranges(c.layers, par.pp_size, par.stage_layers);
+  if (par.pp_rank < 0 || par.pp_rank >= par.pp_size)
+    throw std::invalid_argument("model parallel: pp_rank " + std::to_string(par.pp_rank) +
+                                " outside [0, " + std::to_string(par.pp_size) + ")");
+  const StageRange stage = stages[static_cast<size_t>(par.pp_rank)];
+
+  // The local share of [0, n) along a tp-split dimension, offset by `base`.
+  auto tp_range = [&](int64_t n, int64_t base = 0) {
+    return IndexRange{base + tr * n / T, base + (tr + 1) * n / T};
+  };
+  auto full = [](int64_t n) { return std::vector<IndexRange>{IndexRange{0, n}}; };
+  auto add = [&](const std::string& name, Shape global, std::vector<std::vector<IndexRange>> pieces,
+                 Init init, double init_std, bool decay, bool tp_sharded, bool expert,
+                 bool tied = false) {
+    ParamSpec spec;
+    spec.name = name;
+    spec.init = init;
+    spec.std = init_std;
+    spec.weight_decay = decay;
+    spec.global_shape = global;
+    for (auto& dim : pieces)
+      dim = merged(dim);
+    spec.pieces = std::move(pieces);
+    spec.tp_sharded = tp_sharded && T > 1;
+    spec.expert = expert;
+    spec.tied_copy = tied;
+    return t.add(std::move(spec));
+  };
+  auto add_norm = [&](const std::string& prefix) {
+    add(prefix + ".weight", {C}, {full(C)}, Init::ones, 0, false, false, false);
+    if (norm_bias) add(prefix + ".bias", {C}, {full(C)}, Init::zeros, 0, false, false, false);
+  };
+  // The rows of a column-parallel fc1 of `ffn` columns: SwiGLU's gate rows, then its up rows.
+  auto fc1_rows = [&](int64_t ffn) {
+    std::vector<IndexRange> rows{tp_range(ffn)};
+    if (c.activation == ActivationKind::swiglu) rows.push_back(tp_range(ffn, ffn));
+    return rows;
   };
 
-  t.add("embed.wte", {V, C}, Init::normal, std, true);
-  if (c.position == PositionKind::learned)
-    t.add("embed.wpe", {c.seq_len, C}, Init::normal, std, true);
-  for (int i = 0; i < c.layers; ++i) {
+  const bool tied_copy = c.tied_embeddings && par.pp_size > 1 && par.last_stage();
+  if (par.first_stage()) {
+    add("embed.wte", {V, C}, {{tp_range(V)}, full(C)}, Init::normal, std, true, true, false);
+    if (c.position == PositionKind::learned)
+      add("embed.wpe", {c.seq_len, C}, {full(c.seq_len), full(C)}, Init::normal, std, true, false,
+          false);
+  }
+  for (int i = stage.first; i < stage.end; ++i) {
     const std::string l = "layers." + std::to_string(i);
-    const int64_t qkv = (int64_t{c.heads} + 2 * c.kv_heads) * D;
+    const int64_t H = c.heads, KV = c.kv_heads, qkv = (H + 2 * KV) * D;
+    const std::vector<IndexRange> qkv_rows{tp_range(H * D), tp_range(KV * D, H * D),
+                                           tp_range(KV * D, (H + KV) * D)};
     add_norm(l + ".attn_norm");
-    add_linear(l + ".attn.qkv", {qkv, C}, {qkv}, std);
-    add_linear(l + ".attn.proj", {C, c.heads * D}, {C}, residual_std);
+    add(l + ".attn.qkv.weight", {qkv, C}, {qkv_rows, full(C)}, Init::normal, std, true, true,
+        false);
+    if (c.bias) add(l + ".attn.qkv.bias", {qkv}, {qkv_rows}, Init::zeros, 0, false, true, false);
+    add(l + ".attn.proj.weight", {C, H * D}, {full(C), {tp_range(H * D)}}, Init::normal,
+        residual_std, true, true, false);
+    if (c.bias) add(l + ".attn.proj.bias", {C}, {full(C)}, Init::zeros, 0, false, false, false);
     add_norm(l + ".mlp_norm");
     if (c.is_moe_layer(i)) {
       const int64_t E = c.moe.experts, F = c.expert_ffn(), F1 = c.fc1_rows(c.expert_ffn());
-      t.add(l + ".moe.router.weight", {E, C}, Init::normal, std, true);
-      add_linear(l + ".moe.fc1", {E, F1, C}, {E, F1}, std);
-      add_linear(l + ".moe.fc2", {E, C, F}, {E, C}, residual_std);
+      const IndexRange local_experts{er * E / P, (er + 1) * E / P};
+      add(l + ".moe.router.weight", {E, C}, {full(E), full(C)}, Init::normal, std, true, false,
+          false);
+      add(l + ".moe.fc1.weight", {E, F1, C}, {{local_experts}, fc1_rows(F), full(C)}, Init::normal,
+          std, true, true, true);
+      if (c.bias)
+        add(l + ".moe.fc1.bias", {E, F1}, {{local_experts}, fc1_rows(F)}, Init::zeros, 0, false,
+            true, true);
+      add(l + ".moe.fc2.weight", {E, C, F}, {{local_experts}, full(C), {tp_range(F)}}, Init::normal,
+          residual_std, true, true, true);
+      if (c.bias)
+        add(l + ".moe.fc2.bias", {E, C}, {{local_experts}, full(C)}, Init::zeros, 0, false, false,
+            true);
     } else {
       const int64_t F = c.ffn_hidden, F1 = c.fc1_rows(c.ffn_hidden);
-      add_linear(l + ".mlp.fc1", {F1, C}, {F1}, std);
-      add_linear(l + ".mlp.fc2", {C, F}, {C}, residual_std);
+      add(l + ".mlp.fc1.weight", {F1, C}, {fc1_rows(F), full(C)}, Init::normal, std, true, true,
+          false);
+      if (c.bias) add(l + ".mlp.fc1.bias", {F1}, {fc1_rows(F)}, Init::zeros, 0, false, true, false);
+      add(l + ".mlp.fc2.weight", {C, F}, {full(C), {tp_range(F)}}, Init::normal, residual_std, true,
+          true, false);
+      if (c.bias) add(l + ".mlp.fc2.bias", {C}, {full(C)}, Init::zeros, 0, false, false, false);
     }
   }
-  add_norm("final_norm");
-  if (!c.tied_embeddings) t.add("lm_head.weight", {V, C}, Init::normal, std, true);
+  if (par.last_stage()) {
+    add_norm("final_norm");
+    if (!c.tied_embeddings) {
+      add("lm_head.weight", {V, C}, {{tp_range(V)}, full(C)}, Init::normal, std, true, true, false);
+    } else if (tied_copy) {
+      // Same name and global indices as the first stage's embed.wte: it starts bit-identical.
+      add("embed.wte", {V, C}, {{tp_range(V)}, full(C)}, Init::normal, std, true, true, false,
+          true);
+    }
+  }
   return t;
 }
 
@@ -73,20 +255,31 @@ DType moment_dtype(DType storage) {
 bool needs_master(DType storage) {
   return storage == DType::bf16 || storage == DType::f16;
 }
+// An allocation of at least one byte: an empty ZeRO part still gets distinct, valid buffers.
+backend::Allocation allocate_at_least_one(Backend& be, size_t bytes) {
+  return be.allocate(std::max<size_t>(bytes, 1));
+}
 }  // namespace
 
-ParamStore::ParamStore(Backend& be, ParamTable table, DType storage)
+ParamStore::ParamStore(Backend& be, ParamTable table, DType storage, int zero_parts, int zero_rank)
     : backend_(be), table_(std::move(table)), storage_(storage) {
   if (!be.capabilities().supports(storage))
     throw std::invalid_argument("backend '" + std::string(be.name()) +
                                 "' cannot store parameters in " +
                                 std::string(tensor::dtype_name(storage)));
+  if (zero_rank < 0 || zero_rank >= zero_parts)
+    throw std::invalid_argument("ParamStore: zero_rank " + std::to_string(zero_rank) +
+                                " outside [0, zero_parts = " + std::to_string(zero_parts) + ")");
+  const std::vector<int64_t> bounds = zero_partition(table_, zero_parts);
+  opt_begin_ = bounds[static_cast<size_t>(zero_rank)];
+  opt_end_ = bounds[static_cast<size_t>(zero_rank) + 1];
   const size_t n = static_cast<size_t>(table_.numel());
+  const size_t part = static_cast<size_t>(opt_end_ - opt_begin_);
   values_ = be.allocate(n * tensor::dtype_size(storage));
   grads_ = be.allocate(n * tensor::dtype_size(backend::grad_dtype(storage)));
-  if (needs_master(storage)) master_ = be.allocate(n * sizeof(float));
-  m_ = be.allocate(n * tensor::dtype_size(moment_dtype(storage)));
-  v_ = be.allocate(n * tensor::dtype_size(moment_dtype(storage)));
+  if (needs_master(storage)) master_ = allocate_at_least_one(be, part * sizeof(float));
+  m_ = allocate_at_least_one(be, part * tensor::dtype_size(moment_dtype(storage)));
+  v_ = allocate_at_least_one(be, part * tensor::dtype_size(moment_dtype(storage)));
 }
 
 Tensor ParamStore::values() const {
@@ -96,13 +289,13 @@ Tensor ParamStore::grads() const {
   return grads_.view(backend::grad_dtype(storage_), {table_.numel()});
 }
 Tensor ParamStore::master() const {
-  return master_.data() ? master_.view(DType::f32, {table_.numel()}) : Tensor{};
+  return master_.data() ? master_.view(DType::f32, {opt_end_ - opt_begin_}) : Tensor{};
 }
 Tensor ParamStore::moment1() const {
-  return m_.view(moment_dtype(storage_), {table_.numel()});
+  return m_.view(moment_dtype(storage_), {opt_end_ - opt_begin_});
 }
 Tensor ParamStore::moment2() const {
-  return v_.view(moment_dtype(storage_), {table_.numel()});
+  return v_.view(moment_dtype(storage_), {opt_end_ - opt_begin_});
 }
 
 Tensor ParamStore::slice(const Tensor& whole, const ParamSpec& spec) {
@@ -120,14 +313,18 @@ Param ParamStore::param(const std::string& name) const {
 }
 
 void ParamStore::initialize(uint64_t seed) {
-  // Generate in f64 on the host, then store through one cast per parameter.
+  // Generate in f64 on the host, then store through one cast per parameter. Element i takes the
+  // value of its global element, so every layout starts from the same model.
+  const Tensor master_all = master();
   for (const ParamSpec& spec : table_.specs()) {
     const int64_t n = spec.shape.numel();
     std::vector<double> host(static_cast<size_t>(n));
     const tensor::CounterRng rng(seed, tensor::stream_key(spec.name));
+    const bool whole = spec.shape == spec.global_shape;
     for (int64_t i = 0; i < n; ++i) {
       double v = spec.init == Init::ones ? 1.0 : 0.0;
-      if (spec.init == Init::normal) v = rng.normal(static_cast<uint64_t>(i)) * spec.std;
+      if (spec.init == Init::normal)
+        v = rng.normal(static_cast<uint64_t>(whole ? i : spec.global_index(i))) * spec.std;
       host[static_cast<size_t>(i)] = v;
     }
     // copy_from_host takes the destination dtype's bytes: convert on the host first.
@@ -136,8 +333,16 @@ void ParamStore::initialize(uint64_t seed) {
       backend_.copy_from_host(value, host.data());
     } else {
       std::vector<float> f32(host.begin(), host.end());
-      const Tensor master_slice = slice(master(), spec);
-      if (!master_slice.empty()) backend_.copy_from_host(master_slice, f32.data());
+      // The master part of this parameter: its elements inside [opt_begin_, opt_end_).
+      const int64_t lo = std::max(spec.offset, opt_begin_);
+      const int64_t hi = std::min(spec.offset + n, opt_end_);
+      if (!master_all.empty() && lo < hi) {
+        Tensor part = master_all;
+        part.data = static_cast<char*>(master_all.data) +
+                    static_cast<size_t>(lo - opt_begin_) * sizeof(float);
+        part.shape = {hi - lo};
+        backend_.copy_from_host(part, f32.data() + (lo - spec.offset));
+      }
       // Storage copy = rounding of the f32 value.
       std::vector<uint16_t> narrow;
       if (storage_ == DType::f32) {
@@ -161,10 +366,12 @@ void ParamStore::zero_grads() {
 }
 
 ParamStore::Bytes ParamStore::bytes() const {
+  const size_t part = static_cast<size_t>(opt_end_ - opt_begin_);
   Bytes b;
   b.params = values_.bytes();
   b.grads = grads_.bytes();
-  b.optimizer = master_.bytes() + m_.bytes() + v_.bytes();
+  b.optimizer = (has_master() ? part * sizeof(float) : 0) +
+                2 * part * tensor::dtype_size(moment_dtype(storage_));
   return b;
 }
 

@@ -13,6 +13,7 @@
 
 #include "backend/backend.hpp"
 #include "model/config.hpp"
+#include "model/parallel.hpp"
 
 namespace trainctl::model {
 
@@ -23,18 +24,43 @@ using tensor::Tensor;
 
 enum class Init { normal, zeros, ones };
 
+// [begin, end) along one dimension of a parameter's global shape.
+struct IndexRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+  bool operator==(const IndexRange&) const = default;
+};
+
 struct ParamSpec {
   std::string name;
-  Shape shape;
+  Shape shape;  // this rank's (local) shape
   Init init = Init::normal;
   double std = 0.0;          // for Init::normal
   bool weight_decay = true;  // false for norms and biases
   int64_t offset = 0;        // element offset in the contiguous buffers
+  // Where the local tensor sits in the whole one. global_shape has the same rank as shape;
+  // pieces[d] lists the global index ranges along dimension d whose concatenation is the local
+  // extent of d (one range covering the dimension when it is not split; three for the rows of a
+  // tensor-parallel qkv: its q, k and v heads). The local tensor is the product of the pieces, so
+  // it is made of prod(pieces[d].size()) boxes of the global tensor.
+  Shape global_shape;
+  std::vector<std::vector<IndexRange>> pieces;
+  bool tp_sharded = false;  // split over tp (else identical on every tp rank)
+  bool expert = false;      // split over ep (else identical on every ep rank): grads sum over dp
+  bool tied_copy = false;   // the last stage's copy of embed.wte (pp > 1, tied embeddings)
+
+  // The global flat index (row-major in global_shape) of local flat element i.
+  int64_t global_index(int64_t local_index) const;
 };
 
 class ParamTable {
  public:
+  // An unsharded parameter (global shape = shape, one piece per dimension).
   const ParamSpec& add(std::string name, Shape shape, Init init, double std, bool decay);
+  // A parameter whose global_shape, pieces and flags are set in `spec` (shape and offset are
+  // derived from the pieces). Checks that the pieces lie inside global_shape.
+  const ParamSpec& add(ParamSpec spec);
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const ParamSpec& find(const std::string& name) const;  // throws std::out_of_range
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
@@ -46,8 +72,14 @@ class ParamTable {
   int64_t numel_ = 0;
 };
 
+// The ZeRO-1 partition of a flat parameter buffer into `parts` contiguous ranges, cut only at row
+// boundaries (the first dimension of the local tensor) so each part of a parameter is a box of it.
+// Returns parts + 1 boundaries from 0 to table.numel(); parts are as equal as rows allow.
+std::vector<int64_t> zero_partition(const ParamTable& table, int parts);
+
 // The table of a model: embeddings, blocks (attention, dense MLP or MoE), final norm, head.
-ParamTable build_param_table(const ModelConfig& config);
+// With `parallel`, only this rank's parameters with their local shapes (see parallel.hpp).
+ParamTable build_param_table(const ModelConfig& config, const ModelParallel& parallel = {});
 
 // A parameter with its gradient: what a layer holds.
 struct Param {
@@ -58,7 +90,10 @@ struct Param {
 // Owns the parameter, gradient, master-weight and optimizer-moment buffers of one model.
 class ParamStore {
  public:
-  ParamStore(Backend& backend, ParamTable table, DType storage);
+  // zero_parts/zero_rank: the optimizer state (master, moments) covers only part zero_rank of
+  // zero_partition(table, zero_parts); values and grads always cover the whole table.
+  ParamStore(Backend& backend, ParamTable table, DType storage, int zero_parts = 1,
+             int zero_rank = 0);
 
   // Fills every parameter from the counter RNG keyed by (seed, name, element index): identical
   // values whatever the layout or backend. Master weights get the f32 value, the storage copy its
@@ -74,9 +109,13 @@ class ParamStore {
   // Whole buffers (for the optimizer, gradient norms, checkpoints).
   Tensor values() const;
   Tensor grads() const;
+  // The optimizer state: elements [optimizer_begin(), optimizer_end()) of the flat buffer (all of
+  // it without ZeRO). Element i of these tensors is element optimizer_begin() + i of values().
   Tensor master() const;  // empty Tensor when S is f32/f64
   Tensor moment1() const;
   Tensor moment2() const;
+  int64_t optimizer_begin() const { return opt_begin_; }
+  int64_t optimizer_end() const { return opt_end_; }
   // The range of one parameter inside one of the buffers above.
   static Tensor slice(const Tensor& whole, const ParamSpec& spec);
 
@@ -89,6 +128,7 @@ class ParamStore {
   Backend& backend_;
   ParamTable table_;
   DType storage_;
+  int64_t opt_begin_ = 0, opt_end_ = 0;
   backend::Allocation values_, grads_, master_, m_, v_;
 };
 

@@ -237,9 +237,9 @@ TEST_CASE("moe: router, top-2, capacity dropping, aux and z losses", "[model][gr
       saved.expert_in = ein;
       saved.expert_out = eout;
       saved.expert = {efc1, eact};
-      const model::Moe::Scratch scratch{dein, deout, dgates, dlogits, dxr, {deact, defc1}};
+      const model::Moe::Scratch scratch{dein, deout, dgates, dlogits, dxr, {deact, defc1}, {}, {}};
       auto loss = [&] {
-        const auto l = moe.forward(cpu(), out, x, saved);
+        const auto l = moe.forward(cpu(), out, x, saved, scratch);
         return project(out, r) + moe.aux_loss_coef * l.aux_loss + moe.z_loss_coef * l.z_loss;
       };
       loss();

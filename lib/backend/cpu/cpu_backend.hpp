@@ -177,6 +177,14 @@ class CpuBackend final : public Backend {
   void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
                               const Tensor& targets, double grad_scale) override;
 
+  void embedding_forward_shard(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                               const Tensor& wpe, int64_t T, int64_t vocab_begin) override;
+  void embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                const Tensor& tokens, int64_t T, int64_t vocab_begin) override;
+  void cross_entropy_backward_shard(const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
+                                    const Tensor& targets, int64_t vocab_begin,
+                                    double grad_scale) override;
+
   RouterLosses moe_router_forward(const RouterArgs& args) override;
   void moe_router_backward(const Tensor& dlogits, const Tensor& dgates, const RouterArgs& args,
                            double aux_coef, double z_coef, double grad_scale) override;

@@ -16,7 +16,7 @@ struct EmbeddingDims {
 };
 
 EmbeddingDims check_embedding(std::string_view op, const Tensor& table, const Tensor& rows,
-                              const Tensor& tokens, int64_t T) {
+                              const Tensor& tokens, int64_t T, bool shard = false) {
   expect_dtype(op, "tokens", tokens, DType::i32);
   expect_present(op, op.find("backward") != std::string_view::npos ? "dwte" : "wte", table);
   if (table.shape.rank != 2)
@@ -27,7 +27,7 @@ EmbeddingDims check_embedding(std::string_view op, const Tensor& table, const Te
   if (T <= 0 || N % T != 0)
     fail(op, fmt::format("{} tokens are not whole sequences of T={}", N, T));
   const int32_t* tok = tokens.as<int32_t>();
-  for (int64_t n = 0; n < N; ++n)
+  for (int64_t n = 0; n < N && !shard; ++n)
     if (tok[n] < 0 || tok[n] >= V)
       fail(op, fmt::format("tokens[{}] = {} is outside the vocabulary [0, {}): check the data's "
                            "vocab_size against the model's",
@@ -43,24 +43,25 @@ void check_positions(std::string_view op, std::string_view name, const Tensor& w
                          wpe.shape.to_string(), T, C));
 }
 
-}  // namespace
-
-void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                   const Tensor& wpe, int64_t T) {
-  const ScopedOp timed(timer_, OpFamily::embedding);
-  constexpr std::string_view op = "embedding_forward";
-  const auto [N, C, V] = check_embedding(op, wte, out, tokens, T);
+// The lookups of a whole table (vocab_begin 0, every token checked to be inside it) and of a
+// vocab-parallel shard (rows of tokens outside [vocab_begin, vocab_begin + V) read zeros forward
+// and take no gradient backward; positions count for every token) share these loops.
+void embedding_forward_rows(std::string_view op, const Tensor& out, const Tensor& tokens,
+                            const Tensor& wte, const Tensor& wpe, int64_t T, int64_t vocab_begin,
+                            bool shard) {
+  const auto [N, C, V] = check_embedding(op, wte, out, tokens, T, shard);
   expect_dtype(op, "out", out, wte.dtype);
   if (!wpe.empty()) check_positions(op, "wpe", wpe, wte.dtype, T, C);
   dispatch_float(wte.dtype, op, "wte", [&]<class S>(Tag<S>) {
     using Cm = compute_t<S>;
     const int32_t* tok = tokens.as<int32_t>();
     for (int64_t n = 0; n < N; ++n) {
-      const S* w = wte.as<S>() + tok[n] * C;
+      const int64_t row = tok[n] - vocab_begin;
+      const S* w = row >= 0 && row < V ? wte.as<S>() + row * C : nullptr;
       const S* p = wpe.empty() ? nullptr : wpe.as<S>() + (n % T) * C;
       S* o = out.as<S>() + n * C;
       for (int64_t c = 0; c < C; ++c) {
-        Cm value = tensor::load(w[c]);
+        Cm value = w ? tensor::load(w[c]) : Cm(0);
         if (p) value += tensor::load(p[c]);
         o[c] = tensor::store<S>(value);
       }
@@ -68,28 +69,56 @@ void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, cons
   });
 }
 
-void CpuBackend::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                    const Tensor& tokens, int64_t T) {
-  const ScopedOp timed(timer_, OpFamily::embedding);
-  constexpr std::string_view op = "embedding_backward";
+void embedding_backward_rows(std::string_view op, const Tensor& dwte, const Tensor& dwpe,
+                             const Tensor& dout, const Tensor& tokens, int64_t T,
+                             int64_t vocab_begin, bool shard) {
   expect_present(op, "dout", dout);
-  const auto [N, C, V] = check_embedding(op, dwte, dout, tokens, T);
+  const auto [N, C, V] = check_embedding(op, dwte, dout, tokens, T, shard);
   expect_dtype(op, "dwte", dwte, grad_dtype(dout.dtype));
   if (!dwpe.empty()) check_positions(op, "dwpe", dwpe, grad_dtype(dout.dtype), T, C);
   dispatch_float(dout.dtype, op, "dout", [&]<class S>(Tag<S>) {
     using G = compute_t<S>;
     const int32_t* tok = tokens.as<int32_t>();
     for (int64_t n = 0; n < N; ++n) {
+      const int64_t row = tok[n] - vocab_begin;
       const S* d = dout.as<S>() + n * C;
-      G* w = dwte.as<G>() + tok[n] * C;
+      G* w = row >= 0 && row < V ? dwte.as<G>() + row * C : nullptr;
       G* p = dwpe.empty() ? nullptr : dwpe.as<G>() + (n % T) * C;
       for (int64_t c = 0; c < C; ++c) {
         const G g = tensor::load(d[c]);
-        w[c] += g;
+        if (w) w[c] += g;
         if (p) p[c] += g;
       }
     }
   });
+}
+
+}  // namespace
+
+void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                   const Tensor& wpe, int64_t T) {
+  const ScopedOp timed(timer_, OpFamily::embedding);
+  embedding_forward_rows("embedding_forward", out, tokens, wte, wpe, T, 0, false);
+}
+
+void CpuBackend::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                    const Tensor& tokens, int64_t T) {
+  const ScopedOp timed(timer_, OpFamily::embedding);
+  embedding_backward_rows("embedding_backward", dwte, dwpe, dout, tokens, T, 0, false);
+}
+
+void CpuBackend::embedding_forward_shard(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                         const Tensor& wpe, int64_t T, int64_t vocab_begin) {
+  const ScopedOp timed(timer_, OpFamily::embedding);
+  embedding_forward_rows("embedding_forward_shard", out, tokens, wte, wpe, T, vocab_begin, true);
+}
+
+void CpuBackend::embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe,
+                                          const Tensor& dout, const Tensor& tokens, int64_t T,
+                                          int64_t vocab_begin) {
+  const ScopedOp timed(timer_, OpFamily::embedding);
+  embedding_backward_rows("embedding_backward_shard", dwte, dwpe, dout, tokens, T, vocab_begin,
+                          true);
 }
 
 }  // namespace trainctl::backend::cpu

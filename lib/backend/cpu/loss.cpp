@@ -15,8 +15,9 @@ namespace trainctl::backend::cpu {
 
 namespace {
 
-int64_t check_targets(std::string_view op, const Tensor& logits, const Tensor& targets,
-                      int64_t& V) {
+// shard: logits hold a vocab-parallel slice, so targets may lie outside [0, V).
+int64_t check_targets(std::string_view op, const Tensor& logits, const Tensor& targets, int64_t& V,
+                      bool shard = false) {
   expect_present(op, "logits", logits);
   expect_dtype(op, "targets", targets, DType::i32);
   const int64_t N = targets.numel();
@@ -25,7 +26,7 @@ int64_t check_targets(std::string_view op, const Tensor& logits, const Tensor& t
   if (V <= 0 || logits.numel() != N * V)
     fail(op, fmt::format("logits {} is not [N={}, V]", logits.shape.to_string(), N));
   const int32_t* t = targets.as<int32_t>();
-  for (int64_t n = 0; n < N; ++n)
+  for (int64_t n = 0; n < N && !shard; ++n)
     if (t[n] >= V)
       fail(op, fmt::format("targets[{}] = {} is outside the vocabulary [0, {})", n, t[n], V));
   return N;
@@ -57,13 +58,15 @@ void CpuBackend::cross_entropy_forward(const Tensor& losses, const Tensor& lse,
   });
 }
 
-void CpuBackend::cross_entropy_backward(const Tensor& dlogits, const Tensor& logits,
-                                        const Tensor& lse, const Tensor& targets,
-                                        double grad_scale) {
-  const ScopedOp timed(timer_, OpFamily::loss);
-  constexpr std::string_view op = "cross_entropy_backward";
+namespace {
+
+// dlogits of a whole-vocabulary row (vocab_begin 0) or of a vocab-parallel slice, whose lse is that
+// of the whole row and whose target may belong to another slice (then no -1 here).
+void cross_entropy_backward_rows(std::string_view op, const Tensor& dlogits, const Tensor& logits,
+                                 const Tensor& lse, const Tensor& targets, int64_t vocab_begin,
+                                 double grad_scale, bool shard) {
   int64_t V = 0;
-  const int64_t N = check_targets(op, logits, targets, V);
+  const int64_t N = check_targets(op, logits, targets, V, shard);
   expect_dtype(op, "dlogits", dlogits, logits.dtype);
   expect_numel(op, "dlogits", dlogits, N * V);
   expect_dtype(op, "lse", lse, stats_dtype(logits.dtype));
@@ -81,12 +84,33 @@ void CpuBackend::cross_entropy_backward(const Tensor& dlogits, const Tensor& log
         continue;
       }
       const A l = lse.as<A>()[n];
-      const A target_logit = tensor::load(row[tgt[n]]);  // read before d (may alias row) is written
+      const int64_t local = tgt[n] - vocab_begin;
+      const bool inside = local >= 0 && local < V;
+      // Read before d (which may alias row) is written.
+      const A target_logit = inside ? tensor::load(row[local]) : A(0);
       for (int64_t j = 0; j < V; ++j)
         d[j] = tensor::store<S>(exp_of(tensor::load(row[j]) - l) * gs);
-      d[tgt[n]] = tensor::store<S>((exp_of(target_logit - l) - A(1)) * gs);
+      if (inside) d[local] = tensor::store<S>((exp_of(target_logit - l) - A(1)) * gs);
     }
   });
+}
+
+}  // namespace
+
+void CpuBackend::cross_entropy_backward(const Tensor& dlogits, const Tensor& logits,
+                                        const Tensor& lse, const Tensor& targets,
+                                        double grad_scale) {
+  const ScopedOp timed(timer_, OpFamily::loss);
+  cross_entropy_backward_rows("cross_entropy_backward", dlogits, logits, lse, targets, 0,
+                              grad_scale, false);
+}
+
+void CpuBackend::cross_entropy_backward_shard(const Tensor& dlogits, const Tensor& logits,
+                                              const Tensor& lse, const Tensor& targets,
+                                              int64_t vocab_begin, double grad_scale) {
+  const ScopedOp timed(timer_, OpFamily::loss);
+  cross_entropy_backward_rows("cross_entropy_backward_shard", dlogits, logits, lse, targets,
+                              vocab_begin, grad_scale, true);
 }
 
 }  // namespace trainctl::backend::cpu

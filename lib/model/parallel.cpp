@@ -1,0 +1,49 @@
+#include "model/parallel.hpp"
+
+#include <stdexcept>
+#include <string>
+
+namespace trainctl::model {
+
+std::vector<StageRange> stage_ranges(int layers, int pp_size,
+                                     const std::vector<int>& stage_layers) {
+  if (pp_size < 1)
+    throw std::invalid_argument("pipeline: pp_size = " + std::to_string(pp_size) + " must be >= 1");
+  if (layers < pp_size)
+    throw std::invalid_argument("pipeline: " + std::to_string(layers) + " layers cannot fill " +
+                                std::to_string(pp_size) +
+                                " stages (each stage needs at least one layer): lower pp");
+  std::vector<int> counts = stage_layers;
+  if (counts.empty()) {
+    // Earlier stages take the remainder: 8 layers over 3 stages give 3, 3, 2.
+    for (int s = 0; s < pp_size; ++s)
+      counts.push_back(layers / pp_size + (s < layers % pp_size ? 1 : 0));
+  } else {
+    if (static_cast<int>(counts.size()) != pp_size)
+      throw std::invalid_argument("pipeline: stage_layers has " + std::to_string(counts.size()) +
+                                  " entries for pp = " + std::to_string(pp_size) +
+                                  " stages: give one count per stage");
+    int sum = 0;
+    std::string formula;
+    for (size_t s = 0; s < counts.size(); ++s) {
+      if (counts[s] < 1)
+        throw std::invalid_argument("pipeline: stage_layers[" + std::to_string(s) +
+                                    "] = " + std::to_string(counts[s]) + " must be >= 1");
+      sum += counts[s];
+      formula += (s ? " + " : "") + std::to_string(counts[s]);
+    }
+    if (sum != layers)
+      throw std::invalid_argument("pipeline: stage_layers " + formula + " = " +
+                                  std::to_string(sum) + " != " + std::to_string(layers) +
+                                  " layers of the model");
+  }
+  std::vector<StageRange> ranges;
+  int first = 0;
+  for (int count : counts) {
+    ranges.push_back({first, first + count});
+    first += count;
+  }
+  return ranges;
+}
+
+}  // namespace trainctl::model

@@ -1,0 +1,71 @@
+// How one rank's model is cut out of the whole model: tensor parallel (Megatron style), expert
+// parallel and pipeline stages, plus the ZeRO-1 partition of the optimizer state. A plain value
+// built by the caller from the Mesh; the model never looks up process groups by itself.
+//
+// Tensor parallel over `tp` (size T, rank t), as in Megatron-LM:
+//   attn.qkv    column-parallel: local heads [t*H/T, (t+1)*H/T) of q, and of k and v
+//               (KV/T each); its rows are the three global row ranges q, k, v, concatenated
+//   attn.proj   row-parallel: columns of the local heads; output all-reduced over tp, then bias
+//   mlp.fc1     column-parallel (SwiGLU: the gate rows and the up rows of the rank, concatenated)
+//   mlp.fc2     row-parallel, as attn.proj
+//   embed.wte   vocab-parallel: rows [t*V/T, (t+1)*V/T); lookup all-reduced over tp
+//   lm_head     vocab-parallel; cross-entropy over the vocab shards without gathering the logits
+//   norms, biases of row-parallel layers, embed.wpe, the MoE router: replicated on every tp rank.
+//   Their gradients come out identical on every tp rank (the inputs to their backward are
+//   all-reduced first), so they need no synchronisation, only counting once.
+// The input gradient of a column-parallel layer is all-reduced over tp in backward.
+//
+// Expert parallel over `ep` (size P, rank p): experts [p*E/P, (p+1)*E/P) live on rank p. Routing
+// runs on every rank for its own tokens (ep ranks hold different data, like dp ranks); the expert
+// buffers [E*cap, C] are exchanged with all_to_all over ep (rank r receives the rows of its
+// experts from every rank), computed, and sent back; capacity and dropping are decided per
+// micro-batch at the source, exactly as on one rank. With tp > 1 each expert MLP is itself
+// tensor-parallel (fc1 column, fc2 row with an all-reduce over tp of the expert buffer).
+//
+// Pipeline parallel over pp stages: stage s holds layers [first_layer, end_layer); the first stage
+// also the embeddings, the last the final norm and the head. With tied embeddings and pp > 1 the
+// last stage holds a copy of embed.wte (ParamSpec::tied_copy) whose gradient the trainer sums with
+// the first stage's, so both stay equal.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dist/communicator.hpp"
+
+namespace trainctl::model {
+
+struct ModelParallel {
+  // Null communicators mean a degree of 1.
+  dist::Communicator* tp = nullptr;
+  dist::Communicator* ep = nullptr;
+  int pp_rank = 0;  // this rank's pipeline stage
+  int pp_size = 1;
+  // Layers per stage (size pp_size, summing to the model's layers); empty: as even as possible,
+  // the earlier stages taking the remainder (8 layers over 3 stages: 3, 3, 2).
+  std::vector<int> stage_layers;
+  // Micro-batches whose activations this stage holds at once (1F1B: min(pp_size - pp_rank, M)).
+  int activation_slots = 1;
+  // ZeRO-1: the optimizer state (fp32 master weights, Adam moments) of this rank covers only its
+  // part of the flat parameter buffer, one of `zero_parts` parts (the dp degree); 1: all of it.
+  int zero_parts = 1;
+  int zero_rank = 0;
+
+  int tp_size() const { return tp ? tp->size() : 1; }
+  int tp_rank() const { return tp ? tp->rank() : 0; }
+  int ep_size() const { return ep ? ep->size() : 1; }
+  int ep_rank() const { return ep ? ep->rank() : 0; }
+  bool first_stage() const { return pp_rank == 0; }
+  bool last_stage() const { return pp_rank == pp_size - 1; }
+};
+
+// The layers of every stage: [first, end) of stage s at index s. Throws std::invalid_argument
+// when stage_layers does not have pp_size positive entries summing to `layers`, or when there are
+// fewer layers than stages.
+struct StageRange {
+  int first = 0;
+  int end = 0;
+};
+std::vector<StageRange> stage_ranges(int layers, int pp_size, const std::vector<int>& stage_layers);
+
+}  // namespace trainctl::model

@@ -21,7 +21,9 @@ class AdamW {
  public:
   explicit AdamW(const AdamWConfig& config) : config_(config) {}
   // One update with learning rate `lr`; every gradient is first multiplied by `grad_scale`
-  // (1 / loss scale times the clipping coefficient).
+  // (1 / loss scale times the clipping coefficient). Updates only the elements the store's
+  // optimizer state covers, [optimizer_begin(), optimizer_end()) (its ZeRO-1 part; all of them
+  // without ZeRO); a parameter cut by that range is updated on the part inside it.
   void step(backend::Backend& be, model::ParamStore& params, double lr, double grad_scale);
   int64_t updates() const { return updates_; }  // Adam's t (bias correction)
   void restore(int64_t updates) { updates_ = updates; }

@@ -1,5 +1,6 @@
 #include "train/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -8,13 +9,71 @@
 
 namespace trainctl::train {
 
+namespace {
+
+// Metric sums of one step, in one vector so a single all-reduce carries them:
+// [loss, aux_loss, z_loss, expert_load (moe layers x experts), dropped_tokens (moe layers)].
+constexpr size_t kLoss = 0, kAux = 1, kZ = 2, kLoads = 3;
+
+// Evaluation forwards pass activations on tags above every training tag of a step.
+constexpr uint32_t kEvalTag = 0x20000000u;
+
+std::string str(int64_t v) {
+  return std::to_string(v);
+}
+
+void check_parallel(const TrainConfig& config, const model::Transformer& model,
+                    const dist::Mesh* mesh) {
+  const model::ModelParallel& parallel = model.parallel();
+  if (config.zero != 0 && config.zero != 1)
+    throw std::invalid_argument("zero stage " + str(config.zero) + ": only 0 and 1 are supported");
+  if (config.bucket_bytes < 1)
+    throw std::invalid_argument("bucket_bytes " + str(config.bucket_bytes) + ": must be positive");
+  if (!mesh) {
+    if (parallel.pp_size != 1 || parallel.tp_size() != 1 || parallel.ep_size() != 1)
+      throw std::invalid_argument(
+          "the model is built for tp " + str(parallel.tp_size()) + ", ep " +
+          str(parallel.ep_size()) + ", pp " + str(parallel.pp_size) +
+          " but the trainer has no mesh: pass the rank's dist::Mesh to the Trainer");
+    return;
+  }
+  const int data_ranks = mesh->dp_ep().size();
+  if (config.global_batch % (data_ranks * config.micro_batch) != 0)
+    throw std::invalid_argument("global_batch " + str(config.global_batch) +
+                                " is not a multiple of data ranks (dp*ep = " + str(data_ranks) +
+                                ") * micro_batch " + str(config.micro_batch) + " = " +
+                                str(int64_t{data_ranks} * config.micro_batch));
+  if (config.zero == 1 && mesh->ep().size() > 1)
+    throw std::invalid_argument("ZeRO-1 with expert parallel (ep " + str(mesh->ep().size()) +
+                                ") is not supported: set parallel.zero: 0 or parallel.ep: 1");
+  if (parallel.tp_size() != mesh->tp().size() || parallel.ep_size() != mesh->ep().size() ||
+      parallel.pp_size != mesh->pp().size() || parallel.pp_rank != mesh->pp().rank())
+    throw std::invalid_argument(
+        "the model is built for tp " + str(parallel.tp_size()) + ", ep " + str(parallel.ep_size()) +
+        ", stage " + str(parallel.pp_rank) + " of " + str(parallel.pp_size) +
+        " but the mesh has tp " + str(mesh->tp().size()) + ", ep " + str(mesh->ep().size()) +
+        ", stage " + str(mesh->pp().rank()) + " of " + str(mesh->pp().size()) +
+        ": build the model with this rank's ModelParallel");
+  const int slots =
+      pipeline_slots(parallel.pp_size, parallel.pp_rank, config.accum_steps(data_ranks));
+  if (parallel.activation_slots < slots)
+    throw std::invalid_argument(
+        "pipeline stage " + str(parallel.pp_rank) + " of " + str(parallel.pp_size) + " holds " +
+        str(parallel.activation_slots) + " activation slots; 1F1B over " +
+        str(config.accum_steps(data_ranks)) +
+        " micro-batches needs min(pp - stage, micro-batches) = " + str(slots));
+}
+
+}  // namespace
+
 Trainer::Trainer(const TrainConfig& config, model::Transformer& model, backend::Backend& backend,
-                 data::Sampler& train_data, const data::ValidationSet* val)
+                 data::Sampler& train_data, const data::ValidationSet* val, const dist::Mesh* mesh)
     : config_(config),
       model_(model),
       be_(backend),
       train_(train_data),
       val_(val),
+      mesh_(mesh),
       scaler_(config.loss_scale),
       optimizer_(config.adamw) {
   if (config.micro_batch != model.micro_batch())
@@ -22,52 +81,148 @@ Trainer::Trainer(const TrainConfig& config, model::Transformer& model, backend::
                                 " != model micro_batch " + std::to_string(model.micro_batch()));
   if (config.global_batch % config.micro_batch != 0)
     throw std::invalid_argument("global_batch % micro_batch != 0");
+  check_parallel(config, model, mesh);
+  if (mesh) {
+    data_rank_ = mesh->dp_ep().rank();
+    data_ranks_ = mesh->dp_ep().size();
+    sync_ =
+        std::make_unique<GradSync>(*mesh, backend, model, config.bucket_bytes, config.zero == 1);
+  }
+  const model::ModelParallel& parallel = model.parallel();
+  const int accum = config.accum_steps(data_ranks_);
+  schedule_ = one_f_one_b(parallel.pp_size, parallel.pp_rank, accum);
+  slots_ = pipeline_slots(parallel.pp_size, parallel.pp_rank, accum);
+  for (int layer = 0; layer < model.config().layers; ++layer)
+    if (model.config().is_moe_layer(layer)) moe_layers_.push_back(layer);
   const size_t T = static_cast<size_t>(model.config().seq_len);
-  const size_t B = static_cast<size_t>(config.micro_batch);
-  window_.resize(B * (T + 1));
-  inputs_.resize(B * T);
-  targets_.resize(B * T);
+  const size_t rows = static_cast<size_t>(config.global_batch / data_ranks_);
+  window_.resize(rows * (T + 1));
+  inputs_.resize(rows * T);
+  targets_.resize(rows * T);
 }
 
 // A window row holds T + 1 tokens: inputs are the first T, targets the last T.
-void Trainer::load_micro_batch(const int32_t* window) {
+void Trainer::load_windows(const int32_t* window, int rows) {
   const size_t T = static_cast<size_t>(model_.config().seq_len);
-  for (size_t b = 0; b < static_cast<size_t>(config_.micro_batch); ++b)
+  for (size_t b = 0; b < static_cast<size_t>(rows); ++b)
     for (size_t t = 0; t < T; ++t) {
       inputs_[b * T + t] = window[b * (T + 1) + t];
       targets_[b * T + t] = window[b * (T + 1) + t + 1];
     }
 }
 
+void Trainer::add_result(const model::ForwardResult& r, double weight,
+                         std::vector<double>& sums) const {
+  sums[kLoss] += r.loss * weight;
+  sums[kAux] += r.aux_loss * weight;
+  sums[kZ] += r.z_loss * weight;
+  const size_t experts = static_cast<size_t>(model_.config().moe.experts);
+  const size_t dropped = kLoads + moe_layers_.size() * experts;
+  for (size_t i = 0; i < r.expert_load.size(); ++i) {
+    // Without moe_layers the entries are the model's MoE layers in order (one stage).
+    size_t index = i;
+    if (i < r.moe_layers.size()) {
+      const auto it = std::find(moe_layers_.begin(), moe_layers_.end(), r.moe_layers[i]);
+      if (it == moe_layers_.end())
+        throw std::logic_error("forward reported MoE layer " + str(r.moe_layers[i]) +
+                               ", which the model config does not have");
+      index = static_cast<size_t>(it - moe_layers_.begin());
+    }
+    for (size_t e = 0; e < r.expert_load[i].size() && e < experts; ++e)
+      sums[kLoads + index * experts + e] += r.expert_load[i][e] * weight;
+    sums[dropped + index] += static_cast<double>(r.dropped_tokens[i]);
+  }
+}
+
+void Trainer::sum_over_job(std::vector<double>& values) const {
+  if (!mesh_) return;
+  // Stages hold different layers (sum them); data ranks different samples. Tensor-parallel ranks
+  // compute the same values and are left out, so every rank ends with the same bits.
+  for (dist::Communicator* group : {&mesh_->pp(), &mesh_->dp_ep()})
+    if (group->size() > 1) group->all_reduce_sum(values.data(), values.size(), tensor::DType::f64);
+}
+
+// Runs this stage's 1F1B actions; with one stage that is forward, backward per micro-batch.
+void Trainer::run_schedule(double grad_scale, std::vector<double>& sums) {
+  const model::ModelParallel& parallel = model_.parallel();
+  const size_t tokens =
+      static_cast<size_t>(config_.micro_batch) * static_cast<size_t>(model_.config().seq_len);
+  const double weight = 1.0 / (config_.accum_steps(data_ranks_) * data_ranks_);
+  for (const PipeAction& action : schedule_) {
+    const int slot = action.micro_batch % slots_;
+    const uint32_t tag = pipeline_tag(action.op, action.micro_batch);
+    switch (action.op) {
+      case PipeOp::recv_activation: {
+        const tensor::Tensor in = model_.stage_input(slot);
+        mesh_->pp().recv(in.data, in.bytes(), parallel.pp_rank - 1, tag);
+        break;
+      }
+      case PipeOp::forward: {
+        const size_t first = static_cast<size_t>(action.micro_batch) * tokens;
+        add_result(model_.forward(inputs_.data() + first, targets_.data() + first, slot), weight,
+                   sums);
+        break;
+      }
+      case PipeOp::send_activation: {
+        const tensor::Tensor out = model_.stage_output(slot);
+        mesh_->pp().send(out.data, out.bytes(), parallel.pp_rank + 1, tag);
+        break;
+      }
+      case PipeOp::recv_grad: {
+        const tensor::Tensor grad = model_.output_grad();
+        mesh_->pp().recv(grad.data, grad.bytes(), parallel.pp_rank + 1, tag);
+        break;
+      }
+      case PipeOp::backward:
+        model_.backward(grad_scale, slot);
+        break;
+      case PipeOp::send_grad: {
+        const tensor::Tensor grad = model_.input_grad();
+        mesh_->pp().send(grad.data, grad.bytes(), parallel.pp_rank - 1, tag);
+        break;
+      }
+    }
+  }
+}
+
 StepMetrics Trainer::step() {
   const auto start = std::chrono::steady_clock::now();
-  const int accum = config_.accum_steps();
+  const double comm_start = mesh_ ? mesh_->comm_seconds() : 0.0;
+  const int accum = config_.accum_steps(data_ranks_);
+  const size_t experts = static_cast<size_t>(model_.config().moe.experts);
   StepMetrics m;
   model_.params().zero_grads();
   const double scale = scaler_.scale();
-  for (int a = 0; a < accum; ++a) {
-    train_.next_batch(config_.micro_batch, window_.data());
-    load_micro_batch(window_.data());
-    const model::ForwardResult r = model_.forward(inputs_.data(), targets_.data());
-    // The step's objective is the mean over micro-batches; the loss scale rides along.
-    model_.backward(scale / accum);
-    m.loss += r.loss / accum;
-    m.aux_loss += r.aux_loss / accum;
-    m.z_loss += r.z_loss / accum;
-    if (m.expert_load.empty()) {
-      m.expert_load.assign(r.expert_load.size(), {});
-      m.dropped_tokens.assign(r.dropped_tokens.size(), 0);
-    }
-    for (size_t l = 0; l < r.expert_load.size(); ++l) {
-      m.expert_load[l].resize(r.expert_load[l].size());
-      for (size_t e = 0; e < r.expert_load[l].size(); ++e)
-        m.expert_load[l][e] += r.expert_load[l][e] / accum;
-      m.dropped_tokens[l] += r.dropped_tokens[l];
-    }
+  // Rank i of the data ranks takes sequences [i*G/D, (i+1)*G/D) of the step's global batch, so its
+  // micro-batch a is micro-batch i*A + a of a one-rank run; the position advances by G everywhere.
+  train_.next_batch_slice(config_.global_batch, data_rank_, data_ranks_, window_.data());
+  load_windows(window_.data(), config_.global_batch / data_ranks_);
+  std::vector<double> sums(kLoads + moe_layers_.size() * (experts + 1), 0.0);
+  // The step's objective is the mean over the job's micro-batches; the loss scale rides along, so
+  // the gradients summed over data ranks equal the one-rank gradient.
+  run_schedule(scale / (accum * data_ranks_), sums);
+  sum_over_job(sums);
+  m.loss = sums[kLoss];
+  m.aux_loss = sums[kAux];
+  m.z_loss = sums[kZ];
+  const size_t dropped = kLoads + moe_layers_.size() * experts;
+  for (size_t l = 0; l < moe_layers_.size(); ++l) {
+    m.expert_load.emplace_back(
+        sums.begin() + static_cast<std::ptrdiff_t>(kLoads + l * experts),
+        sums.begin() + static_cast<std::ptrdiff_t>(kLoads + (l + 1) * experts));
+    m.dropped_tokens.push_back(static_cast<int64_t>(sums[dropped + l]));
   }
+
   // One pass over the gradients: an f64 sum of squares of f32 values cannot overflow, so it is
-  // finite exactly when every gradient is (inf and NaN propagate).
-  const double sum_squares = be_.sum_squares(model_.params().grads());
+  // finite exactly when every gradient is (inf and NaN propagate). Across ranks the partial sums
+  // are all-reduced, so the skip decision and the clip factor are the same everywhere.
+  double sum_squares = 0;
+  if (sync_) {
+    sync_->reduce_gradients();
+    sum_squares = sync_->global_sum_squares();
+  } else {
+    sum_squares = be_.sum_squares(model_.params().grads());
+  }
   const bool finite = std::isfinite(sum_squares);
   m.grad_norm = finite ? std::sqrt(sum_squares) / scale : std::numeric_limits<double>::quiet_NaN();
   m.loss_scale = scale;
@@ -78,11 +233,13 @@ StepMetrics Trainer::step() {
                             ? config_.grad_clip / (m.grad_norm + 1e-6)
                             : 1.0;
     optimizer_.step(be_, model_.params(), m.lr, clip / scale);
+    if (sync_) sync_->gather_parameters();
   }
   ++step_;
   tokens_ += int64_t{config_.global_batch} * model_.config().seq_len;
   m.step = step_;
   m.tokens = tokens_;
+  if (mesh_) m.comm_ms = 1000.0 * (mesh_->comm_seconds() - comm_start);
   m.step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   m.tokens_per_s =
@@ -99,13 +256,33 @@ double Trainer::evaluate() {
                              std::to_string(model_.config().seq_len + 1) +
                              " tokens: use a larger data.val_fraction or a longer data.val_path");
   const int64_t batches = std::min<int64_t>(config_.eval_batches, available);
+  const model::ModelParallel& parallel = model_.parallel();
+  // Data rank d evaluates batches d, d + D, ...: the same micro-batches as one rank, so the mean
+  // is the same. Expert-parallel ranks exchange tokens in every forward, so there all data ranks
+  // run the same number of forwards (a rank without a batch left repeats one and ignores it).
+  const bool lockstep = mesh_ && mesh_->ep().size() > 1;
+  const int64_t rounds = lockstep ? (batches + data_ranks_ - 1) / data_ranks_ : batches;
   double total = 0;
-  for (int64_t i = 0; i < batches; ++i) {
-    val_->fill_batch(i, config_.micro_batch, window_.data());
-    load_micro_batch(window_.data());
-    total += model_.forward(inputs_.data(), targets_.data()).loss;
+  for (int64_t round = 0; round < rounds; ++round) {
+    const int64_t batch = lockstep ? round * data_ranks_ + data_rank_ : round;
+    if (!lockstep && batch % data_ranks_ != data_rank_) continue;
+    val_->fill_batch(batch % batches, config_.micro_batch, window_.data());
+    load_windows(window_.data(), config_.micro_batch);
+    const uint32_t tag = kEvalTag + static_cast<uint32_t>(round);
+    if (!parallel.first_stage()) {
+      const tensor::Tensor in = model_.stage_input(0);
+      mesh_->pp().recv(in.data, in.bytes(), parallel.pp_rank - 1, tag);
+    }
+    const double loss = model_.forward(inputs_.data(), targets_.data(), 0).loss;
+    if (!parallel.last_stage()) {
+      const tensor::Tensor out = model_.stage_output(0);
+      mesh_->pp().send(out.data, out.bytes(), parallel.pp_rank + 1, tag);
+    }
+    if (batch < batches) total += loss;
   }
-  return total / static_cast<double>(batches);
+  std::vector<double> sum{total};
+  sum_over_job(sum);
+  return sum[0] / static_cast<double>(batches);
 }
 
 void Trainer::run(const std::function<bool(const StepMetrics&)>& on_step) {

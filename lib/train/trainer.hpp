@@ -5,14 +5,18 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "backend/backend.hpp"
 #include "data/sampler.hpp"
+#include "dist/mesh.hpp"
 #include "model/model.hpp"
+#include "train/grad_sync.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/optimizer.hpp"
+#include "train/pipeline.hpp"
 #include "train/schedule.hpp"
 
 namespace trainctl::train {
@@ -27,8 +31,14 @@ struct TrainConfig {
   LossScaler::Config loss_scale;
   int64_t eval_every_steps = 0;  // 0: only at the end
   int eval_batches = 1;
+  // Multi-rank (ignored on one rank): gradient buckets of the data-parallel all-reduce, and ZeRO-1
+  // (the model must then be built with ModelParallel::zero_parts = dp).
+  int64_t bucket_bytes = int64_t{25} << 20;
+  int zero = 0;
 
-  int accum_steps() const { return global_batch / micro_batch; }
+  // Micro-batches per optimizer step on one rank; with `data_ranks` ranks reading different data
+  // (dp * ep) each takes global_batch / data_ranks sequences.
+  int accum_steps(int data_ranks = 1) const { return global_batch / data_ranks / micro_batch; }
 };
 
 struct StepMetrics {
@@ -45,6 +55,7 @@ struct StepMetrics {
   std::vector<std::vector<double>> expert_load;  // per MoE layer, averaged over micro-batches
   std::vector<int64_t> dropped_tokens;           // per MoE layer, summed over micro-batches
   std::optional<double> val_loss;
+  double comm_ms = 0;  // time this rank spent inside collectives during the step (Mesh)
 };
 
 // Everything besides the parameter buffers (values, master weights, Adam moments in the
@@ -60,9 +71,14 @@ struct TrainerState {
 
 class Trainer {
  public:
-  // `val` may be null (no evaluation). All references must outlive the trainer.
+  // `val` may be null (no evaluation). All references must outlive the trainer. `mesh` null: one
+  // rank. With a mesh, every rank of the job constructs its trainer with the same config and
+  // calls the same methods in the same order (they are collective); the model must have been
+  // built with the ModelParallel of this rank of the mesh. Every rank returns the same
+  // StepMetrics (losses and norms of the whole job) and state().
   Trainer(const TrainConfig& config, model::Transformer& model, backend::Backend& backend,
-          data::Sampler& train_data, const data::ValidationSet* val);
+          data::Sampler& train_data, const data::ValidationSet* val,
+          const dist::Mesh* mesh = nullptr);
 
   StepMetrics step();  // one optimizer step (accum_steps micro-batches)
   double evaluate();   // mean loss over eval_batches validation micro-batches
@@ -77,19 +93,37 @@ class Trainer {
 
   int64_t steps_done() const { return step_; }
   const LossScaler& loss_scaler() const { return scaler_; }
+  const dist::Mesh* mesh() const { return mesh_; }  // null on one rank
+  // This rank's place among the ranks reading different data (the dp_ep group: dp * ep ranks);
+  // 0 of 1 on one rank.
+  int data_rank() const { return data_rank_; }
+  int data_ranks() const { return data_ranks_; }
 
  private:
-  void load_micro_batch(const int32_t* window);
+  // Splits `rows` window rows into inputs_ and targets_ (T tokens each).
+  void load_windows(const int32_t* window, int rows);
+  void run_schedule(double grad_scale, std::vector<double>& sums);
+  void add_result(const model::ForwardResult& r, double weight, std::vector<double>& sums) const;
+  // Sums `values` over the pipeline stages, then over the data ranks (every rank gets the total).
+  void sum_over_job(std::vector<double>& values) const;
 
   TrainConfig config_;
   model::Transformer& model_;
   backend::Backend& be_;
   data::Sampler& train_;
   const data::ValidationSet* val_;
+  const dist::Mesh* mesh_;
   LossScaler scaler_;
   AdamW optimizer_;
+  std::unique_ptr<GradSync> sync_;  // null on one rank
+  int data_rank_ = 0, data_ranks_ = 1;
+  std::vector<PipeAction> schedule_;  // this stage's 1F1B actions for one step
+  int slots_ = 1;                     // activation sets: micro-batch m uses slot m % slots_
+  std::vector<int> moe_layers_;       // global indices of the model's MoE layers
   int64_t step_ = 0;
   int64_t tokens_ = 0;
+  // The step's windows of this data rank (all its micro-batches: a pipeline stage holds several in
+  // flight) and their inputs and targets.
   std::vector<int32_t> window_, inputs_, targets_;
 };
 

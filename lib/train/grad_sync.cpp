@@ -1,0 +1,200 @@
+#include "train/grad_sync.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace trainctl::train {
+
+namespace {
+
+using model::IndexRange;
+using model::ParamSpec;
+using tensor::Tensor;
+
+// The specs in buffer order (the table adds them in that order; sorting makes it a guarantee).
+std::vector<const ParamSpec*> in_buffer_order(const model::ParamTable& table) {
+  std::vector<const ParamSpec*> specs;
+  for (const ParamSpec& spec : table.specs())
+    specs.push_back(&spec);
+  std::sort(specs.begin(), specs.end(),
+            [](const ParamSpec* a, const ParamSpec* b) { return a->offset < b->offset; });
+  return specs;
+}
+
+// A 1-D view of elements [begin, end) of a flat buffer.
+Tensor range_of(const Tensor& whole, int64_t begin, int64_t end) {
+  Tensor t = whole;
+  t.data =
+      static_cast<char*>(whole.data) + static_cast<size_t>(begin) * tensor::dtype_size(whole.dtype);
+  t.shape = {end - begin};
+  return t;
+}
+
+// The peer gradient of the tied embedding uses a tag no pipeline micro-batch reaches.
+constexpr uint32_t kTiedEmbeddingTag = 0x40000000u;
+
+}  // namespace
+
+std::vector<GradBucket> plan_grad_buckets(const model::ParamTable& table, int64_t bucket_bytes,
+                                          size_t element_bytes) {
+  if (bucket_bytes < 1)
+    throw std::invalid_argument("gradient bucket size " + std::to_string(bucket_bytes) +
+                                " bytes: use a positive size (the default is 25 MiB)");
+  std::vector<GradBucket> buckets;
+  std::optional<GradBucket> open;
+  for (const ParamSpec* spec : in_buffer_order(table)) {
+    const int64_t end = spec->offset + spec->shape.numel();
+    if (open && open->expert != spec->expert) {
+      buckets.push_back(*open);
+      open.reset();
+    }
+    if (!open) open = GradBucket{spec->offset, end, spec->expert};
+    open->end = end;
+    if ((open->end - open->begin) * static_cast<int64_t>(element_bytes) >= bucket_bytes) {
+      buckets.push_back(*open);
+      open.reset();
+    }
+  }
+  if (open) buckets.push_back(*open);
+  return buckets;
+}
+
+std::vector<IndexRange> norm_ranges(const model::ParamTable& table, const NormOwnership& owner) {
+  std::vector<IndexRange> ranges;
+  if (!owner.zero && owner.dp_rank != 0) return ranges;
+  for (const ParamSpec* spec : in_buffer_order(table)) {
+    if (spec->tied_copy) continue;  // equal to the first stage's embed.wte after the exchange
+    if (!spec->tp_sharded && owner.tp_rank != 0) continue;
+    if (!spec->expert && owner.ep_rank != 0) continue;
+    IndexRange r{spec->offset, spec->offset + spec->shape.numel()};
+    if (owner.zero) r = {std::max(r.begin, owner.zero_begin), std::min(r.end, owner.zero_end)};
+    if (r.size() <= 0) continue;
+    if (!ranges.empty() && ranges.back().end == r.begin)
+      ranges.back().end = r.end;
+    else
+      ranges.push_back(r);
+  }
+  return ranges;
+}
+
+GradSync::GradSync(const dist::Mesh& mesh, backend::Backend& backend, model::Transformer& model,
+                   int64_t bucket_bytes, bool zero)
+    : mesh_(mesh), be_(backend), model_(model), zero_(zero) {
+  const model::ParamStore& params = model.params();
+  const size_t grad_bytes = tensor::dtype_size(params.grads().dtype);
+  buckets_ = plan_grad_buckets(params.table(), bucket_bytes, grad_bytes);
+  if (zero && mesh.ep().size() > 1)
+    throw std::invalid_argument("ZeRO-1 with expert parallel (ep " +
+                                std::to_string(mesh.ep().size()) +
+                                ") is not supported: set parallel.zero: 0 or parallel.ep: 1");
+  NormOwnership owner{mesh.tp().rank(), mesh.ep().rank(), mesh.dp().rank(), zero, 0, 0};
+  int64_t scratch_elements = 0;
+  if (zero) {
+    const int dp = mesh.dp().size(), rank = mesh.dp().rank();
+    zero_bounds_ = model::zero_partition(params.table(), dp);
+    const int64_t begin = zero_bounds_[static_cast<size_t>(rank)];
+    const int64_t end = zero_bounds_[static_cast<size_t>(rank) + 1];
+    if (params.optimizer_begin() != begin || params.optimizer_end() != end)
+      throw std::invalid_argument(
+          "ZeRO-1: the model's optimizer state covers elements [" +
+          std::to_string(params.optimizer_begin()) + ", " + std::to_string(params.optimizer_end()) +
+          ") but dp rank " + std::to_string(rank) + " of " + std::to_string(dp) + " owns [" +
+          std::to_string(begin) + ", " + std::to_string(end) +
+          "): build the model with ModelParallel zero_parts = dp and zero_rank = the dp rank");
+    owner.zero_begin = begin;
+    owner.zero_end = end;
+    scratch_elements = end - begin;
+  }
+  counted_ = norm_ranges(params.table(), owner);
+  const model::ModelParallel& parallel = model.parallel();
+  if (parallel.pp_size > 1 && model.config().tied_embeddings)
+    for (const ParamSpec& spec : params.table().specs())
+      if (spec.tied_copy || (spec.name == "embed.wte" && parallel.first_stage()))
+        scratch_elements = std::max(scratch_elements, spec.shape.numel());
+  if (scratch_elements > 0)
+    scratch_ = be_.allocate(static_cast<size_t>(scratch_elements) * grad_bytes);
+}
+
+void GradSync::exchange_tied_embedding() {
+  const model::ModelParallel& parallel = model_.parallel();
+  if (parallel.pp_size < 2 || !model_.config().tied_embeddings) return;
+  const model::ParamStore& params = model_.params();
+  const ParamSpec* tied = nullptr;
+  for (const ParamSpec& spec : params.table().specs())
+    if ((parallel.last_stage() && spec.tied_copy) ||
+        (parallel.first_stage() && spec.name == "embed.wte" && !spec.tied_copy))
+      tied = &spec;
+  if (!parallel.first_stage() && !parallel.last_stage()) return;
+  if (!tied)
+    throw std::logic_error("tied embeddings over " + std::to_string(parallel.pp_size) +
+                           " stages: stage " + std::to_string(parallel.pp_rank) +
+                           " has no embed.wte (or its tied copy) in its parameter table");
+  const Tensor grad = model::ParamStore::slice(params.grads(), *tied);
+  const Tensor peer = scratch_.view(grad.dtype, grad.shape);
+  dist::Communicator& pp = mesh_.pp();
+  // First stage sends first, last stage receives first: safe even with unbuffered sends.
+  if (parallel.first_stage()) {
+    pp.send(grad.data, grad.bytes(), parallel.pp_size - 1, kTiedEmbeddingTag);
+    pp.recv(peer.data, peer.bytes(), parallel.pp_size - 1, kTiedEmbeddingTag);
+  } else {
+    pp.recv(peer.data, peer.bytes(), 0, kTiedEmbeddingTag);
+    pp.send(grad.data, grad.bytes(), 0, kTiedEmbeddingTag);
+  }
+  // first + last on both stages: a float sum of two terms is the same in either order.
+  be_.accumulate(grad, peer);
+}
+
+void GradSync::reduce_gradients() {
+  exchange_tied_embedding();
+  const Tensor grads = model_.params().grads();
+  if (!zero_) {
+    // On CPU each bucket's all-reduce blocks; a GPU backend can start bucket k while backward
+    // still produces bucket k - 1 (buckets are in buffer order, backward runs in reverse).
+    for (const GradBucket& bucket : buckets_) {
+      dist::Communicator& group = bucket.expert ? mesh_.dp() : mesh_.dp_ep();
+      if (group.size() < 2) continue;
+      const Tensor part = range_of(grads, bucket.begin, bucket.end);
+      group.all_reduce_sum(part.data, static_cast<size_t>(part.numel()), part.dtype);
+    }
+    return;
+  }
+  dist::Communicator& dp = mesh_.dp();
+  if (dp.size() < 2) return;
+  std::vector<size_t> counts;
+  for (size_t r = 0; r + 1 < zero_bounds_.size(); ++r)
+    counts.push_back(static_cast<size_t>(zero_bounds_[r + 1] - zero_bounds_[r]));
+  const model::ParamStore& params = model_.params();
+  const Tensor mine = range_of(grads, params.optimizer_begin(), params.optimizer_end());
+  const Tensor reduced = scratch_.view(grads.dtype, {mine.numel()});
+  dp.reduce_scatter_sum_v(grads.data, reduced.data, counts, grads.dtype);
+  be_.cast(mine, reduced);
+}
+
+double GradSync::global_sum_squares() {
+  const Tensor grads = model_.params().grads();
+  double partial = 0;
+  for (const IndexRange& range : counted_)
+    partial += be_.sum_squares(range_of(grads, range.begin, range.end));
+  mesh_.world().all_reduce_sum(&partial, 1, tensor::DType::f64);
+  return partial;
+}
+
+void GradSync::gather_parameters() {
+  if (!zero_ || mesh_.dp().size() < 2) return;
+  const model::ParamStore& params = model_.params();
+  const Tensor values = params.values();
+  const size_t item = tensor::dtype_size(values.dtype);
+  std::vector<size_t> bytes;
+  for (size_t r = 0; r + 1 < zero_bounds_.size(); ++r)
+    bytes.push_back(static_cast<size_t>(zero_bounds_[r + 1] - zero_bounds_[r]) * item);
+  // The own part goes through the scratch buffer: the gather's output covers its input.
+  const Tensor mine = range_of(values, params.optimizer_begin(), params.optimizer_end());
+  const Tensor copy = scratch_.view(values.dtype, {mine.numel()});
+  be_.cast(copy, mine);
+  mesh_.dp().all_gather_v(copy.data, values.data, bytes);
+}
+
+}  // namespace trainctl::train

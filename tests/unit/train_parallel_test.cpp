@@ -1,0 +1,650 @@
+// lib/train across ranks: the 1F1B schedule as data (every micro-batch once, bounded in-flight,
+// matching send/recv order), gradient buckets and norm ownership, and whole multi-process runs
+// (dp2, dp2 + ZeRO-1, pipeline and tensor parallel) that must match a one-rank run within 1e-5
+// relative and repeat bit for bit.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "data/sources.hpp"
+#include "dist/dist.hpp"
+#include "dist_test_util.hpp"
+#include "train/trainer.hpp"
+
+namespace {
+
+using namespace trainctl;
+using train::PipeAction;
+using train::PipeOp;
+
+// ---- the schedule ----
+
+// Runs the stages' action lists against each other with rendezvous semantics (a send completes
+// only together with the matching receive of the peer, the strictest a transport can be) and
+// returns the number of actions each stage completed.
+std::vector<size_t> simulate(int stages, int micro_batches) {
+  std::vector<std::vector<PipeAction>> lists;
+  for (int s = 0; s < stages; ++s)
+    lists.push_back(train::one_f_one_b(stages, s, micro_batches));
+  std::vector<size_t> done(static_cast<size_t>(stages), 0);
+  auto head = [&](int s) -> const PipeAction* {
+    const auto& list = lists[static_cast<size_t>(s)];
+    return done[static_cast<size_t>(s)] < list.size() ? &list[done[static_cast<size_t>(s)]]
+                                                      : nullptr;
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < stages; ++s) {
+      while (const PipeAction* a = head(s)) {
+        if (a->op == PipeOp::forward || a->op == PipeOp::backward) {
+          ++done[static_cast<size_t>(s)];
+          progress = true;
+          continue;
+        }
+        const bool downstream = a->op == PipeOp::send_activation || a->op == PipeOp::recv_grad;
+        const int peer = downstream ? s + 1 : s - 1;
+        if (peer < 0 || peer >= stages) return done;  // a message to a stage that does not exist
+        const PipeOp partner = a->op == PipeOp::send_activation   ? PipeOp::recv_activation
+                               : a->op == PipeOp::recv_activation ? PipeOp::send_activation
+                               : a->op == PipeOp::send_grad       ? PipeOp::recv_grad
+                                                                  : PipeOp::send_grad;
+        const PipeAction* b = head(peer);
+        if (!b || b->op != partner || b->micro_batch != a->micro_batch) break;
+        ++done[static_cast<size_t>(s)];
+        ++done[static_cast<size_t>(peer)];
+        progress = true;
+      }
+    }
+  }
+  return done;
+}
+
+}  // namespace
+
+TEST_CASE("1F1B: every stage forwards then backwards each micro-batch exactly once",
+          "[train][pipeline]") {
+  for (int stages = 1; stages <= 8; ++stages)
+    for (int stage = 0; stage < stages; ++stage)
+      for (int m = 1; m <= 12; ++m) {
+        INFO("stage " << stage << " of " << stages << ", " << m << " micro-batches");
+        std::vector<int> forwards(static_cast<size_t>(m), 0), backwards(forwards);
+        for (const PipeAction& a : train::one_f_one_b(stages, stage, m)) {
+          const size_t i = static_cast<size_t>(a.micro_batch);
+          REQUIRE(i < forwards.size());
+          if (a.op == PipeOp::forward) ++forwards[i];
+          if (a.op == PipeOp::backward) {
+            CHECK(forwards[i] == 1);  // backward only after its forward
+            ++backwards[i];
+          }
+          // The first stage receives nothing from before it, the last sends nothing on.
+          if (stage == 0) CHECK((a.op != PipeOp::recv_activation && a.op != PipeOp::send_grad));
+          if (stage == stages - 1)
+            CHECK((a.op != PipeOp::send_activation && a.op != PipeOp::recv_grad));
+        }
+        CHECK(forwards == std::vector<int>(static_cast<size_t>(m), 1));
+        CHECK(backwards == std::vector<int>(static_cast<size_t>(m), 1));
+      }
+}
+
+TEST_CASE("1F1B: warm-up of min(P-s-1, M) forwards, then at most P-s micro-batches in flight",
+          "[train][pipeline]") {
+  for (int stages = 1; stages <= 8; ++stages)
+    for (int stage = 0; stage < stages; ++stage)
+      for (int m = 1; m <= 12; ++m) {
+        INFO("stage " << stage << " of " << stages << ", " << m << " micro-batches");
+        const int slots = train::pipeline_slots(stages, stage, m);
+        CHECK(slots == std::min(stages - stage, m));
+        std::set<int> in_flight;
+        int forwards_before_first_backward = -1, forwards = 0;
+        size_t peak = 0;
+        for (const PipeAction& a : train::one_f_one_b(stages, stage, m)) {
+          if (a.op == PipeOp::forward) {
+            ++forwards;
+            // The micro-batches in flight share slots m % slots: never two in one slot.
+            for (int other : in_flight)
+              CHECK(other % slots != a.micro_batch % slots);
+            in_flight.insert(a.micro_batch);
+            peak = std::max(peak, in_flight.size());
+          }
+          if (a.op == PipeOp::backward) {
+            if (forwards_before_first_backward < 0) forwards_before_first_backward = forwards - 1;
+            in_flight.erase(a.micro_batch);
+          }
+        }
+        CHECK(forwards_before_first_backward == std::min(stages - stage - 1, m - 1));
+        CHECK(peak == static_cast<size_t>(slots));
+      }
+  CHECK_THROWS_WITH(train::one_f_one_b(2, 2, 4), Catch::Contains("stage 2 of 2"));
+}
+
+TEST_CASE("1F1B: adjacent stages' sends and receives pair up in order even without buffering",
+          "[train][pipeline]") {
+  for (int stages = 1; stages <= 8; ++stages)
+    for (int m = 1; m <= 12; ++m) {
+      INFO(stages << " stages, " << m << " micro-batches");
+      const std::vector<size_t> done = simulate(stages, m);
+      for (int s = 0; s < stages; ++s)
+        CHECK(done[static_cast<size_t>(s)] == train::one_f_one_b(stages, s, m).size());
+    }
+  // Tags tell the micro-batches and the directions apart.
+  std::set<uint32_t> tags;
+  for (int m = 0; m < 64; ++m) {
+    tags.insert(train::pipeline_tag(PipeOp::send_activation, m));
+    tags.insert(train::pipeline_tag(PipeOp::send_grad, m));
+    CHECK(train::pipeline_tag(PipeOp::send_grad, m) == train::pipeline_tag(PipeOp::recv_grad, m));
+  }
+  CHECK(tags.size() == 128);
+}
+
+namespace {
+
+model::ModelConfig small_gpt() {
+  model::ModelConfig c = model::gpt_preset();
+  c.layers = 2;
+  c.hidden = 32;
+  c.heads = 4;
+  c.kv_heads = 4;
+  c.ffn_hidden = 64;
+  c.vocab = 32;
+  c.seq_len = 16;
+  c.storage = tensor::DType::f32;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("gradient buckets cover the buffer in order, about bucket_bytes each",
+          "[train][grad_sync]") {
+  const model::ParamTable table = model::build_param_table(small_gpt());
+  const int64_t bucket_bytes = 4096;
+  const auto buckets = train::plan_grad_buckets(table, bucket_bytes, sizeof(float));
+  REQUIRE(buckets.size() > 2);
+  CHECK(buckets.front().begin == 0);
+  CHECK(buckets.back().end == table.numel());
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    CHECK(buckets[i].end > buckets[i].begin);
+    if (i + 1 < buckets.size()) {
+      CHECK(buckets[i].end == buckets[i + 1].begin);
+      CHECK((buckets[i].end - buckets[i].begin) * 4 >= bucket_bytes);  // only the last is short
+    }
+  }
+  // A huge bucket size gives one bucket; a tiny one one bucket per parameter.
+  CHECK(train::plan_grad_buckets(table, int64_t{1} << 40, 4).size() == 1);
+  CHECK(train::plan_grad_buckets(table, 1, 4).size() == table.specs().size());
+  CHECK_THROWS_WITH(train::plan_grad_buckets(table, 0, 4), Catch::Contains("positive"));
+}
+
+TEST_CASE("gradient buckets never mix expert and non-expert parameters", "[train][grad_sync]") {
+  model::ModelConfig c = small_gpt();
+  c.moe.experts = 4;
+  c.moe.every = 1;
+  model::ParamTable table = model::build_param_table(c);
+  // Mark the stacked expert weights as build_param_table does for ep > 1.
+  model::ParamTable marked;
+  for (model::ParamSpec spec : table.specs()) {
+    spec.expert = spec.name.find(".moe.fc") != std::string::npos;
+    marked.add(spec);
+  }
+  const auto buckets = train::plan_grad_buckets(marked, int64_t{1} << 40, 4);
+  CHECK(buckets.size() == 5);  // dense, expert (layer 0), dense, expert (layer 1), dense
+  for (const model::ParamSpec& spec : marked.specs()) {
+    const int64_t end = spec.offset + spec.shape.numel();
+    bool inside_one = false;
+    for (const train::GradBucket& b : buckets)
+      if (b.begin <= spec.offset && end <= b.end) inside_one = b.expert == spec.expert;
+    INFO(spec.name);
+    CHECK(inside_one);
+  }
+}
+
+TEST_CASE("norm ownership: each element counted by exactly one rank", "[train][grad_sync]") {
+  const model::ParamTable table = model::build_param_table(small_gpt());
+  const auto whole = std::vector<model::IndexRange>{{0, table.numel()}};
+  CHECK(train::norm_ranges(table, {}) == whole);
+  CHECK(train::norm_ranges(table, {.dp_rank = 1}).empty());  // a dp replica counts nothing
+  CHECK(train::norm_ranges(table, {.tp_rank = 1}).empty());  // nothing here is tp_sharded
+  CHECK(train::norm_ranges(table, {.ep_rank = 1}).empty());  // nor an expert
+  // ZeRO: each dp rank counts its own part.
+  const std::vector<int64_t> parts = model::zero_partition(table, 3);
+  int64_t counted = 0;
+  for (int r = 0; r < 3; ++r) {
+    const auto ranges = train::norm_ranges(
+        table, {.dp_rank = r, .zero = true, .zero_begin = parts[r], .zero_end = parts[r + 1]});
+    REQUIRE(ranges.size() == 1);
+    CHECK(ranges[0] == model::IndexRange{parts[r], parts[r + 1]});
+    counted += ranges[0].size();
+  }
+  CHECK(counted == table.numel());
+}
+
+// ---- whole runs across processes ----
+
+namespace {
+
+struct Setup {
+  dist::Layout layout;  // world size 1 with no mesh: the reference
+  bool use_mesh = true;
+  int zero = 0;
+  int steps = 10;
+  int global_batch = 8;
+  int micro_batch = 2;
+  model::ModelConfig model = small_gpt();
+};
+
+train::TrainConfig train_config(const Setup& s) {
+  train::TrainConfig t;
+  t.steps = s.steps;
+  t.global_batch = s.global_batch;
+  t.micro_batch = s.micro_batch;
+  t.schedule = {3e-3, 3e-4, 2, s.steps, train::DecayKind::cosine, 0.2};
+  t.adamw = {0.9, 0.95, 1e-8, 0.1};
+  t.grad_clip = 1.0;
+  t.eval_batches = 3;
+  t.bucket_bytes = 2048;  // several buckets even for this small model
+  t.zero = s.zero;
+  return t;
+}
+
+// What one rank reports: the metrics of every step and its parameters placed at their global
+// indices (written to a file; the parent merges the ranks).
+struct RankReport {
+  std::vector<double> losses, grad_norms, comm_ms;
+  // Per step: aux_loss, z_loss, then dropped tokens and expert loads of each MoE layer.
+  std::vector<std::vector<double>> moe;
+  double val_loss = 0;
+  std::map<std::string, std::vector<std::pair<int64_t, float>>> params;  // (global index, value)
+};
+
+void write_report(const std::string& path, const RankReport& r) {
+  std::ofstream out(path, std::ios::binary);
+  auto put = [&](const auto& v) { out.write(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(r.losses.size());
+  for (size_t i = 0; i < r.losses.size(); ++i) {
+    put(r.losses[i]);
+    put(r.grad_norms[i]);
+    put(r.comm_ms[i]);
+    put(r.moe[i].size());
+    out.write(reinterpret_cast<const char*>(r.moe[i].data()),
+              static_cast<std::streamsize>(r.moe[i].size() * sizeof(double)));
+  }
+  put(r.val_loss);
+  put(r.params.size());
+  for (const auto& [name, values] : r.params) {
+    put(name.size());
+    out.write(name.data(), static_cast<std::streamsize>(name.size()));
+    put(values.size());
+    out.write(reinterpret_cast<const char*>(values.data()),
+              static_cast<std::streamsize>(values.size() * sizeof values[0]));
+  }
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+RankReport read_report(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("no report " + path);
+  auto get = [&](auto& v) { in.read(reinterpret_cast<char*>(&v), sizeof v); };
+  RankReport r;
+  size_t n = 0;
+  get(n);
+  r.losses.resize(n);
+  r.grad_norms.resize(n);
+  r.comm_ms.resize(n);
+  r.moe.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    get(r.losses[i]);
+    get(r.grad_norms[i]);
+    get(r.comm_ms[i]);
+    size_t count = 0;
+    get(count);
+    r.moe[i].resize(count);
+    in.read(reinterpret_cast<char*>(r.moe[i].data()),
+            static_cast<std::streamsize>(count * sizeof(double)));
+  }
+  get(r.val_loss);
+  get(n);
+  for (size_t p = 0; p < n; ++p) {
+    size_t length = 0, count = 0;
+    get(length);
+    std::string name(length, '\0');
+    in.read(name.data(), static_cast<std::streamsize>(length));
+    get(count);
+    auto& values = r.params[name];
+    values.resize(count);
+    in.read(reinterpret_cast<char*>(values.data()),
+            static_cast<std::streamsize>(count * sizeof values[0]));
+  }
+  if (!in) throw std::runtime_error("truncated report " + path);
+  return r;
+}
+
+int train_rank(const Setup& s, const std::string& dir, int rank) {
+  std::unique_ptr<dist::FileStore> base;
+  std::unique_ptr<dist::PrefixStore> store;
+  std::optional<dist::Mesh> mesh;
+  if (s.use_mesh) {
+    base = std::make_unique<dist::FileStore>(dir + "/store");
+    store = std::make_unique<dist::PrefixStore>(dist::job_store(*base, "train", 0));
+    mesh.emplace(dist::Mesh::create(*store, s.layout.world_size(), rank, s.layout,
+                                    dist::MeshOptions{.timeout = std::chrono::seconds(30)}));
+  }
+  const train::TrainConfig tc = train_config(s);
+  model::ModelParallel parallel;
+  if (mesh) {
+    if (mesh->tp().size() > 1) parallel.tp = &mesh->tp();
+    if (mesh->ep().size() > 1) parallel.ep = &mesh->ep();
+    parallel.pp_rank = mesh->pp().rank();
+    parallel.pp_size = mesh->pp().size();
+    parallel.activation_slots = train::pipeline_slots(parallel.pp_size, parallel.pp_rank,
+                                                      tc.accum_steps(mesh->dp_ep().size()));
+    if (s.zero == 1) {
+      parallel.zero_parts = mesh->dp().size();
+      parallel.zero_rank = mesh->dp().rank();
+    }
+  }
+  auto backend = backend::make_cpu_backend();
+  const data::SyntheticSource source(11, s.model.vocab, 1 << 16);
+  const data::SyntheticSource val_source(12, s.model.vocab, 1 << 12);
+  data::Sampler sampler(source, s.model.seq_len, 3, true, s.model.vocab);
+  const data::ValidationSet val(val_source, s.model.seq_len, s.model.vocab);
+  model::Transformer m(s.model, *backend, tc.micro_batch, parallel);
+  m.params().initialize(1234);
+  if (s.zero == 1)  // the optimizer state really is this rank's part only
+    dist_test::expect(
+        m.params().optimizer_end() - m.params().optimizer_begin() < m.params().values().numel(),
+        "ZeRO-1 optimizer part smaller than the buffer");
+  train::Trainer trainer(tc, m, *backend, sampler, &val, mesh ? &*mesh : nullptr);
+  RankReport report;
+  trainer.run([&](const train::StepMetrics& step) {
+    report.losses.push_back(step.loss);
+    report.grad_norms.push_back(step.grad_norm);
+    report.comm_ms.push_back(step.comm_ms);
+    std::vector<double> moe{step.aux_loss, step.z_loss};
+    for (size_t l = 0; l < step.expert_load.size(); ++l) {
+      moe.push_back(static_cast<double>(step.dropped_tokens[l]));
+      moe.insert(moe.end(), step.expert_load[l].begin(), step.expert_load[l].end());
+    }
+    report.moe.push_back(moe);
+    if (step.val_loss) report.val_loss = *step.val_loss;
+    return true;
+  });
+  // Every rank ends at the same place in the global sample order.
+  dist_test::expect(sampler.position() == int64_t{s.steps} * s.global_batch, "sampler position");
+  std::vector<float> values(static_cast<size_t>(m.params().values().numel()));
+  backend->copy_to_host(values.data(), m.params().values());
+  for (const model::ParamSpec& spec : m.params().table().specs()) {
+    if (spec.tied_copy) continue;
+    auto& out = report.params[spec.name];
+    for (int64_t i = 0; i < spec.shape.numel(); ++i)
+      out.emplace_back(spec.global_index(i), values[static_cast<size_t>(spec.offset + i)]);
+  }
+  write_report(dir + "/rank_" + std::to_string(rank) + ".bin", report);
+  if (mesh) mesh->world().barrier();
+  return 0;
+}
+
+struct JobResult {
+  std::vector<RankReport> ranks;
+  // name -> global values (merged over ranks; replicas must agree bit for bit).
+  std::map<std::string, std::vector<float>> params;
+};
+
+JobResult run_job(const Setup& s) {
+  const dist_test::TempDir temp;
+  std::filesystem::create_directories(temp.path + "/store");
+  const int world = s.use_mesh ? s.layout.world_size() : 1;
+  dist_test::RunOptions options;
+  options.deadline = std::chrono::seconds(120);
+  const auto status = dist_test::run_ranks(
+      world, [&](int rank) { return train_rank(s, temp.path, rank); }, options);
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r << " of " << s.layout.to_string());
+    REQUIRE(status[static_cast<size_t>(r)] == 0);
+  }
+  JobResult job;
+  for (int r = 0; r < world; ++r)
+    job.ranks.push_back(read_report(temp.path + "/rank_" + std::to_string(r) + ".bin"));
+  for (const RankReport& rank : job.ranks)
+    for (const auto& [name, entries] : rank.params) {
+      auto& merged = job.params[name];
+      for (const auto& [index, value] : entries) {
+        if (merged.size() <= static_cast<size_t>(index))
+          merged.resize(static_cast<size_t>(index) + 1, std::nanf(""));
+        float& slot = merged[static_cast<size_t>(index)];
+        if (!std::isnan(slot) && std::memcmp(&slot, &value, sizeof value) != 0)
+          FAIL("replicas of " << name << "[" << index << "] differ: " << slot << " vs " << value);
+        slot = value;
+      }
+    }
+  return job;
+}
+
+// Every rank reports the same metrics, bit for bit.
+void check_ranks_agree(const JobResult& job) {
+  for (size_t r = 1; r < job.ranks.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(job.ranks[r].losses == job.ranks[0].losses);
+    CHECK(job.ranks[r].grad_norms == job.ranks[0].grad_norms);
+    CHECK(job.ranks[r].val_loss == job.ranks[0].val_loss);
+    CHECK(job.ranks[r].moe == job.ranks[0].moe);
+  }
+}
+
+// Per-step loss, grad norm and final weights within 1e-5 relative of the one-rank run. Weights
+// are compared per tensor against its largest magnitude (an element near zero has no meaningful
+// relative error of its own).
+void check_matches(const JobResult& job, const JobResult& reference) {
+  constexpr double kTolerance = 1e-5;
+  check_ranks_agree(job);
+  const RankReport& got = job.ranks[0];
+  const RankReport& want = reference.ranks[0];
+  REQUIRE(got.losses.size() == want.losses.size());
+  for (size_t i = 0; i < got.losses.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(got.losses[i] == Approx(want.losses[i]).epsilon(kTolerance));
+    CHECK(got.grad_norms[i] == Approx(want.grad_norms[i]).epsilon(kTolerance));
+    REQUIRE(got.moe[i].size() == want.moe[i].size());
+    // Token counts (dropped) are exact; losses and loads (shares, up to 1) within tolerance.
+    for (size_t k = 0; k < want.moe[i].size(); ++k)
+      CHECK(got.moe[i][k] == Approx(want.moe[i][k]).epsilon(kTolerance).margin(1e-12));
+  }
+  CHECK(got.val_loss == Approx(want.val_loss).epsilon(kTolerance));
+  REQUIRE(job.params.size() == reference.params.size());
+  // The key bias (the k rows of attn.qkv.bias) has a gradient of exactly zero: softmax ignores a
+  // constant added to every score of a query. What the runs compute for it is rounding noise,
+  // which Adam's normalisation turns into updates of about lr * noise / eps; a one-rank run with
+  // another micro-batch size differs there by as much (measured 3e-6 against 0.01 for the other
+  // biases). It is checked to stay at noise level instead of being compared.
+  const model::ModelConfig mc = small_gpt();
+  const model::IndexRange key_bias{int64_t{mc.heads} * mc.head_dim(),
+                                   int64_t{mc.heads + mc.kv_heads} * mc.head_dim()};
+  double worst = 0;
+  for (const auto& [name, expected] : reference.params) {
+    const auto it = job.params.find(name);
+    REQUIRE(it != job.params.end());
+    const std::vector<float>& actual = it->second;
+    REQUIRE(actual.size() == expected.size());
+    double largest = 0, difference = 0;
+    size_t where = 0;
+    const bool qkv_bias = name.size() > 13 && name.ends_with("attn.qkv.bias");
+    for (size_t i = 0; i < expected.size(); ++i) {
+      if (qkv_bias && key_bias.begin <= static_cast<int64_t>(i) &&
+          static_cast<int64_t>(i) < key_bias.end) {
+        CHECK(std::abs(actual[i]) < 1e-4);
+        CHECK(std::abs(expected[i]) < 1e-4);
+        continue;
+      }
+      largest = std::max(largest, std::abs(double{expected[i]}));
+      const double d = std::abs(double{actual[i]} - double{expected[i]});
+      if (d > difference) where = i;
+      difference = std::max(difference, d);
+    }
+    INFO(name << ": largest difference " << difference << " (element " << where << ": "
+              << actual[where] << " vs " << expected[where] << ") of magnitude " << largest);
+    CHECK(difference <= kTolerance * largest);
+    worst = std::max(worst, difference / largest);
+  }
+  double comm_ms = 0;
+  for (double ms : got.comm_ms)
+    comm_ms += ms / static_cast<double>(got.comm_ms.size());
+  std::printf(
+      "  worst relative weight difference %.3g, loss step 1 %.9f vs %.9f, %.2f ms/step "
+      "in collectives\n",
+      worst, got.losses[0], want.losses[0], comm_ms);
+}
+
+// Assigned field by field: GCC 12 warns (wrongly) about designated initializers of a Layout.
+Setup layout_setup(int tp, int dp, int pp, int zero = 0) {
+  Setup s;
+  s.layout.tp = tp;
+  s.layout.dp = dp;
+  s.layout.pp = pp;
+  s.zero = zero;
+  return s;
+}
+
+const JobResult& reference_run() {
+  static const JobResult reference = [] {
+    Setup one;
+    one.use_mesh = false;
+    return run_job(one);
+  }();
+  return reference;
+}
+
+}  // namespace
+
+TEST_CASE("dp2 trains like one rank (losses and weights within 1e-5) and repeats bit for bit",
+          "[train][parallel]") {
+  const Setup dp2 = layout_setup(1, 2, 1);
+  const JobResult a = run_job(dp2);
+  check_matches(a, reference_run());
+  const JobResult b = run_job(dp2);
+  CHECK(a.ranks[0].losses == b.ranks[0].losses);
+  CHECK(a.ranks[0].grad_norms == b.ranks[0].grad_norms);
+  CHECK(a.params == b.params);
+  CHECK(a.ranks[0].comm_ms[0] > 0);  // the step's all-reduces were timed
+}
+
+TEST_CASE("dp2 with ZeRO-1 trains like one rank and repeats bit for bit", "[train][parallel]") {
+  const Setup zero = layout_setup(1, 2, 1, 1);
+  const JobResult a = run_job(zero);
+  check_matches(a, reference_run());
+  const JobResult b = run_job(zero);
+  CHECK(a.ranks[0].losses == b.ranks[0].losses);
+  CHECK(a.params == b.params);
+}
+
+TEST_CASE("a layout the trainer cannot run is refused with the formula", "[train][parallel]") {
+  const dist_test::TempDir temp;
+  std::filesystem::create_directories(temp.path + "/store");
+  const auto status = dist_test::run_ranks(2, [&](int rank) {
+    dist::FileStore base(temp.path + "/store");
+    dist::PrefixStore store = dist::job_store(base, "refuse", 0);
+    dist::Layout layout;
+    layout.dp = 2;
+    dist::Mesh mesh = dist::Mesh::create(store, 2, rank, layout);
+    auto backend = backend::make_cpu_backend();
+    const data::SyntheticSource source(11, 32, 1 << 14);
+    data::Sampler sampler(source, 16, 3, true, 32);
+    Setup s;
+    train::TrainConfig tc = train_config(s);
+    tc.global_batch = 6;  // not a multiple of dp 2 * micro_batch 2
+    model::Transformer m(s.model, *backend, tc.micro_batch);
+    try {
+      train::Trainer trainer(tc, m, *backend, sampler, nullptr, &mesh);
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      dist_test::expect(
+          what.find("data ranks (dp*ep = 2) * micro_batch 2 = 4") != std::string::npos,
+          "message: " + what);
+      return 0;
+    }
+    return 1;
+  });
+  CHECK(status == std::vector<int>{0, 0});
+}
+
+TEST_CASE("pp2 over 4 micro-batches (1F1B) trains like one rank and repeats bit for bit",
+          "[train][parallel]") {
+  const Setup pp2 = layout_setup(1, 1, 2);
+  const JobResult a = run_job(pp2);
+  check_matches(a, reference_run());
+  const JobResult b = run_job(pp2);
+  CHECK(a.ranks[0].losses == b.ranks[0].losses);
+  CHECK(a.params == b.params);
+}
+
+TEST_CASE("tp2 trains like one rank and repeats bit for bit", "[train][parallel]") {
+  const Setup tp2 = layout_setup(2, 1, 1);
+  const JobResult a = run_job(tp2);
+  check_matches(a, reference_run());
+  const JobResult b = run_job(tp2);
+  CHECK(a.ranks[0].losses == b.ranks[0].losses);
+  CHECK(a.params == b.params);
+}
+
+TEST_CASE("dp2 x pp2 with ZeRO-1 trains like one rank", "[train][parallel]") {
+  check_matches(run_job(layout_setup(1, 2, 2, 1)), reference_run());
+}
+
+TEST_CASE("a MoE model with ep2 (and with dp2) trains like one rank, expert metrics included",
+          "[train][parallel][moe]") {
+  Setup one;
+  one.use_mesh = false;
+  one.model.moe.experts = 4;
+  one.model.moe.every = 2;              // layer 1 is MoE
+  one.model.moe.capacity_factor = 1.0;  // tight: some tokens are dropped
+  const JobResult reference = run_job(one);
+  double dropped = 0;
+  for (const std::vector<double>& step : reference.ranks[0].moe) {
+    REQUIRE(step.size() == 2 + 1 + 4);  // aux, z; dropped and 4 loads of the one MoE layer
+    dropped += step[2];
+  }
+  CHECK(dropped > 0);  // capacity decisions are part of what must match
+  Setup ep2 = one;
+  ep2.use_mesh = true;
+  ep2.layout.ep = 2;
+  check_matches(run_job(ep2), reference);
+  Setup dp2 = one;
+  dp2.use_mesh = true;
+  dp2.layout.dp = 2;
+  check_matches(run_job(dp2), reference);
+}
+
+TEST_CASE("ZeRO-1 with expert parallel is refused with what to change", "[train][parallel]") {
+  const dist_test::TempDir temp;
+  std::filesystem::create_directories(temp.path + "/store");
+  const auto status = dist_test::run_ranks(2, [&](int rank) {
+    dist::FileStore base(temp.path + "/store");
+    dist::PrefixStore store = dist::job_store(base, "refuse_zero", 0);
+    dist::Layout layout;
+    layout.ep = 2;
+    dist::Mesh mesh = dist::Mesh::create(store, 2, rank, layout);
+    auto backend = backend::make_cpu_backend();
+    const data::SyntheticSource source(11, 32, 1 << 14);
+    data::Sampler sampler(source, 16, 3, true, 32);
+    Setup s;
+    s.model.moe.experts = 4;
+    train::TrainConfig tc = train_config(s);
+    tc.zero = 1;
+    model::ModelParallel parallel;
+    parallel.ep = &mesh.ep();
+    model::Transformer m(s.model, *backend, tc.micro_batch, parallel);
+    try {
+      train::Trainer trainer(tc, m, *backend, sampler, nullptr, &mesh);
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      dist_test::expect(what.find("ZeRO-1 with expert parallel (ep 2)") != std::string::npos &&
+                            what.find("parallel.zero: 0") != std::string::npos,
+                        "message: " + what);
+      return 0;
+    }
+    return 1;
+  });
+  CHECK(status == std::vector<int>{0, 0});
+}

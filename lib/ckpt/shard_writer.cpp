@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -12,6 +14,7 @@
 #include <ctime>
 #include <functional>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -275,6 +278,149 @@ void write_manifest(const fs::path& dir, const ManifestHeader& header,
   file.write_all(text.data(), text.size());
   file.sync();
   file.close();
+}
+
+fs::path shared_tmp_dir(const fs::path& checkpoints_dir, int64_t step, const std::string& save_id) {
+  const bool valid = !save_id.empty() && save_id.size() <= 128 &&
+                     std::all_of(save_id.begin(), save_id.end(), [](char c) {
+                       return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_';
+                     });
+  if (!valid)
+    throw CheckpointError(fmt::format(
+        "checkpoint save id \"{}\" must be 1-128 letters, digits, '-' or '_' (it names the tmp "
+        "directory every rank writes into); pass the job id and restart count",
+        save_id));
+  return checkpoints_dir / fmt::format(".tmp-{}.{}", step_dir_name(step), save_id);
+}
+
+fs::path join_save(const fs::path& checkpoints_dir, int64_t step, const std::string& save_id) {
+  if (step < 0) throw CheckpointError(fmt::format("cannot save a negative step ({})", step));
+  const fs::path tmp = shared_tmp_dir(checkpoints_dir, step, save_id);
+  std::error_code ec;
+  fs::create_directories(checkpoints_dir, ec);
+  if (ec) io::throw_os_error("cannot create checkpoint directory", checkpoints_dir, ec.value());
+  const fs::path final_dir = checkpoints_dir / step_dir_name(step);
+  if (fs::exists(final_dir, ec))
+    throw CheckpointError(
+        fmt::format("checkpoint {} already exists; refusing to overwrite it (move it away to save "
+                    "step {} again)",
+                    final_dir.string(), step));
+  // Another rank may have created it first: that is the normal case, not an error.
+  if (!fs::create_directory(tmp, ec) && (ec || !fs::is_directory(tmp)))
+    io::throw_os_error("cannot create", tmp, ec ? ec.value() : ENOTDIR);
+  return tmp;
+}
+
+namespace {
+
+fs::path index_path(const fs::path& dir, int rank) {
+  return dir / fmt::format("rank_{}.index.json", rank);
+}
+fs::path error_path(const fs::path& dir, int rank) {
+  return dir / fmt::format("rank_{}.error", rank);
+}
+
+// The rank's published index, nullopt while there is none; throws for a bad one.
+std::optional<ShardIndex> published_index(const fs::path& dir, int rank, int64_t step) {
+  const fs::path path = index_path(dir, rank);
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::nullopt;
+  const std::string text = io::read_small_file(path, uint64_t{1} << 30);
+  const json j = json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("step") || !j.contains("index"))
+    throw CheckpointError(fmt::format("{}: not a shard index (rank {})", path.string(), rank));
+  if (j["step"] != step)
+    throw CheckpointError(fmt::format("{}: rank {} published an index of step {}, not {}",
+                                      path.string(), rank, j["step"].dump(), step));
+  ShardIndex index = shard_index_from_json(j["index"]);
+  if (index.rank != rank || index.file != shard_file_name(rank))
+    throw CheckpointError(fmt::format("{}: the index names rank {} and file {}, expected rank {}",
+                                      path.string(), index.rank, index.file, rank));
+  return index;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    s += fmt::format("{}{}", i ? ", " : "", ranks[i]);
+  return s;
+}
+
+}  // namespace
+
+void publish_shard_index(const fs::path& dir, int64_t step, const ShardIndex& index) {
+  const json j = {{"step", step}, {"index", shard_index_to_json(index)}};
+  io::write_file_atomically(index_path(dir, index.rank), j.dump());
+}
+
+void publish_shard_error(const fs::path& dir, int rank, const std::string& message) noexcept {
+  try {
+    io::write_file_atomically(error_path(dir, rank), message);
+  } catch (...) {
+    // rank 0 then reports the rank as missing when the timeout passes
+  }
+}
+
+std::vector<ShardIndex> collect_shard_indices(const fs::path& dir, int64_t step, int world_size,
+                                              std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<std::optional<ShardIndex>> found(static_cast<size_t>(world_size));
+  auto deadline = Clock::now() + timeout;
+  uint64_t last_progress = 0;
+  for (auto wait = std::chrono::milliseconds(1);;
+       wait = std::min(wait * 2, std::chrono::milliseconds(50))) {
+    std::vector<int> missing;
+    uint64_t progress = 0;  // grows while any rank gets on with its save
+    for (int r = 0; r < world_size; ++r) {
+      auto& slot = found[static_cast<size_t>(r)];
+      if (!slot) {
+        std::error_code ec;
+        if (fs::exists(error_path(dir, r), ec)) {
+          std::string reason;
+          try {
+            reason = io::read_small_file(error_path(dir, r), 1 << 16);
+          } catch (const std::exception& e) {
+            reason = e.what();
+          }
+          throw CheckpointError(fmt::format(
+              "checkpoint step {}: rank {} could not write its shard: {}", step, r, reason));
+        }
+        slot = published_index(dir, r, step);
+      }
+      if (slot) {
+        progress += uint64_t{1} << 48;
+      } else {
+        missing.push_back(r);
+        std::error_code ec;
+        const auto bytes = fs::file_size(dir / shard_file_name(r), ec);
+        if (!ec) progress += bytes + 1;
+      }
+    }
+    if (missing.empty()) break;
+    if (progress != last_progress) {
+      last_progress = progress;
+      deadline = Clock::now() + timeout;
+    } else if (Clock::now() >= deadline) {
+      throw CheckpointError(fmt::format(
+          "checkpoint step {}: rank{} {} made no progress writing {} for {} ms (no shard index "
+          "published, no shard file growing): the rank died, hangs or cannot reach this file "
+          "system (see its log); the save was abandoned, earlier checkpoints are intact",
+          step, missing.size() > 1 ? "s" : "", rank_list(missing), dir.string(), timeout.count()));
+    }
+    std::this_thread::sleep_for(wait);
+  }
+  std::vector<ShardIndex> all;
+  for (auto& slot : found)
+    all.push_back(std::move(*slot));
+  return all;
+}
+
+void remove_shard_indices(const fs::path& dir, int world_size) {
+  for (int r = 0; r < world_size; ++r) {
+    std::error_code ec;
+    fs::remove(index_path(dir, r), ec);
+    if (ec) io::throw_os_error("cannot remove", index_path(dir, r), ec.value());
+  }
 }
 
 fs::path commit(const fs::path& checkpoints_dir, const fs::path& tmp_dir, int64_t step) {

@@ -1,19 +1,23 @@
 // Writing checkpoints: the steps of one save, usable by many ranks, and save() for one process.
 //
-// Multi-rank protocol (every rank sees the same checkpoints directory):
-//   rank 0:      tmp = begin_save(checkpoints_dir, step)       -> broadcast tmp to all ranks
-//   every rank:  index = write_shard(tmp, rank, my_slices)     -> gather indices on rank 0
-//                (shard_index_to_json / shard_index_from_json carry them over the wire)
-//   rank 0:      write_manifest(tmp, header, all_indices); commit(checkpoints_dir, tmp, step)
+// Multi-rank protocol (every rank sees the same checkpoints directory; ranks talk through files
+// only, so no collective runs on a writer thread; CheckpointWriter runs it):
+//   every rank:  tmp = join_save(checkpoints_dir, step, save_id)   (same name on every rank)
+//                index = write_shard(tmp, rank, my_slices)
+//                publish_shard_index(tmp, step, index)   (or publish_shard_error on failure)
+//   rank 0:      all = collect_shard_indices(tmp, step, world_size, timeout)
+//                write_manifest(tmp, header, all); remove_shard_indices(tmp, world_size);
+//                commit(checkpoints_dir, tmp, step)
 //   on failure:  abandon(tmp) on rank 0 (earlier checkpoints are never touched)
 // The manifest is written last and the directory is renamed into place only after every file and
 // the directory are fsynced, so a crash at any moment leaves either a complete step_<N> or a
-// .tmp-step_<N>.<pid> directory that readers report as partial and never load.
+// .tmp-step_<N>.<pid or save id> directory that readers report as partial and never load.
 //
 // Test hook: TRAINCTL_TEST_CKPT_WRITE_DELAY_MS=<ms> sleeps after each slice is written, so a test
 // can SIGKILL a process in the middle of a save.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -67,6 +71,28 @@ ShardIndex write_shard(const fs::path& dir, int rank, std::span<const SliceData>
 // across ranks), writes dir/manifest.json (created = now, UTC) and fsyncs it.
 void write_manifest(const fs::path& dir, const ManifestHeader& header,
                     std::vector<ShardIndex> all_ranks);
+// The tmp directory of a multi-rank save, checkpoints_dir/.tmp-step_<N>.<save_id>: every rank
+// computes the same name without talking. Throws CheckpointError for an empty save_id or one with
+// characters other than letters, digits, '-' and '_'.
+fs::path shared_tmp_dir(const fs::path& checkpoints_dir, int64_t step, const std::string& save_id);
+// Creates checkpoints_dir and shared_tmp_dir(...) when missing (any rank may come first, and
+// none removes what another already wrote); refuses when step_<N> exists already.
+fs::path join_save(const fs::path& checkpoints_dir, int64_t step, const std::string& save_id);
+// dir/rank_<N>.index.json: the rank's ShardIndex and the step, written atomically (tmp file,
+// fsync, rename, fsync dir) after its shard file is durable, so its presence means "done".
+void publish_shard_index(const fs::path& dir, int64_t step, const ShardIndex& index);
+// dir/rank_<N>.error: why this rank could not write its shard (best effort, never throws), so
+// rank 0 fails at once with the reason instead of waiting for the timeout.
+void publish_shard_error(const fs::path& dir, int rank, const std::string& message) noexcept;
+// Rank 0: waits until every rank in [0, world_size) has published its index for `step` and
+// returns them in rank order. Fails with a CheckpointError naming the rank when one published an
+// error, an index of another step or a malformed one, and naming every missing rank when `timeout`
+// passes without progress (no new index, no shard file growing).
+std::vector<ShardIndex> collect_shard_indices(const fs::path& dir, int64_t step, int world_size,
+                                              std::chrono::milliseconds timeout);
+// Removes the published indices (after write_manifest, before commit: the step directory then
+// holds only the manifest and the shard files).
+void remove_shard_indices(const fs::path& dir, int world_size);
 // fsync tmp_dir, rename it to step_<N> (refusing to replace one), fsync checkpoints_dir, then
 // move checkpoints_dir/latest to it. Returns the step directory.
 fs::path commit(const fs::path& checkpoints_dir, const fs::path& tmp_dir, int64_t step);

@@ -125,6 +125,11 @@ size_t HostArena::mapped_bytes() const {
   return total;
 }
 
+void HostArena::reserve(size_t bytes) {
+  if (bytes == 0 || mapped_bytes() >= bytes) return;
+  spare_.push_back(map_block(round_up(round_up(bytes, kAlignment), kPageBytes)));
+}
+
 HostArena HostArena::recycle() {
   HostArena next;
   next.spare_ = std::exchange(blocks_, {});
@@ -277,7 +282,11 @@ std::vector<fs::path> apply_retention(const fs::path& checkpoints_dir, int keep_
 }
 
 CheckpointWriter::CheckpointWriter(fs::path checkpoints_dir, Options options)
-    : dir_(std::move(checkpoints_dir)), options_(options) {
+    : dir_(std::move(checkpoints_dir)), options_(std::move(options)) {
+  if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size)
+    throw CheckpointError(fmt::format("CheckpointWriter: rank {} is outside world size {}",
+                                      options_.rank, options_.world_size));
+  if (options_.world_size > 1) shared_tmp_dir(dir_, 0, options_.save_id);  // checks the id now
   if (options_.async) worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -297,18 +306,61 @@ CheckpointWriter::~CheckpointWriter() {
   }
 }
 
-void CheckpointWriter::run(SaveRequest& request) {
-  const fs::path tmp = dir_ / fmt::format(".tmp-{}.{}", step_dir_name(request.header.step),
-                                          static_cast<long>(::getpid()));
+SaveStats CheckpointWriter::save_multi_rank(const SaveRequest& request) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t step = request.header.step;
+  const fs::path tmp = join_save(dir_, step, options_.save_id);
   SaveStats stats;
+  stats.step = step;
   try {
-    stats = ckpt::save(dir_, request.header, request.slices());
-  } catch (...) {
-    std::error_code ec;
-    if (fs::exists(tmp, ec)) failed_tmp_dirs_.push_back(tmp);  // removal failed: retry later
+    const ShardIndex mine = write_shard(tmp, options_.rank, request.slices());
+    publish_shard_index(tmp, step, mine);
+    stats.bytes = mine.bytes;
+  } catch (const std::exception& e) {
+    publish_shard_error(tmp, options_.rank, e.what());
     throw;
   }
-  apply_retention(dir_, options_.keep_last);
+  stats.path = dir_ / step_dir_name(step);
+  if (options_.rank == 0) {
+    try {
+      std::vector<ShardIndex> all =
+          collect_shard_indices(tmp, step, options_.world_size, options_.timeout);
+      stats.bytes = 0;
+      for (const ShardIndex& index : all)
+        stats.bytes += index.bytes;
+      write_manifest(tmp, request.header, std::move(all));
+      remove_shard_indices(tmp, options_.world_size);
+      stats.path = commit(dir_, tmp, step);
+    } catch (...) {
+      abandon(tmp);
+      throw;
+    }
+  }
+  stats.write_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats.bandwidth =
+      stats.write_seconds > 0 ? static_cast<double>(stats.bytes) / stats.write_seconds : 0;
+  return stats;
+}
+
+void CheckpointWriter::run(SaveRequest& request) {
+  const bool multi_rank = options_.world_size > 1;
+  const fs::path tmp = multi_rank
+                           ? shared_tmp_dir(dir_, request.header.step, options_.save_id)
+                           : dir_ / fmt::format(".tmp-{}.{}", step_dir_name(request.header.step),
+                                                static_cast<long>(::getpid()));
+  SaveStats stats;
+  try {
+    stats =
+        multi_rank ? save_multi_rank(request) : ckpt::save(dir_, request.header, request.slices());
+  } catch (...) {
+    std::error_code ec;
+    // Rank 0 removes a failed multi-rank save's directory; the other ranks leave it to rank 0.
+    if ((!multi_rank || options_.rank == 0) && fs::exists(tmp, ec))
+      failed_tmp_dirs_.push_back(tmp);  // removal failed: retry later
+    throw;
+  }
+  if (options_.rank == 0) apply_retention(dir_, options_.keep_last);
   std::vector<fs::path> still_there;
   for (const fs::path& p : failed_tmp_dirs_) {
     std::error_code ec;
@@ -386,6 +438,12 @@ void CheckpointWriter::save(SaveRequest request) {
 void CheckpointWriter::poll() {
   std::lock_guard lock(mutex_);
   if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+void CheckpointWriter::reserve(size_t bytes) {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [this] { return !busy_; });  // an in-flight save holds the memory
+  spare_memory_.reserve(bytes);
 }
 
 std::optional<SaveStats> CheckpointWriter::last_stats() const {

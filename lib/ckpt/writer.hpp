@@ -12,6 +12,7 @@
 // keeps one set of host memory (the size of one checkpoint) between saves.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <exception>
@@ -48,6 +49,9 @@ class HostArena {
   // Moves this arena's blocks out (to seed the next request's arena); spare blocks that were
   // never used are released rather than kept.
   HostArena recycle();
+  // Maps one block of at least `bytes` now, kept as a spare that the next allocate() calls take
+  // first (an arena that already holds that much mapped memory maps nothing).
+  void reserve(size_t bytes);
 
  private:
   struct Block {
@@ -116,11 +120,31 @@ void copy_parallel(void* dst, const void* src, size_t bytes);
 // keep_last <= 0 keeps everything. Returns the removed directories.
 std::vector<fs::path> apply_retention(const fs::path& checkpoints_dir, int keep_last);
 
+// Multi-rank saves (world_size > 1): every rank constructs a writer with its own rank and the
+// same save_id, and calls save() for the same steps. No rank talks to another: each rank's
+// background thread creates (idempotently) checkpoints_dir/.tmp-step_<N>.<save_id>, writes its
+// rank_<rank>.bin there and then its shard index rank_<rank>.index.json (atomically: tmp file,
+// fsync, rename). Rank 0's thread then waits until every rank's index is there, writes the
+// manifest, commits and applies retention. A rank that cannot write its shard leaves
+// rank_<rank>.error with the reason, so rank 0 fails at once naming it; a rank that makes no
+// progress (no new index, no shard file growing) for `timeout` makes rank 0's save fail naming
+// the missing ranks. Either way rank 0 removes the tmp directory and committed checkpoints are
+// untouched. Only rank 0 commits, so only its last_stats() means "committed"; on other ranks a
+// successful save means the rank's shard and index are durable.
 class CheckpointWriter {
  public:
   struct Options {
     bool async = true;
     int keep_last = 0;  // <= 0: keep every checkpoint
+    int rank = 0;
+    int world_size = 1;
+    // Names the tmp directory of a multi-rank save; the same on every rank of one job attempt and
+    // different for each restart (e.g. the launcher's job id and restart count), letters, digits,
+    // '-' and '_' only. Unused (the process id is used) when world_size is 1.
+    std::string save_id = {};
+    // Rank 0: how long a multi-rank save may go without progress of the other ranks before it is
+    // abandoned (pass the recipe's collective timeout).
+    std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   };
 
   CheckpointWriter(fs::path checkpoints_dir, Options options);
@@ -140,12 +164,18 @@ class CheckpointWriter {
   // Rethrows the error of a background save that has already failed, without waiting: the
   // training loop calls it every step so a failed save stops the run at once.
   void poll();
-  // Statistics of the last successful save.
+  // Maps `bytes` of host memory now (faulting every page in), to be used by the first
+  // new_request(), so the first save stalls training no longer than later ones. Pass what a
+  // capture allocates (train::capture_bytes). Waits for a save in flight.
+  void reserve(size_t bytes);
+  // Statistics of the last successful save. With world_size > 1, on rank 0 `bytes` counts every
+  // rank's shard file; on other ranks only its own.
   std::optional<SaveStats> last_stats() const;
   const fs::path& dir() const { return dir_; }
 
  private:
-  void run(SaveRequest& request);          // save, then retention and cleanup
+  void run(SaveRequest& request);  // save, then retention and cleanup
+  SaveStats save_multi_rank(const SaveRequest& request);
   void keep_memory(SaveRequest& request);  // under mutex_
   void worker_loop();
 

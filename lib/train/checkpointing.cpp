@@ -3,6 +3,9 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "data/data.hpp"
@@ -12,20 +15,283 @@ namespace trainctl::train {
 
 namespace {
 
+using ckpt::Range;
+
 std::vector<int64_t> dims(const tensor::Shape& s) {
   return std::vector<int64_t>(s.dims.begin(), s.dims.begin() + s.rank);
 }
 
-// The buffers of a ParamStore that a checkpoint carries, with their name prefixes.
-std::vector<std::pair<std::string, tensor::Tensor>> buffers(const model::ParamStore& p) {
-  std::vector<std::pair<std::string, tensor::Tensor>> out{{"model/", p.values()}};
-  if (p.has_master()) out.push_back({"master/", p.master()});
-  out.push_back({"adam_m/", p.moment1()});
-  out.push_back({"adam_v/", p.moment2()});
+// A spec's global shape and pieces; a spec made by hand without them is unsplit.
+std::vector<int64_t> global_dims(const model::ParamSpec& spec) {
+  return spec.global_shape.rank == spec.shape.rank ? dims(spec.global_shape) : dims(spec.shape);
+}
+
+int64_t rows_of(const model::ParamSpec& spec) {
+  return spec.shape.rank > 0 ? spec.shape[0] : 1;
+}
+
+// One checkpointed buffer of a ParamStore: values cover the whole flat buffer, the optimizer
+// state [optimizer_begin, optimizer_end) of it.
+struct Buffer {
+  std::string prefix;
+  tensor::Tensor whole;
+  int64_t begin = 0;  // flat element index of whole's first element
+  bool optimizer = false;
+};
+
+std::vector<Buffer> buffers(const model::ParamStore& p) {
+  std::vector<Buffer> out{{"model/", p.values(), 0, false}};
+  const int64_t b = p.optimizer_begin();
+  if (p.has_master()) out.push_back({"master/", p.master(), b, true});
+  out.push_back({"adam_m/", p.moment1(), b, true});
+  out.push_back({"adam_v/", p.moment2(), b, true});
   return out;
 }
 
+// The local rows of `spec` whose elements `buffer` holds: all of them for values, the rows inside
+// the ZeRO part for the optimizer state (zero_partition cuts at row boundaries). Empty: none.
+std::pair<int64_t, int64_t> rows_in(const model::ParamSpec& spec, const Buffer& buffer) {
+  const int64_t numel = spec.shape.numel(), rows = rows_of(spec);
+  const int64_t first = std::max(spec.offset, buffer.begin);
+  const int64_t last = std::min(spec.offset + numel, buffer.begin + buffer.whole.numel());
+  if (first >= last) return {0, 0};
+  const int64_t row = numel / rows;
+  if ((first - spec.offset) % row != 0 || (last - spec.offset) % row != 0)
+    throw std::logic_error(fmt::format(
+        "checkpoint: the optimizer part [{}, {}) cuts parameter {} inside a row (rows of {} "
+        "elements from {}); zero_partition must cut at row boundaries",
+        buffer.begin, buffer.begin + buffer.whole.numel(), spec.name, row, spec.offset));
+  return {(first - spec.offset) / row, (last - spec.offset) / row};
+}
+
+// Copies box `box` of a row-major tensor of shape `shape` at `tensor` to or from `packed`
+// (the box's elements, row-major), one contiguous run at a time.
+void copy_box(const std::vector<int64_t>& shape, const std::vector<Range>& box, size_t element,
+              char* tensor, char* packed, bool to_packed) {
+  const auto n = static_cast<int>(shape.size());
+  if (n == 0) {
+    to_packed ? std::memcpy(packed, tensor, element) : std::memcpy(tensor, packed, element);
+    return;
+  }
+  std::vector<int64_t> stride(static_cast<size_t>(n), 1);
+  for (int d = n - 2; d >= 0; --d)
+    stride[static_cast<size_t>(d)] =
+        stride[static_cast<size_t>(d) + 1] * shape[static_cast<size_t>(d) + 1];
+  // The run: dimension `inner` from box begin to end, and every dimension after it whole.
+  int inner = n - 1;
+  int64_t run = box.back().size();
+  while (inner > 0 && box[static_cast<size_t>(inner)].size() == shape[static_cast<size_t>(inner)]) {
+    --inner;
+    run *= box[static_cast<size_t>(inner)].size();
+  }
+  const size_t run_bytes = static_cast<size_t>(run) * element;
+  std::vector<int64_t> at(static_cast<size_t>(inner));  // position among the outer dimensions
+  for (int d = 0; d < inner; ++d)
+    at[static_cast<size_t>(d)] = box[static_cast<size_t>(d)].begin;
+  for (;;) {
+    int64_t offset = box[static_cast<size_t>(inner)].begin * stride[static_cast<size_t>(inner)];
+    for (int d = 0; d < inner; ++d)
+      offset += at[static_cast<size_t>(d)] * stride[static_cast<size_t>(d)];
+    char* t = tensor + static_cast<size_t>(offset) * element;
+    to_packed ? std::memcpy(packed, t, run_bytes) : std::memcpy(t, packed, run_bytes);
+    packed += run_bytes;
+    int d = inner - 1;
+    for (; d >= 0; --d) {
+      if (++at[static_cast<size_t>(d)] < box[static_cast<size_t>(d)].end) break;
+      at[static_cast<size_t>(d)] = box[static_cast<size_t>(d)].begin;
+    }
+    if (d < 0) return;
+  }
+}
+
+// The flat element offset of a box inside its tensor when the box is one contiguous run of it,
+// else -1.
+int64_t contiguous_offset(const std::vector<int64_t>& shape, const std::vector<Range>& box) {
+  int64_t offset = 0, stride = 1;
+  bool outer_single = false;  // past a partial dimension, every outer one must have extent 1
+  for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+    const Range r = box[static_cast<size_t>(d)];
+    if (outer_single && r.size() != 1) return -1;
+    if (r.size() != shape[static_cast<size_t>(d)]) outer_single = true;
+    offset += r.begin * stride;
+    stride *= shape[static_cast<size_t>(d)];
+  }
+  return offset;
+}
+
+// Where capture puts its host memory: a SaveRequest, or nowhere while counting bytes.
+class CaptureTarget {
+ public:
+  explicit CaptureTarget(ckpt::SaveRequest* request) : request_(request) {}
+  std::byte* allocate(size_t bytes) {
+    bytes_ += (std::max<size_t>(bytes, 1) + 63) / 64 * 64;  // HostArena's rounding
+    return request_ ? request_->allocate(bytes) : nullptr;
+  }
+  bool counting() const { return request_ == nullptr; }
+  ckpt::SaveRequest& request() { return *request_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  ckpt::SaveRequest* request_;
+  size_t bytes_ = 0;
+};
+
+// `be` may be null while counting.
+void capture_params(CaptureTarget& target, const model::ParamStore& params, const SaveRole& role,
+                    backend::Backend* be) {
+  for (const Buffer& buffer : buffers(params)) {
+    const auto writes = [&](const model::ParamSpec& spec) {
+      const auto [first, last] = rows_in(spec, buffer);
+      return first < last &&
+             (buffer.optimizer ? role.writes_optimizer(spec) : role.writes_values(spec));
+    };
+    const auto& specs = params.table().specs();
+    if (std::none_of(specs.begin(), specs.end(), writes)) continue;
+    const size_t element = tensor::dtype_size(buffer.whole.dtype);
+    std::byte* host = target.allocate(buffer.whole.bytes());
+    if (!target.counting()) {
+      if (buffer.whole.device == tensor::Device::cpu)
+        ckpt::copy_parallel(host, buffer.whole.data, buffer.whole.bytes());
+      else
+        be->copy_to_host(host, buffer.whole);
+    }
+    for (const model::ParamSpec& spec : specs) {
+      if (!writes(spec)) continue;
+      const auto [first, last] = rows_in(spec, buffer);
+      const std::vector<int64_t> local_shape = dims(spec.shape), global_shape = global_dims(spec);
+      std::byte* local = target.counting()
+                             ? nullptr
+                             : host + static_cast<size_t>(spec.offset - buffer.begin) * element;
+      for (ParamBox& box : param_boxes(spec, first, last)) {
+        const int64_t offset = contiguous_offset(local_shape, box.local);
+        std::byte* data = nullptr;
+        if (offset >= 0) {
+          data = target.counting() ? nullptr : local + static_cast<size_t>(offset) * element;
+        } else {  // a box strided in the local tensor: pack it
+          int64_t count = 1;
+          for (const Range& r : box.local)
+            count *= r.size();
+          data = target.allocate(static_cast<size_t>(count) * element);
+          if (!target.counting())
+            copy_box(local_shape, box.local, element, reinterpret_cast<char*>(local),
+                     reinterpret_cast<char*>(data), true);
+        }
+        if (!target.counting())
+          target.request().add_view(buffer.prefix + spec.name, buffer.whole.dtype, global_shape,
+                                    std::move(box.global), data);
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void read_param_tensors(const ckpt::CheckpointReader& reader, const model::ParamStore& params,
+                        backend::Backend& be) {
+  std::vector<char> staging, scratch;
+  for (const Buffer& buffer : buffers(params)) {
+    if (buffer.whole.numel() == 0) continue;
+    const size_t element = tensor::dtype_size(buffer.whole.dtype);
+    char* base = static_cast<char*>(buffer.whole.data);
+    if (buffer.whole.device != tensor::Device::cpu) {
+      staging.resize(buffer.whole.bytes());
+      base = staging.data();
+    }
+    for (const model::ParamSpec& spec : params.table().specs()) {
+      const auto [first, last] = rows_in(spec, buffer);
+      if (first >= last) continue;
+      const std::string name = buffer.prefix + spec.name;
+      const ckpt::TensorEntry& entry = reader.tensor(name);
+      const std::vector<int64_t> local_shape = dims(spec.shape), global_shape = global_dims(spec);
+      if (entry.dtype != buffer.whole.dtype || entry.shape != global_shape)
+        throw CheckpointMismatch(
+            fmt::format("{}: tensor {} is {} [{}] in the checkpoint but {} [{}] in this model",
+                        reader.dir().string(), name, tensor::dtype_name(entry.dtype),
+                        fmt::join(entry.shape, ", "), tensor::dtype_name(buffer.whole.dtype),
+                        fmt::join(global_shape, ", ")));
+      char* local = base + static_cast<size_t>(spec.offset - buffer.begin) * element;
+      for (const ParamBox& box : param_boxes(spec, first, last)) {
+        const int64_t offset = contiguous_offset(local_shape, box.local);
+        if (offset >= 0) {
+          reader.read(name, box.global, buffer.whole.dtype,
+                      local + static_cast<size_t>(offset) * element);
+          continue;
+        }
+        int64_t count = 1;
+        for (const Range& r : box.local)
+          count *= r.size();
+        scratch.resize(static_cast<size_t>(count) * element);
+        reader.read(name, box.global, buffer.whole.dtype, scratch.data());
+        copy_box(local_shape, box.local, element, local, scratch.data(), false);
+      }
+    }
+    if (buffer.whole.device != tensor::Device::cpu) be.copy_from_host(buffer.whole, staging.data());
+  }
+}
+
+std::vector<ParamBox> param_boxes(const model::ParamSpec& spec, int64_t row_begin,
+                                  int64_t row_end) {
+  const int rank = spec.shape.rank;
+  if (rank == 0)
+    return row_begin < row_end ? std::vector<ParamBox>{{{}, {}}} : std::vector<ParamBox>{};
+  // Per dimension, the (global, local) range pairs: dimension 0 cut to the rows asked for.
+  std::vector<std::vector<std::pair<Range, Range>>> per_dim(static_cast<size_t>(rank));
+  for (int d = 0; d < rank; ++d) {
+    std::vector<model::IndexRange> pieces;
+    if (static_cast<int>(spec.pieces.size()) == rank)
+      pieces = spec.pieces[static_cast<size_t>(d)];
+    else
+      pieces = {{0, spec.shape[d]}};
+    int64_t local = 0;
+    for (const model::IndexRange& p : pieces) {
+      Range l{local, local + p.size()};
+      local += p.size();
+      if (d == 0) {
+        l = {std::max(l.begin, row_begin), std::min(l.end, row_end)};
+        if (l.begin >= l.end) continue;
+      }
+      const int64_t shift = p.begin - (local - p.size());
+      per_dim[static_cast<size_t>(d)].push_back({{l.begin + shift, l.end + shift}, l});
+    }
+    if (local != spec.shape[d])
+      throw std::logic_error(
+          fmt::format("parameter {}: the pieces of dimension {} add up to {}, "
+                      "its local shape says {}",
+                      spec.name, d, local, spec.shape[d]));
+  }
+  std::vector<ParamBox> boxes{{}};
+  for (const auto& choices : per_dim) {
+    std::vector<ParamBox> next;
+    for (const ParamBox& box : boxes)
+      for (const auto& [global, local] : choices) {
+        ParamBox b = box;
+        b.global.push_back(global);
+        b.local.push_back(local);
+        next.push_back(std::move(b));
+      }
+    boxes = std::move(next);
+  }
+  return boxes;
+}
+
+bool SaveRole::writes_values(const model::ParamSpec& spec) const {
+  return dp == 0 && !spec.tied_copy && (spec.tp_sharded || tp == 0) && (spec.expert || ep == 0);
+}
+
+bool SaveRole::writes_optimizer(const model::ParamSpec& spec) const {
+  return (zero || dp == 0) && !spec.tied_copy && (spec.tp_sharded || tp == 0) &&
+         (spec.expert || ep == 0);
+}
+
+SaveRole save_role(const model::Transformer& model, const Trainer& trainer) {
+  SaveRole role;
+  if (const dist::Mesh* mesh = trainer.mesh()) {
+    const dist::Coordinates& c = mesh->groups().coordinates;
+    role = {c.tp, c.ep, c.dp, false};
+  }
+  role.zero = model.parallel().zero_parts > 1;
+  return role;
+}
 
 nlohmann::json describe_model(const model::ModelConfig& c) {
   return {{"layers", c.layers},
@@ -56,19 +322,20 @@ ckpt::SaveRequest capture_checkpoint(ckpt::SaveRequest request, const model::Tra
   request.header.layout = layout;
   request.header.model = describe_model(model.config());
   request.header.state = to_json(state);
-  const model::ParamStore& params = model.params();
-  for (const auto& [prefix, whole] : buffers(params)) {
-    std::byte* host = request.allocate(whole.bytes());
-    if (whole.device == tensor::Device::cpu)
-      ckpt::copy_parallel(host, whole.data, whole.bytes());
-    else
-      be.copy_to_host(host, whole);
-    for (const model::ParamSpec& spec : params.table().specs()) {
-      const size_t offset = static_cast<size_t>(spec.offset) * tensor::dtype_size(whole.dtype);
-      request.add_view(prefix + spec.name, whole.dtype, dims(spec.shape), {}, host + offset);
-    }
-  }
+  add_param_tensors(request, model.params(), save_role(model, trainer), be);
   return request;
+}
+
+size_t capture_bytes(const model::Transformer& model, const Trainer& trainer) {
+  CaptureTarget target(nullptr);
+  capture_params(target, model.params(), save_role(model, trainer), nullptr);
+  return target.bytes();
+}
+
+void add_param_tensors(ckpt::SaveRequest& request, const model::ParamStore& params,
+                       const SaveRole& role, backend::Backend& be) {
+  CaptureTarget target(&request);
+  capture_params(target, params, role, &be);
 }
 
 ckpt::SaveRequest capture_checkpoint(const model::Transformer& model, const Trainer& trainer,
@@ -88,27 +355,7 @@ void restore_checkpoint(const ckpt::CheckpointReader& reader, model::Transformer
           "{}: saved for another model: model {} is {} there but {} in this recipe",
           reader.dir().string(), key, it == saved.end() ? "missing" : it->dump(), value.dump()));
   }
-  const model::ParamStore& params = model.params();
-  std::vector<unsigned char> staging;
-  for (const auto& [prefix, whole] : buffers(params)) {
-    void* base = whole.data;
-    if (whole.device != tensor::Device::cpu) {
-      staging.resize(whole.bytes());
-      base = staging.data();
-    }
-    for (const model::ParamSpec& spec : params.table().specs()) {
-      const std::string name = prefix + spec.name;
-      const ckpt::TensorEntry& entry = reader.tensor(name);
-      if (entry.dtype != whole.dtype || entry.shape != dims(spec.shape))
-        throw CheckpointMismatch(fmt::format(
-            "{}: tensor {} is {} [{}] in the checkpoint but {} {} in this model",
-            reader.dir().string(), name, tensor::dtype_name(entry.dtype),
-            fmt::join(entry.shape, ", "), tensor::dtype_name(whole.dtype), spec.shape.to_string()));
-      const size_t offset = static_cast<size_t>(spec.offset) * tensor::dtype_size(whole.dtype);
-      reader.read(name, whole.dtype, static_cast<char*>(base) + offset);
-    }
-    if (whole.device != tensor::Device::cpu) be.copy_from_host(whole, staging.data());
-  }
+  read_param_tensors(reader, model.params(), be);
   TrainerState state;
   try {
     state = trainer_state_from_json(reader.manifest().header.state);

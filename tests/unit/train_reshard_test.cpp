@@ -1,0 +1,513 @@
+// Resharding checkpoints: saved from one layout, loaded into any other. Every rank of a layout is
+// built in this one process (build_param_table only needs the tp/ep degrees and ranks, which a
+// shape-only communicator supplies), filled from a function of (buffer, name, GLOBAL index), saved
+// through one multi-rank CheckpointWriter per rank, and read back into every rank of another
+// layout. Loading is data movement only, so every element must come back bit for bit, and the
+// manifest's checks (no overlap, full coverage) prove each element was written exactly once.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ckpt_test_util.hpp"
+#include "data/sources.hpp"
+#include "dist/dist.hpp"
+#include "dist_test_util.hpp"
+#include "model/params.hpp"
+#include "train/checkpointing.hpp"
+
+using namespace trainctl;
+using ckpt::Range;
+using ckpt_test::TempDir;
+using model::IndexRange;
+using model::ParamSpec;
+using tensor::DType;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A group of `size` ranks that only knows its shape: building a parameter table asks no more.
+class ShapeOnlyCommunicator final : public dist::Communicator {
+ public:
+  ShapeOnlyCommunicator(std::string name, int rank, int size)
+      : name_(std::move(name)), rank_(rank), size_(size) {}
+  const std::string& name() const override { return name_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(1); }
+  void all_reduce_sum(void*, size_t, DType, std::chrono::milliseconds) override { fail(); }
+  void reduce_scatter_sum(const void*, void*, size_t, DType, std::chrono::milliseconds) override {
+    fail();
+  }
+  void all_gather(const void*, void*, size_t, std::chrono::milliseconds) override { fail(); }
+  void all_to_all(const void*, void*, size_t, std::chrono::milliseconds) override { fail(); }
+  void all_to_allv(const void*, std::span<const size_t>, void*, std::span<const size_t>,
+                   std::chrono::milliseconds) override {
+    fail();
+  }
+  void send(const void*, size_t, int, uint32_t, std::chrono::milliseconds) override { fail(); }
+  void recv(void*, size_t, int, uint32_t, std::chrono::milliseconds) override { fail(); }
+  void broadcast(void*, size_t, int, std::chrono::milliseconds) override { fail(); }
+  void barrier(std::chrono::milliseconds) override { fail(); }
+
+ private:
+  [[noreturn]] static void fail() { throw std::logic_error("a checkpoint must not communicate"); }
+  std::string name_;
+  int rank_, size_;
+};
+
+struct LayoutCase {
+  int tp = 1, ep = 1, dp = 1, pp = 1;
+  bool zero = false;
+  int world() const { return tp * ep * dp * pp; }
+  std::string name() const {
+    return "tp" + std::to_string(tp) + " ep" + std::to_string(ep) + " dp" + std::to_string(dp) +
+           " pp" + std::to_string(pp) + (zero ? " zero1" : "");
+  }
+};
+
+// A model whose parameters use every kind of piece: GQA qkv rows (3 pieces), SwiGLU fc1 rows
+// (2 pieces), row-parallel columns, experts, biases, a tied embedding copied to the last stage.
+model::ModelConfig test_model(DType storage) {
+  model::ModelConfig c;
+  c.layers = 4;
+  c.hidden = 16;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.ffn_hidden = 32;
+  c.vocab = 32;
+  c.seq_len = 8;
+  c.activation = model::ActivationKind::swiglu;
+  c.norm = model::NormKind::layernorm;
+  c.bias = true;
+  c.tied_embeddings = true;
+  c.moe.experts = 4;
+  c.moe.every = 2;
+  c.storage = storage;
+  return c;
+}
+
+// The value of element `global` of tensor prefix+name: distinct, exact in f32.
+float expected_value(const std::string& prefix, const std::string& name, int64_t global) {
+  uint64_t h = 1469598103934665603ull;
+  for (char ch : prefix + name) {
+    h ^= static_cast<unsigned char>(ch);
+    h *= 1099511628211ull;
+  }
+  h ^= static_cast<uint64_t>(global) * 0x9E3779B97F4A7C15ull;
+  h ^= h >> 29;
+  return static_cast<float>(h & 0xFFFFFF) / 1024.0f - 8192.0f;
+}
+
+void store_value(const tensor::Tensor& buffer, int64_t i, float value) {
+  if (buffer.dtype == DType::bf16)
+    buffer.as<tensor::bf16>()[i] = tensor::to_bf16(value);
+  else
+    buffer.as<float>()[i] = value;
+}
+
+float load_value(const tensor::Tensor& buffer, int64_t i) {
+  return buffer.dtype == DType::bf16 ? tensor::to_float(buffer.as<tensor::bf16>()[i])
+                                     : buffer.as<float>()[i];
+}
+
+// One rank of a layout: its communicators, coordinates and parameters.
+struct RankModel {
+  std::unique_ptr<ShapeOnlyCommunicator> tp, ep;
+  train::SaveRole role;
+  std::unique_ptr<model::ParamStore> params;
+};
+
+RankModel build_rank(backend::Backend& be, const model::ModelConfig& config, const LayoutCase& l,
+                     int rank) {
+  RankModel r;
+  const int t = rank % l.tp, e = rank / l.tp % l.ep, d = rank / (l.tp * l.ep) % l.dp,
+            p = rank / (l.tp * l.ep * l.dp);
+  model::ModelParallel par;
+  if (l.tp > 1) r.tp = std::make_unique<ShapeOnlyCommunicator>("tp", t, l.tp);
+  if (l.ep > 1) r.ep = std::make_unique<ShapeOnlyCommunicator>("ep", e, l.ep);
+  par.tp = r.tp.get();
+  par.ep = r.ep.get();
+  par.pp_rank = p;
+  par.pp_size = l.pp;
+  par.zero_parts = l.zero ? l.dp : 1;
+  par.zero_rank = l.zero ? d : 0;
+  r.role = {t, e, d, l.zero};
+  r.params = std::make_unique<model::ParamStore>(be, model::build_param_table(config, par),
+                                                 config.storage, par.zero_parts, par.zero_rank);
+  return r;
+}
+
+// The buffers of a store with their name prefixes and first flat element.
+struct NamedBuffer {
+  std::string prefix;
+  tensor::Tensor tensor;
+  int64_t begin;
+};
+std::vector<NamedBuffer> named_buffers(const model::ParamStore& p) {
+  std::vector<NamedBuffer> out{{"model/", p.values(), 0}};
+  if (p.has_master()) out.push_back({"master/", p.master(), p.optimizer_begin()});
+  out.push_back({"adam_m/", p.moment1(), p.optimizer_begin()});
+  out.push_back({"adam_v/", p.moment2(), p.optimizer_begin()});
+  return out;
+}
+
+// Calls f(buffer, index in buffer, expected value) for every element this rank holds.
+template <class F>
+void for_each_element(const model::ParamStore& p, F f) {
+  for (const NamedBuffer& b : named_buffers(p))
+    for (const ParamSpec& spec : p.table().specs())
+      for (int64_t i = 0; i < spec.shape.numel(); ++i) {
+        const int64_t flat = spec.offset + i;
+        if (flat < b.begin || flat >= b.begin + b.tensor.numel()) continue;
+        f(b.tensor, flat - b.begin, expected_value(b.prefix, spec.name, spec.global_index(i)));
+      }
+}
+
+void save_layout(backend::Backend& be, const model::ModelConfig& config, const LayoutCase& l,
+                 const fs::path& dir, int64_t step) {
+  std::vector<RankModel> ranks;
+  std::vector<std::unique_ptr<ckpt::CheckpointWriter>> writers;
+  for (int rank = 0; rank < l.world(); ++rank) {
+    ranks.push_back(build_rank(be, config, l, rank));
+    for_each_element(*ranks.back().params,
+                     [](const tensor::Tensor& b, int64_t i, float v) { store_value(b, i, v); });
+    ckpt::CheckpointWriter::Options o;
+    o.rank = rank;
+    o.world_size = l.world();
+    o.save_id = "reshard";
+    o.timeout = std::chrono::seconds(20);
+    writers.push_back(std::make_unique<ckpt::CheckpointWriter>(dir, o));
+  }
+  for (int rank = 0; rank < l.world(); ++rank) {
+    ckpt::SaveRequest request;
+    request.header.step = step;
+    request.header.layout = {{"tp", l.tp}, {"ep", l.ep}, {"dp", l.dp}, {"pp", l.pp}};
+    train::add_param_tensors(request, *ranks[static_cast<size_t>(rank)].params,
+                             ranks[static_cast<size_t>(rank)].role, be);
+    writers[static_cast<size_t>(rank)]->save(std::move(request));
+  }
+  for (auto& w : writers)
+    w->wait();
+}
+
+// Loads the checkpoint into every rank of `l` and counts the elements that differ.
+int64_t mismatches_after_load(backend::Backend& be, const model::ModelConfig& config,
+                              const LayoutCase& l, const fs::path& step_dir) {
+  const ckpt::CheckpointReader reader = ckpt::CheckpointReader::open(step_dir);
+  int64_t wrong = 0;
+  for (int rank = 0; rank < l.world(); ++rank) {
+    RankModel r = build_rank(be, config, l, rank);
+    for (const NamedBuffer& b : named_buffers(*r.params))
+      std::memset(b.tensor.data, 0xff, b.tensor.bytes());  // NaN: anything not loaded shows
+    train::read_param_tensors(reader, *r.params, be);
+    for_each_element(*r.params, [&](const tensor::Tensor& b, int64_t i, float v) {
+      const float want = b.dtype == DType::bf16 ? tensor::to_float(tensor::to_bf16(v)) : v;
+      const float got = load_value(b, i);
+      if (std::memcmp(&got, &want, sizeof got) != 0) ++wrong;
+    });
+  }
+  return wrong;
+}
+
+// ---- whole jobs: real meshes, models and trainers in forked ranks ----
+
+model::ModelConfig job_model() {
+  model::ModelConfig c = model::llama_preset();
+  c.layers = 2;
+  c.hidden = 16;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.ffn_hidden = 32;
+  c.vocab = 32;
+  c.seq_len = 8;
+  c.moe.experts = 0;
+  c.tied_embeddings = true;
+  return c;
+}
+
+train::TrainConfig job_train_config(int zero) {
+  train::TrainConfig t;
+  t.steps = 2;
+  t.global_batch = 4;
+  t.micro_batch = 1;
+  t.schedule = {3e-3, 3e-4, 1, 2, train::DecayKind::cosine, 0.2};
+  t.adamw = {0.9, 0.95, 1e-8, 0.1};
+  t.zero = zero;
+  return t;
+}
+
+// Every element a ParamStore holds: "<prefix><name>" -> global index -> value (as f32 bits).
+using Elements = std::map<std::string, std::map<int64_t, float>>;
+
+void collect(const model::ParamStore& p, Elements& out) {
+  for (const NamedBuffer& b : named_buffers(p))
+    for (const ParamSpec& spec : p.table().specs())
+      for (int64_t i = 0; i < spec.shape.numel(); ++i) {
+        const int64_t flat = spec.offset + i;
+        if (flat < b.begin || flat >= b.begin + b.tensor.numel()) continue;
+        out[b.prefix + spec.name][spec.global_index(i)] = load_value(b.tensor, flat - b.begin);
+      }
+}
+
+void write_elements(const std::string& path, const Elements& e) {
+  std::ofstream out(path, std::ios::binary);
+  for (const auto& [name, values] : e)
+    for (const auto& [index, value] : values) {
+      const auto length = static_cast<uint32_t>(name.size());
+      out.write(reinterpret_cast<const char*>(&length), sizeof length);
+      out.write(name.data(), length);
+      out.write(reinterpret_cast<const char*>(&index), sizeof index);
+      out.write(reinterpret_cast<const char*>(&value), sizeof value);
+    }
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+// Merges the ranks' dumps; replicas of one element must agree bit for bit.
+Elements merge_dumps(const std::string& dir, int world) {
+  Elements all;
+  for (int r = 0; r < world; ++r) {
+    std::ifstream in(dir + "/dump_" + std::to_string(r) + ".bin", std::ios::binary);
+    uint32_t length = 0;
+    while (in.read(reinterpret_cast<char*>(&length), sizeof length)) {
+      std::string name(length, '\0');
+      int64_t index = 0;
+      float value = 0;
+      in.read(name.data(), length);
+      in.read(reinterpret_cast<char*>(&index), sizeof index);
+      in.read(reinterpret_cast<char*>(&value), sizeof value);
+      auto [it, added] = all[name].emplace(index, value);
+      if (!added && std::memcmp(&it->second, &value, sizeof value) != 0)
+        throw std::runtime_error("replicas of " + name + " differ");
+    }
+  }
+  return all;
+}
+
+// One rank of a job on `layout`: trains `steps` (then saves step `steps`) or loads the checkpoint
+// in `load_dir`, then dumps every element it holds and its trainer state.
+int job_rank(const dist::Layout& layout, int zero, const std::string& dir, int rank,
+             const std::string& job, bool save, const fs::path& load_dir) {
+  dist::FileStore base(dir + "/store");
+  dist::PrefixStore store = dist::job_store(base, job, 0);
+  const dist::Mesh mesh =
+      dist::Mesh::create(store, layout.world_size(), rank, layout,
+                         dist::MeshOptions{.timeout = std::chrono::seconds(30)});
+  const model::ModelConfig config = job_model();
+  const train::TrainConfig tc = job_train_config(zero);
+  model::ModelParallel parallel;
+  if (mesh.tp().size() > 1) parallel.tp = &mesh.tp();
+  parallel.pp_rank = mesh.pp().rank();
+  parallel.pp_size = mesh.pp().size();
+  parallel.activation_slots = train::pipeline_slots(parallel.pp_size, parallel.pp_rank,
+                                                    tc.accum_steps(mesh.dp_ep().size()));
+  if (zero == 1) {
+    parallel.zero_parts = mesh.dp().size();
+    parallel.zero_rank = mesh.dp().rank();
+  }
+  auto be = backend::make_cpu_backend();
+  const data::SyntheticSource source(11, config.vocab, 1 << 14);
+  data::Sampler sampler(source, config.seq_len, 3, true, config.vocab);
+  model::Transformer m(config, *be, tc.micro_batch, parallel);
+  m.params().initialize(1234);
+  train::Trainer trainer(tc, m, *be, sampler, nullptr, &mesh);
+  if (save) {
+    trainer.run([](const train::StepMetrics&) { return true; });
+    ckpt::CheckpointWriter::Options o;
+    o.rank = rank;
+    o.world_size = layout.world_size();
+    o.save_id = job;
+    o.timeout = std::chrono::seconds(30);
+    ckpt::CheckpointWriter writer(dir + "/checkpoints", o);
+    writer.reserve(train::capture_bytes(m, trainer));
+    writer.save(train::capture_checkpoint(writer.new_request(), m, trainer, *be, "hash",
+                                          {{"world_size", layout.world_size()}}));
+    writer.wait();
+  } else {
+    train::restore_checkpoint(ckpt::CheckpointReader::open(load_dir), m, trainer, *be);
+  }
+  Elements mine;
+  collect(m.params(), mine);
+  const train::TrainerState state = trainer.state();
+  mine["state/step"][0] = static_cast<float>(state.step);
+  mine["state/sampler_position"][0] = static_cast<float>(state.sampler.position);
+  mine["state/optimizer_updates"][0] = static_cast<float>(state.optimizer_updates);
+  write_elements(dir + "/dump_" + std::to_string(rank) + ".bin", mine);
+  mesh.world().barrier();
+  return 0;
+}
+
+Elements run_job(const dist::Layout& layout, int zero, const std::string& dir,
+                 const std::string& job, bool save, const fs::path& load_dir = {}) {
+  fs::create_directories(dir + "/store");
+  for (int r = 0; r < layout.world_size(); ++r)
+    fs::remove(dir + "/dump_" + std::to_string(r) + ".bin");
+  dist_test::RunOptions options;
+  options.deadline = std::chrono::seconds(120);
+  const auto status = dist_test::run_ranks(
+      layout.world_size(),
+      [&](int rank) { return job_rank(layout, zero, dir, rank, job, save, load_dir); }, options);
+  if (status != std::vector<int>(static_cast<size_t>(layout.world_size()), 0))
+    throw std::runtime_error("job " + job + " on " + layout.to_string() + " failed");
+  return merge_dumps(dir, layout.world_size());
+}
+
+}  // namespace
+
+TEST_CASE("param_boxes maps local rows through the pieces to global boxes", "[train]") {
+  ParamSpec spec;
+  spec.name = "w";
+  spec.global_shape = {10, 4};
+  spec.pieces = {{IndexRange{0, 2}, IndexRange{5, 7}, IndexRange{8, 9}}, {IndexRange{1, 3}}};
+  spec.shape = {5, 2};
+  const auto boxes = train::param_boxes(spec, 1, 4);
+  REQUIRE(boxes.size() == 2);
+  CHECK(boxes[0].global == std::vector<Range>{{1, 2}, {1, 3}});
+  CHECK(boxes[0].local == std::vector<Range>{{1, 2}, {0, 2}});
+  CHECK(boxes[1].global == std::vector<Range>{{5, 7}, {1, 3}});
+  CHECK(boxes[1].local == std::vector<Range>{{2, 4}, {0, 2}});
+  CHECK(train::param_boxes(spec, 0, 5).size() == 3);
+  CHECK(train::param_boxes(spec, 2, 2).empty());
+  // Two pieces along a later dimension: every combination is its own box.
+  spec.global_shape = {3, 8};
+  spec.pieces = {{IndexRange{0, 3}}, {IndexRange{0, 1}, IndexRange{4, 6}}};
+  spec.shape = {3, 3};
+  const auto columns = train::param_boxes(spec, 0, 3);
+  REQUIRE(columns.size() == 2);
+  CHECK(columns[1].global == std::vector<Range>{{0, 3}, {4, 6}});
+  CHECK(columns[1].local == std::vector<Range>{{0, 3}, {1, 3}});
+}
+
+TEST_CASE("the save roles write each replicated box once", "[train]") {
+  ParamSpec replicated, tp_split, expert, tied;
+  tp_split.tp_sharded = true;
+  expert.expert = true;
+  tied.tied_copy = tied.tp_sharded = true;
+  const train::SaveRole first{0, 0, 0, false}, tp1{1, 0, 0, false}, ep1{0, 1, 0, false},
+      dp1{0, 0, 1, false}, dp1_zero{0, 0, 1, true};
+  CHECK(first.writes_values(replicated));
+  CHECK_FALSE(tp1.writes_values(replicated));
+  CHECK(tp1.writes_values(tp_split));
+  CHECK_FALSE(ep1.writes_values(replicated));
+  CHECK(ep1.writes_values(expert));
+  CHECK_FALSE(dp1.writes_values(expert));
+  CHECK_FALSE(dp1.writes_optimizer(replicated));
+  CHECK_FALSE(dp1_zero.writes_values(replicated));
+  CHECK(dp1_zero.writes_optimizer(replicated));
+  CHECK_FALSE(first.writes_values(tied));
+  CHECK_FALSE(first.writes_optimizer(tied));
+}
+
+TEST_CASE("a checkpoint saved on any layout loads bit-identically into any other", "[train]") {
+  const DType storage = GENERATE(DType::f32, DType::bf16);
+  const model::ModelConfig config = test_model(storage);
+  auto be = backend::make_cpu_backend();
+  const std::vector<LayoutCase> layouts{
+      {},                   // one rank
+      {2, 1, 1, 1, false},  // tp2
+      {1, 1, 2, 1, true},   // dp2 zero1
+      {2, 1, 2, 1, true},   // dp2 x tp2 zero1
+      {1, 2, 1, 2, false},  // ep2 x pp2 (tied copy on the last stage)
+      {2, 2, 1, 1, false},  // ep2 x tp2
+      {1, 1, 4, 1, true},   // dp4 zero1: parts of unequal size
+      {2, 1, 2, 2, true},   // dp2 x tp2 x pp2 zero1
+  };
+  const auto single = model::build_param_table(config);
+  for (const LayoutCase& from : layouts) {
+    TempDir tmp;
+    save_layout(*be, config, from, tmp.path, 7);
+    const fs::path step_dir = tmp.path / "step_00000007";
+    INFO("saved on " << from.name() << ", storage " << tensor::dtype_name(storage));
+    REQUIRE(ckpt::scan(tmp.path).newest_valid() != nullptr);
+    const ckpt::CheckpointReader reader = ckpt::CheckpointReader::open(step_dir);
+    reader.verify();
+    // The manifest describes the whole model: every parameter once, with its global shape.
+    const size_t buffers = storage == DType::bf16 ? 4 : 3;
+    CHECK(reader.manifest().tensors.size() == buffers * single.specs().size());
+    const auto& wte = reader.tensor("model/embed.wte");
+    CHECK(wte.shape == std::vector<int64_t>{config.vocab, config.hidden});
+    for (const LayoutCase& to : layouts) {
+      INFO("loaded on " << to.name());
+      CHECK(mismatches_after_load(*be, config, to, step_dir) == 0);
+    }
+  }
+}
+
+TEST_CASE("a checkpoint of another global shape is refused naming the tensor", "[train]") {
+  auto be = backend::make_cpu_backend();
+  model::ModelConfig config = test_model(DType::f32);
+  TempDir tmp;
+  save_layout(*be, config, {2, 1, 1, 1, false}, tmp.path, 3);
+  config.ffn_hidden = 64;
+  const fs::path step_dir = tmp.path / "step_00000003";
+  CHECK_THROWS_AS(mismatches_after_load(*be, config, {}, step_dir), train::CheckpointMismatch);
+  CHECK_THROWS_WITH(
+      mismatches_after_load(*be, config, {}, step_dir),
+      Catch::Contains(
+          "layers.0.mlp.fc1.weight is f32 [64, 16] in the checkpoint but f32 [128, 16]"));
+}
+
+TEST_CASE("a job saved at dp2 x tp2 with ZeRO-1 resumes bit-identically at pp2 and on one rank",
+          "[train]") {
+  const dist_test::TempDir tmp;
+  dist::Layout dp2_tp2;
+  dp2_tp2.tp = 2;
+  dp2_tp2.dp = 2;
+  const Elements saved = run_job(dp2_tp2, 1, tmp.path, "save", true);
+  const fs::path step_dir = fs::path(tmp.path) / "checkpoints" / "step_00000002";
+  REQUIRE(ckpt::scan(fs::path(tmp.path) / "checkpoints").newest_valid()->step == 2);
+  const ckpt::CheckpointReader reader = ckpt::CheckpointReader::open(step_dir);
+  reader.verify();
+  CHECK(reader.manifest().files.size() == 4);
+  CHECK(saved.at("state/step").at(0) == 2.0f);
+  CHECK(saved.at("state/sampler_position").at(0) == 8.0f);  // 2 steps of 4 sequences
+
+  dist::Layout pp2;
+  pp2.pp = 2;
+  const Elements at_pp2 = run_job(pp2, 0, tmp.path, "load", false, step_dir);
+  CHECK(at_pp2.size() == saved.size());
+  for (const auto& [name, values] : saved) {
+    INFO(name);
+    REQUIRE(at_pp2.count(name));
+    CHECK(at_pp2.at(name).size() == values.size());
+    size_t differ = 0;
+    for (const auto& [index, value] : values) {
+      const auto it = at_pp2.at(name).find(index);
+      if (it == at_pp2.at(name).end() || std::memcmp(&it->second, &value, sizeof value) != 0)
+        ++differ;
+    }
+    CHECK(differ == 0);
+  }
+
+  // One rank, no mesh.
+  auto be = backend::make_cpu_backend();
+  const model::ModelConfig config = job_model();
+  const train::TrainConfig tc = job_train_config(0);
+  const data::SyntheticSource source(11, config.vocab, 1 << 14);
+  data::Sampler sampler(source, config.seq_len, 3, true, config.vocab);
+  model::Transformer m(config, *be, tc.micro_batch);
+  train::Trainer trainer(tc, m, *be, sampler, nullptr);
+  train::restore_checkpoint(reader, m, trainer, *be);
+  Elements single;
+  collect(m.params(), single);
+  CHECK(trainer.state().sampler.position == 8);
+  CHECK(trainer.state().step == 2);
+  size_t compared = 0;
+  for (const auto& [name, values] : single) {
+    INFO(name);
+    REQUIRE(saved.count(name));
+    REQUIRE(saved.at(name).size() == values.size());
+    for (const auto& [index, value] : values) {
+      const float want = saved.at(name).at(index);
+      CHECK(std::memcmp(&want, &value, sizeof value) == 0);
+      ++compared;
+    }
+  }
+  CHECK(compared == static_cast<size_t>(3 * m.params().values().numel()));
+}

@@ -40,6 +40,18 @@ struct ResumeOptions {
 };
 int run_resume(const ResumeOptions& options);
 
+// `trainctl submit RECIPE`: run a recipe as a Slurm batch job (docs/slurm.md).
+struct SubmitOptions {
+  std::string recipe_path;
+  std::vector<std::string> overrides;  // "a.b=c" from --set
+  std::string run_dir;                 // empty: runs/<recipe name>
+  bool dry_run = false;                // print the batch script; create nothing, submit nothing
+};
+// Loads and checks the recipe, writes <run_dir>/submit_recipe.yaml (the resolved recipe) and
+// <run_dir>/submit.sbatch, and submits the script with `sbatch --parsable`. Exit codes: 0
+// submitted (or printed), 1 sbatch refused the job, 2 bad input or no sbatch (nothing created).
+int run_submit(const SubmitOptions& options);
+
 // `trainctl ckpt inspect|verify|export PATH`: PATH is a step directory, a checkpoints directory
 // or a run directory (then the newest valid checkpoint for inspect/export, every one for verify).
 struct CkptOptions {

@@ -126,6 +126,7 @@ train::TrainConfig to_train_config(const recipe::Recipe& r) {
   s.min_scale = r.precision.min_loss_scale;
   c.eval_every_steps = r.logging.eval_every_steps;
   c.eval_batches = r.logging.eval_batches;
+  c.zero = r.parallel.zero;
   return c;
 }
 

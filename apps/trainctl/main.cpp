@@ -82,6 +82,17 @@ int main(int argc, char** argv) {
   plan_cmd->add_flag("--show-topology", plan.show_topology,
                      "Print the detected (or described) topology and exit");
 
+  app::SubmitOptions submit;
+  CLI::App* submit_cmd = cli.add_subcommand(
+      "submit", "Submit a recipe as a Slurm batch job that saves, requeues and resumes itself");
+  submit_cmd->add_option("recipe", submit.recipe_path, "Recipe YAML file")->required();
+  submit_cmd->add_option("--set", submit.overrides, "Override a recipe key")
+      ->type_name("KEY=VALUE");
+  submit_cmd->add_option("--run-dir", submit.run_dir,
+                         "Run directory (default: runs/<recipe name>)");
+  submit_cmd->add_flag("--dry-run", submit.dry_run,
+                       "Print the batch script; create and submit nothing");
+
   app::VersionOptions version;
   CLI::App* version_cmd =
       cli.add_subcommand("version", "Print the version, build type, backends and libraries");
@@ -107,6 +118,7 @@ int main(int argc, char** argv) {
 
   try {
     if (show_version || version_cmd->parsed()) return app::run_version(version);
+    if (submit_cmd->parsed()) return app::run_submit(submit);
     if (run_cmd->parsed()) return app::run_run(run);
     if (resume_cmd->parsed()) return app::run_resume(resume);
     if (plan_cmd->parsed()) return app::run_plan(plan);

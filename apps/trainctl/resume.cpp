@@ -19,7 +19,7 @@ int resume_session(SessionInput input, const std::string& command) {
     return bad_input(command, fmt::format("{} holds no checkpoint to resume from", dir.string()));
   input.resuming = true;
   input.resume_candidates = std::move(report.entries);
-  return train_session(std::move(input), command);
+  return start_session(std::move(input), command);
 }
 
 int run_resume(const ResumeOptions& options) {
@@ -52,6 +52,7 @@ int run_resume(const ResumeOptions& options) {
   }
   if (auto problems = unsupported_in_this_build(input.loaded); !problems.empty())
     return report_problems(problems, recipe_path);
+  if (int code = check_rank_environment(input, "resume"); code >= 0) return code;
   if (input.run_dir.empty())
     input.run_dir = options.run_dir.empty() ? fs::path("runs") / input.loaded.recipe.name
                                             : fs::path(options.run_dir);

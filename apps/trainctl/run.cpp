@@ -49,6 +49,7 @@ int run_run(const RunOptions& options) {
   const recipe::Recipe& r = input.loaded.recipe;
   if (auto problems = unsupported_in_this_build(input.loaded); !problems.empty())
     return report_problems(problems, options.recipe_path);
+  if (int code = check_rank_environment(input, "run"); code >= 0) return code;
 
   input.run_dir = options.run_dir.empty() ? fs::path("runs") / r.name : fs::path(options.run_dir);
   const ckpt::ScanReport checkpoints = ckpt::scan(input.run_dir / "checkpoints");
@@ -68,10 +69,13 @@ int run_run(const RunOptions& options) {
           "run", fmt::format("run directory {} already holds a run (metrics.jsonl); choose another "
                              "with --run-dir or pass --overwrite to replace it",
                              input.run_dir.string()));
-  } else {
+  } else if (!input.rank.launched() ||
+             (input.rank.source != launch::RankSource::trainctl && input.rank.rank == 0)) {
+    // Our launcher has cleared the directory before starting the ranks; under an external
+    // launcher rank 0 does it, before the rendezvous the others wait in.
     remove_previous_run(input.run_dir);
   }
-  return train_session(std::move(input), "run");
+  return start_session(std::move(input), "run");
 }
 
 }  // namespace trainctl::app

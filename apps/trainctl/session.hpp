@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ckpt/ckpt.hpp"
+#include "launch/rank_env.hpp"
 #include "recipe/recipe.hpp"
 
 namespace trainctl::app {
@@ -25,6 +26,9 @@ struct SessionInput {
   bool resuming = false;
   std::vector<ckpt::ScanEntry> resume_candidates;
   std::vector<std::string> notes;  // printed first
+  // This process's rank. world_size 1: the whole run in this process. More: one rank of a job
+  // started by our launcher (launch.hpp) or an external one; every rank runs train_session.
+  launch::RankInfo rank;
 };
 
 // Prints every problem (file:line:col, or the --set) and the summary line; returns exit code 2.
@@ -32,12 +36,23 @@ int report_problems(const std::vector<recipe::Problem>& problems, const std::str
 // Prints "trainctl <command>: error: <message>"; returns exit code 2.
 int bad_input(const std::string& command, const std::string& message);
 
-// What this build cannot run (more than one rank, the CUDA device), located at the key that
-// asked for it.
+// What this build cannot run (the CUDA device), located at the key that asked for it.
 std::vector<recipe::Problem> unsupported_in_this_build(const recipe::LoadedRecipe& loaded);
 
+// Reads this process's rank environment into input.rank and checks it against the recipe's
+// layout. Returns -1 when it fits, else prints the problem and returns exit code 2 (nothing has
+// been created: called before the run directory is touched).
+int check_rank_environment(SessionInput& input, const std::string& command);
+
+// What run and resume call once the input is checked: train in this process (one rank, or one
+// rank of a launched job), or, when the recipe needs more ranks and no launcher started this
+// process, start them all here and supervise them (launch/local.hpp).
+int start_session(SessionInput input, const std::string& command);
+
 // Runs the session; returns the process exit code (0, 1, 2, or kExitSavedOnSignal). `command`
-// ("run" or "resume") prefixes its error messages.
+// ("run" or "resume") prefixes its error messages. With more than one rank, every rank calls it:
+// they rendezvous, rank 0 alone writes the run's files and shows progress, every rank writes
+// logs/rank_<N>.log; a failure of a peer (dist::DistError) ends the rank with exit code 1.
 int train_session(SessionInput input, const std::string& command);
 
 }  // namespace trainctl::app

@@ -85,7 +85,8 @@ std::string explain_table() {
       row.allowed = "true | false";
     else
       row.allowed = key.range.describe();
-    if (key.kind == Kind::number_pair) row.allowed = "each " + row.allowed;
+    if (key.kind == Kind::number_pair || key.kind == Kind::integer_list)
+      row.allowed = "each " + row.allowed;
     rows.push_back(std::move(row));
   }
   std::size_t w[4] = {};

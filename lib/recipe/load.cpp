@@ -233,7 +233,7 @@ void Loader::read_override(const std::string& arg) {
     // Replaces the file's parallel section (a later --set parallel.KEY still conflicts).
     parallel_auto_ = true;
     std::erase_if(entries_, [](const auto& entry) {
-      return entry.first.starts_with("parallel.") &&
+      return entry.first.starts_with("parallel.") && entry.first != "parallel.timeout_s" &&
              entry.second.origin.source == KeyOrigin::Source::file;
     });
     return;
@@ -271,7 +271,8 @@ LoadedRecipe Loader::build() {
   recipe.parallel.automatic = parallel_auto_;
   if (parallel_auto_)
     for (const auto& [path, entry] : entries_)
-      if (path.starts_with("parallel."))
+      // The timeout is not part of the layout the planner chooses.
+      if (path.starts_with("parallel.") && path != "parallel.timeout_s")
         problems.push_back(origins.problem(
             path,
             "`parallel: auto` lets the planner choose every parallel.* key; remove this key "

@@ -125,6 +125,11 @@ struct ParallelConfig {
   int dp, tp, pp, ep;
   int zero;  // 0 or 1
   Recompute recompute;
+  // Layers of each pipeline stage (pp entries summing to model.layers); empty: an even split,
+  // the earlier stages taking the remainder.
+  std::vector<int> pp_layers;
+  // Seconds a collective (and the rendezvous) may wait for a peer before the job fails.
+  double timeout_s;
   // `parallel: auto` (YAML) or `--set parallel=auto`: the planner (lib/planner) chooses the keys
   // above and training.micro_batch; they hold their defaults until then. No parallel.* key may
   // be given with it.
@@ -209,6 +214,19 @@ struct ClusterConfig {
   bool operator==(const ClusterConfig&) const = default;
 };
 
+// `trainctl submit` (lib/launch/sbatch.hpp): what the batch script asks Slurm for. Nodes and GPUs
+// per node are cluster.nodes and cluster.gpus_per_node; tasks per node follow from the layout.
+// The values are checked (names, time format, no shell injection) by `trainctl submit`.
+struct SlurmConfig {
+  std::string partition, account, qos;
+  std::string time;    // Slurm time limit ("" = the partition's): MM, HH:MM:SS, D-HH, ...
+  std::string extra;   // more #SBATCH options, space separated: "--constraint=h100 --exclusive"
+  std::string env;     // exported to the ranks, space separated NAME=VALUE: "NCCL_DEBUG=WARN"
+  int signal_grace_s;  // --signal=B:USR1@N: seconds before the time limit to save and requeue
+  int max_requeues;    // "saved, please requeue" exits requeued at most this often
+  bool operator==(const SlurmConfig&) const = default;
+};
+
 struct Recipe {
   std::string name;
   ModelConfig model;
@@ -223,6 +241,7 @@ struct Recipe {
   DeterminismConfig determinism;
   LoggingConfig logging;
   ClusterConfig cluster;
+  SlurmConfig slurm;
 
   bool operator==(const Recipe&) const = default;
 

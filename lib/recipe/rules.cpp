@@ -59,6 +59,36 @@ void check_model(const Recipe& r, RuleChecker& c) {
   }
 }
 
+// Stages hold whole layers: pp <= layers; parallel.pp_layers, when given, has one positive entry
+// per stage and sums to model.layers. An even split needs no divisibility (the earlier stages take
+// the remainder).
+void check_pipeline(const Recipe& r, RuleChecker& c) {
+  const ParallelConfig& p = r.parallel;
+  if (!c.usable({"model.layers", "parallel.pp"})) return;
+  if (p.pp > r.model.layers) {
+    c.fail({"parallel.pp", "model.layers"},
+           fmt::format("parallel.pp <= model.layers fails: {} > {} (each pipeline stage needs at "
+                       "least one layer)",
+                       p.pp, r.model.layers));
+    return;
+  }
+  if (!c.usable({"parallel.pp_layers"}) || p.pp_layers.empty()) return;
+  if (static_cast<int>(p.pp_layers.size()) != p.pp) {
+    c.fail({"parallel.pp_layers", "parallel.pp"},
+           fmt::format("parallel.pp_layers needs one entry per stage (parallel.pp = {}), got {}: "
+                       "[{}]",
+                       p.pp, p.pp_layers.size(), fmt::join(p.pp_layers, ", ")));
+    return;
+  }
+  int64_t sum = 0;
+  for (int n : p.pp_layers)
+    sum += n;
+  if (sum != r.model.layers)
+    c.fail({"parallel.pp_layers", "model.layers"},
+           fmt::format("sum(parallel.pp_layers) == model.layers fails: {} = {} != {}",
+                       fmt::join(p.pp_layers, " + "), sum, r.model.layers));
+}
+
 void check_parallel(const Recipe& r, RuleChecker& c) {
   const ModelConfig& m = r.model;
   const ParallelConfig& p = r.parallel;
@@ -68,8 +98,19 @@ void check_parallel(const Recipe& r, RuleChecker& c) {
                             {"model.vocab", m.vocab}}) {
     c.divisible(key, value, "parallel.tp", p.tp, {key, "parallel.tp"});
   }
-  c.divisible("model.layers", m.layers, "parallel.pp", p.pp, {"model.layers", "parallel.pp"},
-              "each pipeline stage holds the same number of layers");
+  check_pipeline(r, c);
+  if (c.usable({"moe.experts", "moe.expert_ffn_hidden"}) && r.moe.experts > 0 &&
+      r.moe.expert_ffn_hidden > 0)
+    c.divisible("moe.expert_ffn_hidden", r.moe.expert_ffn_hidden, "parallel.tp", p.tp,
+                {"moe.expert_ffn_hidden", "parallel.tp"},
+                "each expert MLP is split over the tensor-parallel ranks");
+  if (c.usable({"parallel.zero", "parallel.ep"}) && p.zero == 1 && p.ep > 1)
+    c.fail(
+        {"parallel.zero", "parallel.ep"},
+        fmt::format("parallel.zero: 1 with parallel.ep = {} is not supported yet (expert weights "
+                    "would need their own optimizer partition); use parallel.zero: 0 or "
+                    "parallel.ep: 1",
+                    p.ep));
   if (c.usable({"training.global_batch", "training.micro_batch", "parallel.dp", "parallel.ep"})) {
     int64_t per_pass = static_cast<int64_t>(r.training.micro_batch) * p.dp * p.ep;
     if (r.training.global_batch % per_pass != 0) {

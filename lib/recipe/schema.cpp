@@ -25,6 +25,8 @@ constexpr Kind kind_of() {
     return Kind::string;
   else if constexpr (std::is_same_v<T, std::array<double, 2>>)
     return Kind::number_pair;
+  else if constexpr (std::is_same_v<T, std::vector<int>>)
+    return Kind::integer_list;
   else {
     static_assert(std::is_same_v<T, LossScale>, "no schema Kind for this member type");
     return Kind::loss_scale;
@@ -37,6 +39,8 @@ Value to_value(const T& v) {
     return v;
   else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>)
     return static_cast<int64_t>(v);
+  else if constexpr (std::is_same_v<T, std::vector<int>>)
+    return std::vector<int64_t>(v.begin(), v.end());
   else
     return v;
 }
@@ -47,7 +51,13 @@ T from_value(const Value& v) {
     return std::get<bool>(v);
   else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>)
     return static_cast<T>(std::get<int64_t>(v));
-  else
+  else if constexpr (std::is_same_v<T, std::vector<int>>) {
+    const auto& list = std::get<std::vector<int64_t>>(v);
+    std::vector<int> out;
+    for (int64_t x : list)
+      out.push_back(static_cast<int>(x));
+    return out;
+  } else
     return std::get<T>(v);
 }
 
@@ -81,6 +91,8 @@ KeySpec row(std::string_view path, typename B::T default_value, Range range,
   if constexpr (std::is_enum_v<T>) k.choices = EnumNames<T>::names;
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
     k.integer_max = std::numeric_limits<T>::max();
+  if constexpr (std::is_same_v<T, std::vector<int>>)
+    k.integer_max = std::numeric_limits<int>::max();
   return k;
 }
 template <class B>
@@ -190,6 +202,12 @@ std::vector<KeySpec> build_schema() {
                              "ZeRO stage: 1 shards optimizer state over data-parallel ranks"));
   t.push_back(row<B(parallel, recompute)>("parallel.recompute", Recompute::none, none(),
                                           "activation recomputation"));
+  t.push_back(row<B(parallel, pp_layers)>(
+      "parallel.pp_layers", std::vector<int>{}, at_least(1),
+      "layers of each pipeline stage, e.g. [3, 2]; [] = even split (earlier stages take more)"));
+  t.push_back(row<B(parallel, timeout_s)>(
+      "parallel.timeout_s", 60.0, above(0),
+      "seconds a collective or the rendezvous waits for a peer before the job fails"));
   // precision
   t.push_back(row<B(precision, compute)>("precision.compute", Compute::bf16, none(),
                                          "compute dtype (fp64: CPU reference only)"));
@@ -284,6 +302,24 @@ std::vector<KeySpec> build_schema() {
   t.push_back(row<B(cluster, nodes)>("cluster.nodes", 1, at_least(1), "nodes"));
   t.push_back(
       row<B(cluster, gpus_per_node)>("cluster.gpus_per_node", 0, at_least(0), "GPUs per node"));
+  // slurm (trainctl submit; validated there, see lib/launch/sbatch.hpp)
+  t.push_back(row<B(slurm, partition)>("slurm.partition", "", none(),
+                                       "partition to submit to; \"\" = the cluster's default"));
+  t.push_back(
+      row<B(slurm, account)>("slurm.account", "", none(), "account to charge; \"\" = none"));
+  t.push_back(row<B(slurm, qos)>("slurm.qos", "", none(), "quality of service; \"\" = default"));
+  t.push_back(row<B(slurm, time)>("slurm.time", "", none(),
+                                  "time limit (MM, HH:MM:SS, D-HH:MM, ...); \"\" = partition's"));
+  t.push_back(row<B(slurm, extra)>("slurm.extra", "", none(),
+                                   "more sbatch options, space separated, e.g. \"--exclusive\""));
+  t.push_back(row<B(slurm, env)>("slurm.env", "", none(),
+                                 "environment for the ranks, space separated NAME=VALUE"));
+  t.push_back(row<B(slurm, signal_grace_s)>(
+      "slurm.signal_grace_s", 120, closed(1, 65535),
+      "USR1 this many seconds before the time limit: save, then requeue"));
+  t.push_back(
+      row<B(slurm, max_requeues)>("slurm.max_requeues", 3, at_least(0),
+                                  "requeues after a save-on-signal before the job gives up"));
   return t;
 }
 #undef B

@@ -43,6 +43,8 @@ std::string expected_text(const KeySpec& key) {
       return "a list of 2 numbers like [0.9, 0.95]";
     case Kind::loss_scale:
       return "dynamic, none or a number > 0";
+    case Kind::integer_list:
+      return "a list of integers like [2, 2]";
   }
   return "?";
 }
@@ -127,6 +129,8 @@ Converted convert_scalar(const KeySpec& key, const YAML::Node& node) {
     }
     case Kind::number_pair:
       return {{}, fmt::format("expected a list of 2 numbers like [0.9, 0.95], got '{}'", text)};
+    case Kind::integer_list:
+      return {{}, fmt::format("expected a list of integers like [2, 2], got '{}'", text)};
     case Kind::loss_scale: {
       if (text == "dynamic") return {Value{LossScale{LossScaleMode::dynamic, 0.0}}, ""};
       if (text == "none") return {Value{LossScale{LossScaleMode::none, 0.0}}, ""};
@@ -164,6 +168,20 @@ Converted convert_node(const KeySpec& key, const YAML::Node& node) {
       pair[i] = *x;
     }
     result = {Value{pair}, ""};
+  } else if (key.kind == Kind::integer_list && node.IsSequence()) {
+    std::vector<int64_t> list;
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      KeySpec item = key;
+      item.kind = Kind::integer;
+      item.check = nullptr;
+      if (!node[i].IsScalar())
+        return {{},
+                fmt::format("item {}: expected an integer, got {}", i + 1, describe_node(node[i]))};
+      Converted x = convert_scalar(item, node[i]);
+      if (!x.value) return {{}, fmt::format("item {}: {}", i + 1, x.error)};
+      list.push_back(std::get<int64_t>(*x.value));
+    }
+    result = {Value{std::move(list)}, ""};
   } else if (node.IsScalar()) {
     result = convert_scalar(key, node);
   } else {
@@ -229,6 +247,8 @@ std::string_view kind_name(Kind kind) {
       return "[float, float]";
     case Kind::loss_scale:
       return "loss scale";
+    case Kind::integer_list:
+      return "[int, ...]";
   }
   return "?";
 }
@@ -254,6 +274,8 @@ std::string format_value(const KeySpec& key, const Value& value) {
       const auto& p = std::get<std::array<double, 2>>(value);
       return fmt::format("[{}, {}]", as_float(p[0]), as_float(p[1]));
     }
+    case Kind::integer_list:
+      return fmt::format("[{}]", fmt::join(std::get<std::vector<int64_t>>(value), ", "));
     case Kind::loss_scale: {
       const auto& s = std::get<LossScale>(value);
       if (s.mode == LossScaleMode::fixed) return as_float(s.value);

@@ -15,7 +15,7 @@ from cli_util import check
 
 SYNTHETIC = "data: {source: synthetic}\n"
 SECTIONS = ("model, moe, parallel, precision, optimizer, schedule, data, training, "
-            "checkpoint, determinism, logging, cluster ('name' is the only top-level key)")
+            "checkpoint, determinism, logging, cluster, slurm ('name' is the only top-level key)")
 # tiny.yaml reads data/kjv.txt: its cases get a small stand-in (they fail before reading it).
 TINY_DATA = "In the beginning God created the heaven and the earth.\n"
 
@@ -207,23 +207,7 @@ CASES = [
      "stderr": one("r.yaml:2:28: error: data.path: empty.txt: the file is empty; give a data file "
                    "that holds at least one token")},
     # ---- what this build cannot run (run only: the recipes are valid) ----
-    tiny_case("data_parallel", ["parallel.dp=2"],
-              one("error: --set parallel.dp=2: world size tp*ep*dp*pp = 1*1*2*1 = 2 but this "
-                  "build trains on one rank; set every parallel degree to 1", "tiny.yaml"),
-              commands=("run",)),
-    tiny_case("tensor_and_data_parallel", ["parallel.tp=2", "parallel.dp=2"],
-              one("error: --set parallel.tp=2: world size tp*ep*dp*pp = 2*1*2*1 = 4 but this "
-                  "build trains on one rank; set every parallel degree to 1", "tiny.yaml"),
-              commands=("run",)),
-    tiny_case("expert_parallel", ["moe.experts=4", "parallel.ep=2"],
-              one("error: --set parallel.ep=2: world size tp*ep*dp*pp = 1*2*1*1 = 2 but this "
-                  "build trains on one rank; set every parallel degree to 1", "tiny.yaml"),
-              commands=("run",)),
-    {"name": "pipeline_parallel_in_file",
-     "files": {"r.yaml": "name: bad\n" + SYNTHETIC + "model: {layers: 4}\nparallel: {pp: 2}\n"},
-     "recipe": "r.yaml", "args": [], "commands": ("run",),
-     "stderr": one("r.yaml:4:16: error: parallel.pp: world size tp*ep*dp*pp = 1*1*1*2 = 2 but "
-                   "this build trains on one rank; set every parallel degree to 1")},
+    # (several ranks are supported: their layout errors are in cli_multirank_faults.py)
     tiny_case("device_cuda", ["cluster.device=cuda"],
               one("error: --set cluster.device=cuda: the CUDA training backend is not part of "
                   "this build yet; use cluster.device: auto or cpu", "tiny.yaml"),

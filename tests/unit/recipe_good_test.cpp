@@ -229,6 +229,9 @@ TEST_CASE("each schema key stores into and fetches from its own member only") {
       case Kind::loss_scale:
         changed = LossScale{LossScaleMode::fixed, 3.0};
         break;
+      case Kind::integer_list:
+        changed = std::vector<int64_t>{3, 1};
+        break;
       case Kind::choice:
         if (key.choices.size() < 2) continue;
         changed = (std::get<int64_t>(changed) + 1) % static_cast<int64_t>(key.choices.size());
@@ -258,4 +261,22 @@ TEST_CASE("the explain table lists every key with its type, default and help") {
   CHECK(table.find("(preset) gpt: layernorm; llama: rmsnorm") != std::string::npos);
   CHECK(table.find("gpt | llama") != std::string::npos);
   CHECK(table.find("(required)") != std::string::npos);
+}
+
+TEST_CASE("parallel.pp_layers and parallel.timeout_s: uneven stages, read and dumped back") {
+  const std::string yaml =
+      "name: t\ndata: {source: synthetic}\nmodel: {layers: 5}\n"
+      "parallel: {pp: 2, pp_layers: [3, 2], timeout_s: 3}\n";
+  const Recipe r = parse_recipe(yaml, "t.yaml");
+  CHECK(r.parallel.pp_layers == std::vector<int>{3, 2});
+  CHECK(r.parallel.timeout_s == 3.0);
+  CHECK(parse_recipe(dump_recipe(r), "dump.yaml") == r);
+  CHECK(dump_recipe(r).find("pp_layers: [3, 2]") != std::string::npos);
+  // An even split needs no divisibility: 5 layers over 2 stages is 3 + 2.
+  CHECK_NOTHROW(
+      parse_recipe("name: t\ndata: {source: synthetic}\nmodel: {layers: 5}\n"
+                   "parallel: {pp: 2}\n",
+                   "t.yaml"));
+  CHECK(default_recipe().parallel.timeout_s == 60.0);
+  CHECK(default_recipe().parallel.pp_layers.empty());
 }

@@ -96,7 +96,8 @@ const std::vector<BadCase> kBadCases = {
      kOk + "zzzzzz: 1\n",
      {},
      {"3:1: unknown section 'zzzzzz'; the sections are: model, moe, parallel, precision, "
-      "optimizer, schedule, data, training, checkpoint, determinism, logging, cluster ('name' is "
+      "optimizer, schedule, data, training, checkpoint, determinism, logging, cluster, slurm "
+      "('name' is "
       "the only top-level key)"}},
     {"unknown top-level key, did you mean 'name'",
      "nmae: t\ndata: {source: synthetic}\n",
@@ -240,11 +241,33 @@ const std::vector<BadCase> kBadCases = {
       "3:26: model.vocab % parallel.tp == 0 fails: 250 % 3 = 1",
       "4:16: model.kv_heads % parallel.tp == 0 fails: 4 % 3 = 1",
       "4:16: model.ffn_hidden % parallel.tp == 0 fails: 512 % 3 = 2"}},
-    {"layers % pp",
-     kOk + "model: {layers: 5}\nparallel: {pp: 2}\n",
+    {"pp > layers",
+     kOk + "model: {layers: 2}\nparallel: {pp: 3}\n",
      {},
-     {"3:17: model.layers % parallel.pp == 0 fails: 5 % 2 = 1 (each pipeline stage holds the "
-      "same number of layers)"}},
+     {"4:16: parallel.pp <= model.layers fails: 3 > 2 (each pipeline stage needs at least one "
+      "layer)"}},
+    {"pp_layers: one entry per stage",
+     kOk + "model: {layers: 5}\nparallel: {pp: 2, pp_layers: [5]}\n",
+     {},
+     {"4:30: parallel.pp_layers needs one entry per stage (parallel.pp = 2), got 1: [5]"}},
+    {"pp_layers: sum is the layers",
+     kOk + "model: {layers: 5}\nparallel: {pp: 2, pp_layers: [3, 3]}\n",
+     {},
+     {"4:30: sum(parallel.pp_layers) == model.layers fails: 3 + 3 = 6 != 5"}},
+    {"pp_layers: positive",
+     kOk + "model: {layers: 5}\nparallel: {pp: 2, pp_layers: [5, 0]}\n",
+     {},
+     {"4:30: parallel.pp_layers: item 2: must be >= 1, got 0"}},
+    {"expert_ffn_hidden % tp",
+     kOk + "moe: {experts: 4, expert_ffn_hidden: 101}\nparallel: {tp: 2}\n",
+     {},
+     {"3:38: moe.expert_ffn_hidden % parallel.tp == 0 fails: 101 % 2 = 1 (each expert MLP is split "
+      "over the tensor-parallel ranks)"}},
+    {"zero 1 with ep",
+     kOk + "moe: {experts: 4}\nparallel: {ep: 2, zero: 1}\ntraining: {global_batch: 16}\n",
+     {},
+     {"4:25: parallel.zero: 1 with parallel.ep = 2 is not supported yet (expert weights would "
+      "need their own optimizer partition); use parallel.zero: 0 or parallel.ep: 1"}},
     {"experts % ep",
      kOk + "moe: {experts: 6}\nparallel: {ep: 4, dp: 1}\ntraining: {global_batch: 16}\n",
      {},

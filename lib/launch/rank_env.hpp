@@ -1,0 +1,66 @@
+// Which rank of which job this process is, from the environment its launcher set. One binary
+// serves every launcher: our own local spawner (TRAINCTL_*), Slurm's srun (SLURM_*) and
+// torchrun-style launchers (RANK/WORLD_SIZE/LOCAL_RANK). No launcher: source none, one rank (the
+// caller then starts the ranks itself when the recipe asks for more than one).
+#pragma once
+
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+namespace trainctl::launch {
+
+enum class RankSource { none, trainctl, slurm, torchrun };
+const char* rank_source_name(RankSource source);  // "none", "trainctl", "slurm", "torchrun"
+
+struct RankInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string hostname;   // this node
+  std::string node_list;  // Slurm's SLURM_NODELIST (compressed form), else the hostname
+  RankSource source = RankSource::none;
+  // Where the ranks rendezvous: a folder for a dist::FileStore shared by all ranks, fresh for
+  // each launch attempt (TRAINCTL_RENDEZVOUS); empty: the caller picks one in the run directory.
+  std::string rendezvous;
+  // The job attempt, to namespace the rendezvous keys (dist::job_store): our launcher's attempt
+  // id, SLURM_JOB_ID.SLURM_STEP_ID with SLURM_RESTART_COUNT, or TORCHELASTIC_RUN_ID with
+  // TORCHELASTIC_RESTART_COUNT.
+  std::string job_id = "local";
+  int restart_count = 0;
+
+  bool launched() const { return source != RankSource::none; }
+};
+
+// The environment variables our launcher sets in each rank.
+inline constexpr const char* kEnvRank = "TRAINCTL_RANK";
+inline constexpr const char* kEnvWorldSize = "TRAINCTL_WORLD_SIZE";
+inline constexpr const char* kEnvLocalRank = "TRAINCTL_LOCAL_RANK";
+inline constexpr const char* kEnvLocalWorldSize = "TRAINCTL_LOCAL_WORLD_SIZE";
+inline constexpr const char* kEnvRendezvous = "TRAINCTL_RENDEZVOUS";
+inline constexpr const char* kEnvJobId = "TRAINCTL_JOB_ID";
+
+// A rank environment that is present but wrong (not a number, rank >= world size, ...). The
+// message names the variable, its value and what was expected.
+class RankEnvError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+using Getenv = std::function<const char*(const char*)>;
+
+// Reads, in order of precedence, TRAINCTL_RANK/TRAINCTL_WORLD_SIZE (+ TRAINCTL_LOCAL_RANK,
+// TRAINCTL_LOCAL_WORLD_SIZE, TRAINCTL_RENDEZVOUS, TRAINCTL_JOB_ID); Slurm inside a job step
+// (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE or SLURM_STEP_TASKS_PER_NODE,
+// SLURM_NODELIST; only when SLURM_STEP_ID is set, because a batch script sees SLURM_NTASKS of the
+// whole job but is one process); RANK/WORLD_SIZE/LOCAL_RANK(/LOCAL_WORLD_SIZE). Throws
+// RankEnvError when the chosen source is inconsistent. `getenv` is injectable for tests.
+RankInfo rank_info_from_environment(const Getenv& getenv);
+RankInfo rank_info_from_environment();  // the real environment
+
+// "2(x3),1" (SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE) -> the count of node `node_index`;
+// -1 when the text does not parse or has no such node.
+int slurm_tasks_on_node(const std::string& tasks_per_node, int node_index);
+
+}  // namespace trainctl::launch

@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""cli:multirank_faults: the local launcher and its supervision, end to end, on a tiny fp32 GPT at
+dp2 (two rank processes started by `trainctl run` itself).
+
+  - a clean run: exit 0, logs/rank_0.log and rank_1.log, one progress display (rank 0's), one
+    metrics record per step;
+  - SIGKILL of one rank mid-run: the launcher exits non-zero within seconds naming the rank and
+    "signal 9", no process of the run is left, the last checkpoint verifies, resume finishes;
+  - SIGSTOP of one rank (parallel.timeout_s: 3): the launcher exits non-zero within the timeout
+    plus the grace period, naming the collective and the silent rank; nothing is left running;
+  - SIGINT to the launcher: every rank saves the same step and exits 75; resume finishes;
+  - layout errors (world size of an external launcher, tp not dividing heads): exit 2 before any
+    process starts, no run directory created.
+Usage: cli_multirank_faults.py TRAINCTL_BINARY REPO_ROOT [CASE...] (all cases by default)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import cli_util
+from cli_util import check
+
+STEPS = 400  # about 10 ms a step: long enough to hit a run mid-way
+TINY = ["model.arch=gpt", "model.layers=2", "model.hidden=32", "model.heads=4",
+        "model.kv_heads=4", "model.ffn_hidden=128", "model.vocab=256", "model.seq_len=32",
+        "precision.compute=fp32", "training.global_batch=8", "training.micro_batch=2",
+        "schedule.warmup_steps=2", "logging.eval_batches=1", "logging.eval_every_steps=0",
+        "logging.every_steps=1", "logging.tensorboard=false", "checkpoint.keep_last=100"]
+
+
+def run_args(run_dir, steps=STEPS, extra=(), layout=("parallel.dp=2",)):
+    sets = TINY + [f"training.steps={steps}", f"schedule.decay_steps={steps}", *layout, *extra]
+    return ["run", "recipes/tiny.yaml", *[a for s in sets for a in ("--set", s)],
+            "--run-dir", run_dir]
+
+
+def env_for_test():
+    env = dict(os.environ)
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    for name in ("TRAINCTL_RANK", "TRAINCTL_WORLD_SIZE", "RANK", "WORLD_SIZE", "SLURM_PROCID"):
+        env.pop(name, None)
+    return env
+
+
+def processes_of_run(run_dir):
+    """Pids of live (not zombie) processes whose command line names run_dir: ranks and launcher."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if run_dir in cmdline and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+def check_nothing_left(run_dir):
+    deadline = time.monotonic() + 2
+    left = processes_of_run(run_dir)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = processes_of_run(run_dir)
+    check(not left, f"processes of the run are still alive after the launcher exited: {left}")
+
+
+def start(binary, root, args):
+    """Starts the launcher in the background; its output goes to files (a pipe nobody reads
+    would block rank 0's progress output once full)."""
+    run_dir = args[args.index("--run-dir") + 1]
+    out = open(run_dir + ".stdout", "w+")
+    err = open(run_dir + ".stderr", "w+")
+    process = subprocess.Popen([binary, *args], cwd=root, env=env_for_test(), stdout=out,
+                               stderr=err, text=True)
+    process.output_files = (out, err)
+    return process
+
+
+def finish(process, timeout):
+    out, err = process.output_files
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        err.seek(0)
+        raise cli_util.CheckFailed(f"the launcher did not exit within {timeout} s\n{err.read()}")
+    out.seek(0)
+    err.seek(0)
+    texts = out.read(), err.read()
+    out.close()
+    err.close()
+    return process.returncode, texts[0], texts[1]
+
+
+def rank_pids(run_dir, timeout=30):
+    """The pids of logs/ranks.json once the launcher has written it."""
+    path = os.path.join(run_dir, "logs", "ranks.json")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.isfile(path):
+            with open(path) as f:
+                return [r["pid"] for r in json.load(f)["ranks"]]
+        time.sleep(0.02)
+    raise cli_util.CheckFailed(f"{path} did not appear within {timeout} s")
+
+
+def wait_for_step(run_dir, step, process, timeout=60):
+    """Waits until metrics.jsonl holds `step` (training is under way)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        check(process.poll() is None, "the run ended before the fault could be injected:\n" +
+              log_text(run_dir, 0))
+        if os.path.isfile(path):
+            with open(path) as f:
+                if sum(1 for _ in f) >= step:
+                    return
+        time.sleep(0.02)
+    raise cli_util.CheckFailed(f"step {step} not reached within {timeout} s")
+
+
+def log_text(run_dir, rank):
+    try:
+        with open(os.path.join(run_dir, "logs", f"rank_{rank}.log")) as f:
+            return f.read()
+    except OSError as error:
+        return str(error)
+
+
+def committed_steps(run_dir):
+    path = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(path):
+        return []
+    return sorted(int(n[len("step_"):]) for n in os.listdir(path)
+                  if n.startswith("step_") and
+                  os.path.isfile(os.path.join(path, n, "manifest.json")))
+
+
+def check_resume_finishes(binary, root, run_dir):
+    verify = cli_util.run(binary, ["ckpt", "verify", run_dir], root, timeout=120)
+    check(verify.rc == 0, f"the checkpoints do not verify\n{verify.describe()}")
+    resumed = cli_util.run(binary, ["resume", run_dir], root, timeout=300)
+    check(resumed.rc == 0, f"resume did not finish\n{resumed.describe()}")
+    steps = [r["step"] for r in cli_util.read_metrics(run_dir)]
+    check(steps == list(range(1, STEPS + 1)),
+          f"metrics.jsonl after resume should hold steps 1..{STEPS} once each, got {steps}")
+    return resumed
+
+
+def case_clean(binary, root, tmp):
+    run_dir = os.path.join(tmp, "clean")
+    result = cli_util.run(binary, run_args(run_dir, steps=6), root, timeout=300)
+    check(result.rc == 0, f"a dp2 run should exit 0\n{result.describe()}")
+    for rank in (0, 1):
+        log = os.path.join(run_dir, "logs", f"rank_{rank}.log")
+        check(os.path.isfile(log), f"{log} is missing")
+        with open(log) as f:
+            text = f.read()
+        check(f"rank {rank} of 2" in text, f"{log} does not say which rank wrote it:\n{text}")
+        check("OPENBLAS_NUM_THREADS=" in text, f"{log} does not record the BLAS threads:\n{text}")
+    steps = [r["step"] for r in cli_util.read_metrics(run_dir)]
+    check(steps == list(range(1, 7)), f"metrics.jsonl should hold steps 1..6 once, got {steps}")
+    # Only rank 0 shows progress: each step's line appears once on the terminal.
+    shown = [line for line in result.stderr.splitlines() if line.lstrip().startswith("step 3/")]
+    check(len(shown) == 1, f"step 3 should be shown once (rank 0 only), got {len(shown)}:\n"
+          f"{result.stderr}")
+    check(not os.path.isdir(os.path.join(run_dir, "rendezvous")) or
+          not os.listdir(os.path.join(run_dir, "rendezvous")),
+          "the launcher should remove its rendezvous folder")
+    check_nothing_left(run_dir)
+
+
+def case_sigkill(binary, root, tmp):
+    run_dir = os.path.join(tmp, "sigkill")
+    process = start(binary, root, run_args(run_dir, extra=["checkpoint.every_steps=20"]))
+    pids = rank_pids(run_dir)
+    wait_for_step(run_dir, 50, process)
+    try:
+        os.kill(pids[1], signal.SIGKILL)
+    except ProcessLookupError:
+        raise cli_util.CheckFailed("rank 1 was gone before the test killed it:\n" +
+                                   log_text(run_dir, 1))
+    killed_at = time.monotonic()
+    rc, _, err = finish(process, 60)
+    elapsed = time.monotonic() - killed_at
+    check(rc != 0, f"the launcher should fail when a rank is killed\n{err}")
+    check(elapsed < 15, f"the launcher took {elapsed:.1f} s to notice a killed rank")
+    check("rank 1" in err and "signal 9" in err,
+          f"the message should name rank 1 and signal 9:\n{err}")
+    check_nothing_left(run_dir)
+    check(committed_steps(run_dir), "no checkpoint was committed before the kill")
+    check_resume_finishes(binary, root, run_dir)
+
+
+def case_sigstop(binary, root, tmp):
+    run_dir = os.path.join(tmp, "sigstop")
+    process = start(binary, root, run_args(run_dir, extra=["parallel.timeout_s=3"]))
+    pids = rank_pids(run_dir)
+    wait_for_step(run_dir, 30, process)
+    os.kill(pids[1], signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        rc, _, err = finish(process, 60)
+    finally:
+        try:
+            os.kill(pids[1], signal.SIGKILL)  # only if the launcher failed to
+        except ProcessLookupError:
+            pass
+    elapsed = time.monotonic() - stopped_at
+    check(rc != 0, f"the launcher should fail when a rank stops answering\n{err}")
+    check(elapsed < 3 + 12, f"the launcher took {elapsed:.1f} s (timeout 3 s)")
+    check("rank 0" in err, f"the message should name the rank that reported the hang:\n{err}")
+    check(any(op in err for op in ("all_reduce", "broadcast", "all_gather", "reduce_scatter",
+                                   "barrier", "send", "recv")),
+          f"the message should name the collective:\n{err}")
+    check("peer 1" in err or "rank 1" in err,
+          f"the message should name the silent rank 1:\n{err}")
+    check_nothing_left(run_dir)
+
+
+def case_sigint(binary, root, tmp):
+    run_dir = os.path.join(tmp, "sigint")
+    process = start(binary, root, run_args(run_dir))
+    rank_pids(run_dir)
+    wait_for_step(run_dir, 30, process)
+    process.send_signal(signal.SIGINT)
+    rc, _, err = finish(process, 60)
+    check(rc == 75, f"SIGINT should save and exit 75, got {rc}\n{err}")
+    check_nothing_left(run_dir)
+    stopped_after = []
+    for rank in (0, 1):
+        found = re.findall(r"stopped by .* after step (\d+), checkpoint saved", log_text(run_dir, rank))
+        check(len(found) == 1, f"rank {rank} did not stop after saving:\n{log_text(run_dir, rank)}")
+        stopped_after.append(int(found[0]))
+    check(stopped_after[0] == stopped_after[1],
+          f"the ranks stopped after different steps: {stopped_after}")
+    steps = committed_steps(run_dir)
+    check(steps and steps[-1] == stopped_after[0],
+          f"the newest checkpoint should be step {stopped_after[0]}, got {steps}")
+    check_resume_finishes(binary, root, run_dir)
+
+
+def case_layout_errors(binary, root, tmp):
+    run_dir = os.path.join(tmp, "layout")
+    env = env_for_test()
+    env.update(TRAINCTL_RANK="0", TRAINCTL_WORLD_SIZE="3")
+    completed = subprocess.run([binary, *run_args(run_dir)], cwd=root, env=env,
+                               capture_output=True, text=True, timeout=60)
+    check(completed.returncode == 2, f"world size 3 for dp2 should exit 2, got "
+          f"{completed.returncode}\n{completed.stderr}")
+    check("= 2" in completed.stderr and "3 ranks" in completed.stderr,
+          f"the message should show the formula and the launcher's world size:\n"
+          f"{completed.stderr}")
+    check(not os.path.exists(run_dir), "a layout error must not create the run directory")
+    result = cli_util.run(binary, run_args(run_dir, layout=("parallel.tp=3",)), root, timeout=60)
+    check(result.rc == 2, f"tp3 with 4 heads should exit 2\n{result.describe()}")
+    check("model.heads % parallel.tp == 0 fails" in result.stderr,
+          f"the message should show the divisibility rule\n{result.describe()}")
+    check(not os.path.exists(run_dir), "a layout error must not create the run directory")
+    check("starting" not in result.stderr, "no rank may start on a layout error")
+
+
+CASES = {"layout_errors": case_layout_errors, "clean": case_clean, "sigkill": case_sigkill,
+         "sigstop": case_sigstop, "sigint": case_sigint}
+
+
+def main(binary, root, wanted):
+    for name in wanted:
+        start_time = time.monotonic()
+        with cli_util.temp_dir(f"multirank-{name}") as tmp:
+            CASES[name](binary, root, tmp)
+        print(f"{name}: ok ({time.monotonic() - start_time:.1f} s)")
+
+
+if __name__ == "__main__":
+    WANTED = sys.argv[3:] or list(CASES)
+    del sys.argv[3:]  # cli_util.parse_args takes exactly the binary and the root
+    cli_util.main_wrapper(lambda binary, root: main(binary, root, WANTED))

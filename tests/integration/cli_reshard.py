@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""cli:reshard: a checkpoint saved by one layout resumes on another, and the run goes on as if it
+had never stopped.
+
+A run at dp2 x tp2 saves at step 10 (its schedule is that of a 20-step run) and stops. Copies of its
+run directory resume to step 20 at pp2 and at dp4 (`trainctl resume DIR --set parallel...`). Both
+continue the single-rank 20-step run within the layout tolerance: steps 11..20 have the same loss
+and token count (the global sample position carried over, so no sample is skipped or repeated when
+the number of data ranks changes from 2 to 1 or 4), and the final weights match. Each resumed
+checkpoint's state says it has consumed exactly 20 * global_batch samples."""
+import json
+import os
+import shutil
+
+import cli_layout_util as lu
+import cli_util
+from cli_util import check
+
+STEPS = 20
+HALF = 10
+SCHEDULE = [f"schedule.decay_steps={STEPS}"]
+
+
+def sampler_position(run_dir):
+    """The global sample position in the manifest of run_dir's newest checkpoint."""
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    newest = sorted(d for d in os.listdir(checkpoints) if d.startswith("step_"))[-1]
+    with open(os.path.join(checkpoints, newest, "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    return int(manifest["state"]["sampler"]["position"]), newest
+
+
+def body(binary, root):
+    with cli_util.temp_dir("reshard") as tmp:
+        straight = os.path.join(tmp, "straight")
+        lu.train(binary, root, straight, "gpt", "1", STEPS, SCHEDULE)
+        want_weights = lu.final_weights(binary, root, straight)
+
+        saved = os.path.join(tmp, "dp2-tp2")
+        lu.train(binary, root, saved, "gpt", "dp2-tp2", HALF, SCHEDULE)
+        lu.check_losses(straight, saved, "dp2-tp2 first half", 1, HALF)
+        position, name = sampler_position(saved)
+        check(position == HALF * 4, f"{saved}/checkpoints/{name} records sample position "
+                                    f"{position}; expected {HALF} steps * 4 = {HALF * 4}")
+
+        for target in ("pp2", "dp4"):
+            run_dir = os.path.join(tmp, f"resume-{target}")
+            shutil.copytree(saved, run_dir)
+            sets = ["parallel.dp=1", "parallel.tp=1", *lu.layout_sets(target),
+                    f"training.steps={STEPS}"]
+            result = cli_util.run_ok(
+                binary, ["resume", run_dir, *[a for s in sets for a in ("--set", s)]], root)
+            check(f"step {HALF}" in result.stderr or f"step_{HALF:08d}" in result.stderr,
+                  f"resume at {target} does not say it continues from step {HALF}:\n"
+                  f"{result.describe()}")
+            label = f"dp2-tp2 -> {target}"
+            lu.check_losses(straight, run_dir, label, 1, STEPS)
+            lu.check_weights(want_weights, lu.final_weights(binary, root, run_dir), label)
+            position, name = sampler_position(run_dir)
+            check(position == STEPS * 4, f"{label}: {name} records sample position {position}; "
+                                         f"expected {STEPS * 4}")
+
+
+if __name__ == "__main__":
+    cli_util.main_wrapper(body)

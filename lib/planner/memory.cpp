@@ -1,9 +1,17 @@
-// The memory model: bytes per GPU by category, per pipeline stage, the worst stage reported.
-// Per-layer activations follow lib/model/transformer.cpp assign() tensor by tensor (each tensor
-// rounded to 64 bytes as the engine's arena does), so a single-rank layout reproduces the
-// engine's activation_bytes(); tensor parallelism divides every per-layer tensor by tp
-// (Megatron-style tensor + sequence parallelism, Korthikanti et al. 2022 "sbh(34/t)"; our engine
-// keeps no [T, T] attention matrix, so their 5as/h term does not appear).
+// The memory model: bytes per rank by category, for one rank (estimate_rank_memory) or the worst
+// rank of a layout (estimate_memory). It follows what lib/model and lib/train allocate, tensor by
+// tensor, so each figure can be held to the engine exactly (tests/unit/planner_memory_test.cpp
+// builds the engine for every rank of tp, pp, dp/ZeRO-1 and ep layouts and compares):
+//   params/grads  the rank's ParamTable (build_param_table): its stage's layers, tp shards of the
+//                 column/row-parallel matrices and the vocabulary, its ep share of the experts;
+//   optimizer     its part of the ZeRO-1 partition (zero_partition: dp parts cut at row
+//                 boundaries of the flat buffer), all of it without ZeRO;
+//   activations   Transformer::assign(): every tensor of every activation slot (1F1B micro-
+//                 batches in flight on the stage) rounded to 64 bytes as the arena does.
+// Tensor parallelism shards only what the engine shards: qkv, attention output, MLP/expert hidden
+// and the logits. The engine has no sequence parallelism, so [N, C] tensors (residual stream,
+// norm outputs) are whole on every tp rank (Korthikanti et al. 2022's sbh(10 + 24/t), not 34/t;
+// no [T, T] score matrix is kept, so their 5as/h term does not appear).
 #include <algorithm>
 #include <cmath>
 
@@ -19,66 +27,30 @@ double round64(double bytes) {
 }
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-// Gradient all-reduce buckets: 25M elements, double-buffered (DDP's default bucket size).
-constexpr double kBucketElements = 25e6;
 
-struct Tally {
-  double kept = 0, shared = 0;
+// One local parameter tensor in table order: ZeRO cuts the flat buffer at its row boundaries.
+struct LocalTensor {
+  int64_t numel = 0, rows = 1;
 };
-
-// One block's activations for one micro-batch of N tokens, split into what stays until backward
-// (kept) and what the recompute region reuses across layers (shared), as assign() does.
-Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, recipe::Recompute mode,
-                        int64_t N, int tp) {
-  const bool full = mode == recipe::Recompute::full;
-  const bool none = mode == recipe::Recompute::none;
-  Tally t;
-  auto unless_full = [&](double elements, double size) {
-    (full ? t.shared : t.kept) += round64(elements * size) / tp;
-  };
-  auto if_none = [&](double elements, double size) {
-    (none ? t.kept : t.shared) += round64(elements * size) / tp;
-  };
-  const double n = static_cast<double>(N);
-  unless_full(n, z.stats);  // ln1 mean/rstd
-  unless_full(n, z.stats);
-  if_none(n * s.C, z.storage);            // ln1_out
-  unless_full(n * s.W, z.storage);        // qkv
-  unless_full(n * s.H * s.D, z.storage);  // attention output
-  unless_full(n * s.H, z.stats);          // softmax log-sum-exp: [B, H, T]
-  unless_full(n * s.C, z.storage);        // x_mid
-  unless_full(n, z.stats);                // ln2 mean/rstd
-  unless_full(n, z.stats);
-  if_none(n * s.C, z.storage);  // ln2_out
-  if (!moe) {
-    unless_full(n * s.F1, z.storage);  // fc1 output
-    if_none(n * s.F, z.storage);       // activation output
-    return t;
-  }
-  const double rows = static_cast<double>(s.E * s.capacity(N));
-  unless_full(n * s.E, z.storage);       // router logits
-  unless_full(n * s.E, z.stats);         // probs
-  unless_full(n * s.K, 4);               // expert index
-  unless_full(n * s.K, z.stats);         // gates
-  unless_full(n * s.K, 4);               // slot
-  unless_full(s.E, 4);                   // counts
-  unless_full(s.E, z.stats);             // load
-  unless_full(rows * s.C, z.storage);    // expert_in
-  unless_full(rows * s.C, z.storage);    // expert_out
-  unless_full(rows * s.EF1, z.storage);  // expert fc1 output
-  if_none(rows * s.EF, z.storage);       // expert activation output
-  return t;
-}
 
 struct StageShape {
   int first_layer = 0, layers = 0, moe_layers = 0;
   bool first = false, last = false;
 };
 
+// model::stage_ranges: recipe.parallel.pp_layers when it has one entry per stage of this layout,
+// else as even as possible with the earlier stages taking the remainder.
 StageShape stage_shape(const recipe::Recipe& r, int stage, int pp) {
+  const std::vector<int>& given = r.parallel.pp_layers;
+  const bool use_given = static_cast<int>(given.size()) == pp;
+  auto count = [&](int s) {
+    return use_given ? given[static_cast<size_t>(s)]
+                     : r.model.layers / pp + (s < r.model.layers % pp ? 1 : 0);
+  };
   StageShape st;
-  st.layers = r.model.layers / pp;
-  st.first_layer = stage * st.layers;
+  for (int s = 0; s < stage; ++s)
+    st.first_layer += count(s);
+  st.layers = count(stage);
   for (int i = st.first_layer; i < st.first_layer + st.layers; ++i)
     st.moe_layers += r.is_moe_layer(i) ? 1 : 0;
   st.first = stage == 0;
@@ -86,127 +58,267 @@ StageShape stage_shape(const recipe::Recipe& r, int stage, int pp) {
   return st;
 }
 
-MemoryEstimate stage_memory(const recipe::Recipe& r, const ModelShape& s, const Sizes& z,
-                            const topology::ClusterSpec& cluster, const Layout& lay,
-                            const MemoryOptions& options, int stage) {
-  const StageShape st = stage_shape(r, stage, lay.pp);
-  const int dense_layers = st.layers - st.moe_layers;
-  const double tp = lay.tp, b = s.bias ? 1 : 0;
-  const double norm = static_cast<double>(s.C) * (s.norm_bias ? 2 : 1);
-
-  // ---- parameters on this GPU (elements) ----
-  const double attention =
-      2 * norm + (s.W * s.C + b * s.W + s.C * s.H * s.D) / tp + b * s.C;  // proj bias replicated
-  const double dense = (s.F1 * s.C + b * s.F1 + s.C * s.F) / tp + b * s.C;
-  double shared_params = st.layers * attention + dense_layers * dense +
-                         st.moe_layers * static_cast<double>(s.moe_shared);
-  const double expert_params = st.moe_layers * static_cast<double>(s.moe_experts) / lay.ep / tp;
-  const double vocab_shard = static_cast<double>(s.V * s.C) / tp;
-  if (st.first) shared_params += vocab_shard + static_cast<double>(s.wpe);
-  if (st.last) {
-    shared_params += norm;
-    if (!s.tied)
-      shared_params += vocab_shard;
-    else if (lay.pp > 1)
-      shared_params += vocab_shard;  // the last stage keeps its own copy of the tied matrix
+// The rank's parameter tensors in build_param_table's order (tp and ep shards local).
+std::vector<LocalTensor> local_params(const recipe::Recipe& r, const ModelShape& s,
+                                      const StageShape& st, const Layout& lay) {
+  const int64_t t = lay.tp, C = s.C, b = s.bias ? 1 : 0;
+  std::vector<LocalTensor> out;
+  auto add = [&](int64_t rows, int64_t row_elements) {
+    out.push_back({rows * row_elements, rows});
+  };
+  auto norm = [&] {
+    add(C, 1);
+    if (s.norm_bias) add(C, 1);
+  };
+  if (st.first) {
+    add(s.V / t, C);
+    if (s.learned_positions) add(s.T, C);
   }
-  const double elements = shared_params + expert_params;
+  for (int i = st.first_layer; i < st.first_layer + st.layers; ++i) {
+    norm();
+    add(s.W / t, C);
+    if (b) add(s.W / t, 1);
+    add(C, s.H * s.D / t);
+    if (b) add(C, 1);
+    norm();
+    if (r.is_moe_layer(i)) {
+      const int64_t experts = s.E / lay.ep;
+      add(s.E, C);  // router, replicated
+      add(experts, s.EF1 / t * C);
+      if (b) add(experts, s.EF1 / t);
+      add(experts, C * (s.EF / t));
+      if (b) add(experts, C);
+    } else {
+      add(s.F1 / t, C);
+      if (b) add(s.F1 / t, 1);
+      add(C, s.F / t);
+      if (b) add(C, 1);
+    }
+  }
+  if (st.last) {
+    norm();
+    if (!s.tied || lay.pp > 1) add(s.V / t, C);  // lm_head, or the last stage's tied copy
+  }
+  return out;
+}
 
+// model::zero_partition: `parts` + 1 boundaries of the flat buffer, each cut at the row boundary
+// nearest the ideal k * total / parts (ties: the lower one).
+std::vector<int64_t> zero_bounds(const std::vector<LocalTensor>& tensors, int parts) {
+  int64_t total = 0;
+  for (const LocalTensor& x : tensors)
+    total += x.numel;
+  std::vector<int64_t> bounds{0};
+  size_t i = 0;
+  int64_t offset = 0;  // of tensors[i]
+  for (int k = 1; k < parts; ++k) {
+    const int64_t ideal = total * k / parts;
+    while (i < tensors.size() && offset + tensors[i].numel <= ideal)
+      offset += tensors[i++].numel;
+    int64_t cut = total;
+    if (i < tensors.size()) {
+      const int64_t n = tensors[i].numel;
+      const int64_t row = tensors[i].rows > 0 ? n / tensors[i].rows : n;
+      const int64_t within = ideal - offset;
+      const int64_t lower = within / row * row;
+      cut = offset + (within - lower > lower + row - within ? lower + row : lower);
+    }
+    bounds.push_back(std::max(cut, bounds.back()));
+  }
+  bounds.push_back(total);
+  return bounds;
+}
+
+struct Tally {
+  double kept = 0, shared = 0;
+};
+
+// One block's activations for one micro-batch of N tokens on one tp rank, split into what stays
+// until backward (kept) and what the recompute region reuses across layers (shared), as assign()
+// does. Only the head-, ffn- and expert-ffn-wide tensors are tp shards.
+Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, recipe::Recompute mode,
+                        int64_t N, int64_t B, int tp) {
+  const bool full = mode == recipe::Recompute::full;
+  const bool none = mode == recipe::Recompute::none;
+  Tally t;
+  auto unless_full = [&](double elements, double size) {
+    (full ? t.shared : t.kept) += round64(elements * size);
+  };
+  auto if_none = [&](double elements, double size) {
+    (none ? t.kept : t.shared) += round64(elements * size);
+  };
+  const double n = static_cast<double>(N);
+  const double W = static_cast<double>(s.W / tp), HD = static_cast<double>(s.H / tp * s.D);
+  unless_full(n, z.stats);  // ln1 mean/rstd
+  unless_full(n, z.stats);
+  if_none(n * s.C, z.storage);                                      // ln1_out
+  unless_full(n * W, z.storage);                                    // qkv
+  unless_full(n * HD, z.storage);                                   // attention output
+  unless_full(static_cast<double>(B * (s.H / tp) * s.T), z.stats);  // log-sum-exp [B, H, T]
+  unless_full(n * s.C, z.storage);                                  // x_mid
+  unless_full(n, z.stats);                                          // ln2 mean/rstd
+  unless_full(n, z.stats);
+  if_none(n * s.C, z.storage);  // ln2_out
+  if (!moe) {
+    unless_full(n * static_cast<double>(s.F1 / tp), z.storage);  // fc1 output
+    if_none(n * static_cast<double>(s.F / tp), z.storage);       // activation output
+    return t;
+  }
+  const double rows = static_cast<double>(s.E * s.capacity(N));    // every expert's slots
+  unless_full(n * s.E, z.storage);                                 // router logits
+  unless_full(n * s.E, z.stats);                                   // probs
+  unless_full(n * s.K, 4);                                         // expert index
+  unless_full(n * s.K, z.stats);                                   // gates
+  unless_full(n * s.K, 4);                                         // slot
+  unless_full(s.E, 4);                                             // counts
+  unless_full(s.E, z.stats);                                       // load
+  unless_full(rows * s.C, z.storage);                              // expert_in
+  unless_full(rows * s.C, z.storage);                              // expert_out
+  unless_full(rows * static_cast<double>(s.EF1 / tp), z.storage);  // expert fc1 output
+  if_none(rows * static_cast<double>(s.EF / tp), z.storage);       // expert activation
+  return t;
+}
+
+// Scratch shared by all layers and slots of the stage (assign()'s third arena).
+double stage_scratch(const ModelShape& s, const Sizes& z, const StageShape& st, const Layout& lay,
+                     int64_t N) {
+  const int t = lay.tp;
+  const double n = static_cast<double>(N);
+  const int dense_layers = st.layers - st.moe_layers;
+  const int64_t expert_rows = st.moe_layers > 0 ? s.E * s.capacity(N) : 0;
+  double scratch = 0;
+  auto take = [&](double count, double size) { scratch += round64(count * size); };
+  if (st.last) {
+    take(n * static_cast<double>(s.V / t), z.storage);  // logits (this rank's vocab shard)
+    take(n, z.stats);                                   // lse
+    take(n, z.stats);                                   // losses
+    take(n * static_cast<double>(s.V / t), z.storage);  // dlogits
+    take(n * s.C, z.storage);                           // d_lnf_out
+  }
+  for (int i = 0; i < 4; ++i)
+    take(n * s.C, z.storage);               // branch, d_resid, d_ln_out, d_norm_in
+  if (!st.last) take(n * s.C, z.storage);   // gradient received from the next stage
+  if (!st.first) take(n * s.C, z.storage);  // gradient sent to the previous stage
+  if (t > 1) take(static_cast<double>(std::max(N, expert_rows)), z.storage);  // ones (bias grads)
+  const double W = static_cast<double>(s.W / t), HD = static_cast<double>(s.H / t * s.D);
+  if (s.rope) take(n * W, z.storage);
+  take(n * HD, z.storage);
+  take(n * W, z.storage);
+  if (s.rope) take(n * W, z.storage);
+  if (dense_layers > 0) {
+    take(n * static_cast<double>(s.F / t), z.storage);
+    take(n * static_cast<double>(s.F1 / t), z.storage);
+  }
+  if (st.moe_layers > 0) {
+    const double rows = static_cast<double>(expert_rows);
+    take(rows * s.C, z.storage);  // dexpert_in
+    take(rows * s.C, z.storage);  // dexpert_out
+    take(n * s.K, z.stats);       // dgates
+    take(n * s.E, z.storage);     // router dlogits
+    take(n * s.C, z.storage);     // dx_router
+    take(rows * static_cast<double>(s.EF / t), z.storage);
+    take(rows * static_cast<double>(s.EF1 / t), z.storage);
+    if (lay.ep > 1) {
+      take(rows * s.C, z.storage);  // all-to-all send
+      take(rows * s.C, z.storage);  // all-to-all receive
+    }
+  }
+  return scratch;
+}
+
+// `zero_rank` < 0: the dp rank with the largest optimizer part.
+MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const Sizes& z,
+                           const topology::ClusterSpec& cluster, const Layout& lay,
+                           const MemoryOptions& options, int stage, int zero_rank) {
+  const StageShape st = stage_shape(r, stage, lay.pp);
   MemoryEstimate m;
-  m.params = elements * z.storage;
-  m.grads = elements * z.grad;
-  const double per_element_optimizer = z.master + 2 * z.moment;
-  const double shared_shards = lay.zero ? static_cast<double>(lay.dp) * lay.ep : 1.0;
-  const double expert_shards = lay.zero ? static_cast<double>(lay.dp) : 1.0;
-  m.optimizer =
-      per_element_optimizer * (shared_params / shared_shards + expert_params / expert_shards);
+  m.worst_stage = stage;
 
-  // ---- activations ----
+  // ---- parameters, gradients, optimizer state ----
+  const std::vector<LocalTensor> tensors = local_params(r, s, st, lay);
+  int64_t elements = 0, tied_elements = 0;
+  for (const LocalTensor& x : tensors)
+    elements += x.numel;
+  if (s.tied && lay.pp > 1 && (st.first || st.last)) tied_elements = s.V / lay.tp * s.C;
+  m.params = static_cast<double>(elements) * z.storage;
+  m.grads = static_cast<double>(elements) * z.grad;
+  int64_t part = elements;
+  if (lay.zero && lay.dp > 1) {
+    const std::vector<int64_t> bounds = zero_bounds(tensors, lay.dp);
+    part = 0;
+    for (int k = 0; k < lay.dp; ++k)
+      if (zero_rank < 0 || k == zero_rank)
+        part = std::max(part, bounds[static_cast<size_t>(k) + 1] - bounds[static_cast<size_t>(k)]);
+  }
+  m.optimizer = static_cast<double>(part) * (z.master + 2 * z.moment);
+
+  // ---- activations: activation_slots copies of the kept set, one shared set, the scratch ----
   const int64_t N = int64_t{lay.micro_batch} * s.T;
   const double n = static_cast<double>(N);
-  double kept = round64(n * s.C * z.storage) / tp * (st.layers + 1);  // the residual stream
-  kept += 2 * round64(n * 4);                                         // tokens, targets
+  double kept = round64(n * s.C * z.storage) * (st.layers + 1);              // the residual stream
+  kept += 2 * round64(n * 4);                                                // tokens, targets
+  if (lay.tp > 1 && st.last) kept += round64(n * 4) + round64(n * z.stats);  // local targets, lse
   double shared_peak = 0;
+  const int dense_layers = st.layers - st.moe_layers;
   if (dense_layers > 0) {
-    const Tally d = block_activations(s, z, false, lay.recompute, N, lay.tp);
+    const Tally d = block_activations(s, z, false, lay.recompute, N, lay.micro_batch, lay.tp);
     kept += d.kept * dense_layers;
     shared_peak = std::max(shared_peak, d.shared);
   }
   if (st.moe_layers > 0) {
-    const Tally e = block_activations(s, z, true, lay.recompute, N, lay.tp);
+    const Tally e = block_activations(s, z, true, lay.recompute, N, lay.micro_batch, lay.tp);
     kept += e.kept * st.moe_layers;
     shared_peak = std::max(shared_peak, e.shared);
   }
-  if (st.last)
-    kept += (2 * round64(n * z.stats) + round64(n * s.C * z.storage)) / tp;  // final norm
-
-  double scratch = 0;
-  auto take = [&](double count, double size) { scratch += round64(count * size) / tp; };
-  if (st.last) {
-    take(n * s.V, z.storage);  // logits
-    take(n, z.stats);          // lse
-    take(n, z.stats);          // losses
-    take(n * s.V, z.storage);  // dlogits
-  }
-  take(n * s.C, z.storage);  // d_lnf_out (allocated by every stage of the engine's layout)
-  for (int i = 0; i < 4; ++i)
-    take(n * s.C, z.storage);  // branch, d_resid, d_ln_out, d_norm_in
-  if (s.rope) take(n * s.W, z.storage);
-  take(n * s.H * s.D, z.storage);
-  take(n * s.W, z.storage);
-  if (s.rope) take(n * s.W, z.storage);
-  if (dense_layers > 0) {
-    take(n * s.F, z.storage);
-    take(n * s.F1, z.storage);
-  }
-  if (st.moe_layers > 0) {
-    const double rows = static_cast<double>(s.E * s.capacity(N));
-    take(rows * s.C, z.storage);
-    take(rows * s.C, z.storage);
-    take(n * s.K, z.stats);
-    take(n * s.E, z.storage);
-    take(n * s.C, z.storage);
-    take(rows * s.EF, z.storage);
-    take(rows * s.EF1, z.storage);
-  }
+  if (st.last) kept += 2 * round64(n * z.stats) + round64(n * s.C * z.storage);  // final norm
 
   // 1F1B: stage i has min(pp - i, micro-batches per step) forwards outstanding at its peak.
   const int micro_batches =
       std::max(1, r.training.global_batch / (lay.micro_batch * lay.dp * lay.ep));
-  m.in_flight = std::min(lay.pp - stage, micro_batches);
+  m.in_flight = std::max(1, std::min(lay.pp - stage, micro_batches));
   m.activations_kept = kept * m.in_flight;
-  m.activations = m.activations_kept + shared_peak + scratch;
+  m.activations = m.activations_kept + shared_peak + stage_scratch(s, z, st, lay, N);
 
-  // ---- communication buffers and framework overhead ----
-  const double hidden_bytes = n * s.C * z.storage;
-  if (lay.tp > 1) m.comm_buffers += 2 * hidden_bytes;       // sequence-parallel all-gather in/out
-  if (lay.pp > 1) m.comm_buffers += 2 * hidden_bytes / tp;  // send and receive
-  if (lay.dp * lay.ep > 1) m.comm_buffers += 2 * std::min(m.grads, kBucketElements * z.grad);
-  if (lay.ep > 1 && st.moe_layers > 0)
-    m.comm_buffers += 2 * static_cast<double>(s.E * s.capacity(N)) * s.C * z.storage / tp;
+  // ---- buffers of the collectives (lib/train GradSync, lib/dist, the vocab-parallel loss) ----
+  // Gradients are all-reduced in place; GradSync keeps one scratch buffer for the ZeRO part it
+  // reduces into and the tied embedding's peer gradient (first and last stage).
+  const bool zero = lay.zero && lay.dp > 1;
+  const int64_t grad_scratch = std::max(zero ? part : 0, tied_elements);
+  m.comm_buffers += static_cast<double>(grad_scratch) * z.grad;
+  // Gloo has no reduce-scatter: ours receives every rank's copy of its part and sums locally
+  // (NCCL reduces in place).
+  if (zero && cluster.gpus_per_node == 0)
+    m.comm_buffers += static_cast<double>(part) * lay.dp * z.grad;
+  // The vocab-parallel loss combines the shards' log-sum-exp on the host: int32 local targets,
+  // four f64 [N] vectors, the gathered [tp, N] and a float copy. An upper bound (not all live at
+  // once); host memory on a GPU machine too.
+  if (lay.tp > 1 && st.last) m.comm_buffers += n * (4 + 8 * (4 + lay.tp) + 4);
   m.overhead = options.overhead_bytes >= 0 ? options.overhead_bytes
                : cluster.gpus_per_node > 0 ? 1.0 * kGiB
                                            : 0.0;
-  m.worst_stage = stage;
   return m;
 }
 
 }  // namespace
 
+MemoryEstimate estimate_rank_memory(const recipe::Recipe& recipe,
+                                    const topology::ClusterSpec& cluster, const Layout& layout,
+                                    const RankCoordinates& at, const MemoryOptions& options) {
+  return rank_memory(recipe, shape_of(recipe), sizes_of(recipe.precision.compute), cluster, layout,
+                     options, at.pp, at.dp);
+}
+
 MemoryEstimate estimate_memory(const recipe::Recipe& recipe, const topology::ClusterSpec& cluster,
                                const Layout& layout, const MemoryOptions& options) {
   const ModelShape s = shape_of(recipe);
   const Sizes z = sizes_of(recipe.precision.compute);
-  // The first stage holds the embedding and the most micro-batches in flight, the last the head
-  // and the logits; middle stages are dominated by the first (same layers, more in flight).
-  MemoryEstimate worst = stage_memory(recipe, s, z, cluster, layout, options, 0);
-  if (layout.pp > 1) {
-    // MoE layers may fall unevenly across stages: check every stage when the model has them.
-    for (int stage = 1; stage < layout.pp; ++stage) {
-      if (s.moe_layers == 0 && stage != layout.pp - 1) continue;
-      MemoryEstimate m = stage_memory(recipe, s, z, cluster, layout, options, stage);
-      if (m.total() > worst.total()) worst = m;
-    }
+  // Stages differ in layers, embedding (first), head and logits (last) and micro-batches in
+  // flight; tp and ep ranks of a stage hold equal shards; dp ranks differ only in their ZeRO part
+  // (the largest is taken).
+  MemoryEstimate worst = rank_memory(recipe, s, z, cluster, layout, options, 0, -1);
+  for (int stage = 1; stage < layout.pp; ++stage) {
+    MemoryEstimate m = rank_memory(recipe, s, z, cluster, layout, options, stage, -1);
+    if (m.total() > worst.total()) worst = m;
   }
   return worst;
 }

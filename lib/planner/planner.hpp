@@ -2,7 +2,7 @@
 // the best one wins -- answered before anything is launched. Three models, all documented with
 // their assumptions in docs/planner.md:
 //   memory   bytes per GPU by category (params, grads, optimizer, activations, comm buffers,
-//            framework overhead) of the worst pipeline stage. For tp = pp = dp = ep = 1 it
+//            framework overhead) of the rank that needs the most. For any rank of any layout it
 //            reproduces what lib/model allocates (ParamStore::bytes, Transformer::
 //            activation_bytes) -- the unit tests hold it to that.
 //   time     compute (FLOPs over peak x an achievable fraction), tensor-parallel collectives,
@@ -27,7 +27,7 @@ namespace trainctl::planner {
 struct Layout {
   int tp = 1, pp = 1, dp = 1, ep = 1;
   int micro_batch = 1;
-  int zero = 0;  // 0 or 1 (ZeRO-1: optimizer state sharded over the data-parallel ranks)
+  int zero = 0;  // 0 or 1 (ZeRO-1: optimizer state sharded over the dp ranks; needs ep = 1)
   recipe::Recompute recompute = recipe::Recompute::none;
 
   int world() const { return tp * pp * dp * ep; }
@@ -48,17 +48,22 @@ RankCoordinates coordinates(const Layout& layout, int rank);
 std::string check_divisibility(const recipe::Recipe& recipe, const Layout& layout);
 
 // ---- memory
-// -------------------------------------------------------------------------------------- Bytes per
-// GPU of the pipeline stage that needs the most (worst_stage). Activations include the
-// micro-batches in flight under 1F1B: stage i holds min(pp - i, micro-batches per step).
+// --------------------------------------------------------------------------------------
+// Bytes per GPU of one rank. Params, grads, optimizer and activations are what the engine
+// allocates on that rank (lib/model ParamStore::bytes, Transformer::activation_bytes), exactly:
+// tests/unit/planner_memory_test.cpp builds every rank of tp, pp, dp with ZeRO-1 and ep layouts
+// and compares. Activations include the micro-batches in flight under 1F1B: stage i holds
+// min(pp - i, micro-batches per step).
 struct MemoryEstimate {
   double params = 0, grads = 0, optimizer = 0;
   double activations = 0;       // kept for backward x in flight, plus one set of scratch
   double activations_kept = 0;  // of which: kept for backward (all micro-batches in flight)
-  double comm_buffers = 0;      // collective staging buffers
-  double overhead = 0;          // CUDA context, library workspaces (0 on a CPU machine)
-  int worst_stage = 0;
-  int in_flight = 1;  // micro-batches in flight on worst_stage
+  // Buffers of the collectives: GradSync's scratch (ZeRO part, tied-embedding peer gradient),
+  // Gloo's reduce-scatter staging (CPU only), the vocab-parallel loss's host vectors (a bound).
+  double comm_buffers = 0;
+  double overhead = 0;  // CUDA context, library workspaces (0 on a CPU machine)
+  int worst_stage = 0;  // the pipeline stage of the rank described
+  int in_flight = 1;    // micro-batches in flight on that stage
   double total() const {
     return params + grads + optimizer + activations + comm_buffers + overhead;
   }
@@ -68,8 +73,16 @@ struct MemoryOptions {
   double overhead_bytes = -1;  // < 0: 1 GiB on a GPU cluster, 0 on a CPU-only machine
 };
 
+// The rank that needs the most: every pipeline stage is evaluated (the first holds the embedding
+// and the most micro-batches in flight, the last the head and the logits; with uneven
+// parallel.pp_layers any may win) and, with ZeRO-1, the dp rank with the largest optimizer part.
 MemoryEstimate estimate_memory(const recipe::Recipe& recipe, const topology::ClusterSpec& cluster,
                                const Layout& layout, const MemoryOptions& options = {});
+// The rank at `at`: its stage (at.pp) and, with ZeRO-1, its dp rank's part (at.dp); tp and ep
+// ranks of a stage hold equal shards.
+MemoryEstimate estimate_rank_memory(const recipe::Recipe& recipe,
+                                    const topology::ClusterSpec& cluster, const Layout& layout,
+                                    const RankCoordinates& at, const MemoryOptions& options = {});
 
 // ---- time
 // ----------------------------------------------------------------------------------------

@@ -120,13 +120,16 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
         Candidate best;
         double closest = std::numeric_limits<double>::max();
         Layout closest_layout = degrees;
+        int tried = 0;
         for (int mb : divisors(per_replica)) {
           if (mb > options.max_micro_batch) break;
           for (int zero : options.zero) {
-            if (zero && dp * ep == 1) continue;  // nothing to shard over
+            // ZeRO-1 shards over dp; the engine does not combine it with ep (recipe rule).
+            if (zero && (dp == 1 || ep > 1)) continue;
             for (recipe::Recompute mode : options.recompute) {
               Layout l{tp, pp, dp, ep, mb, zero, mode};
               ++plan.variants_evaluated;
+              ++tried;
               const MemoryEstimate mem = estimate_memory(r, cluster, l, options.memory);
               if (mem.total() > capacity) {
                 if (mem.total() < closest) {
@@ -146,6 +149,11 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
         }
         if (found)
           plan.ranked.push_back(best);
+        else if (tried == 0)
+          plan.rejected.push_back(
+              {degrees, fmt::format("no variant allowed: ZeRO-1 needs dp > 1 and ep = 1 (dp = {}, "
+                                    "ep = {}) and the search options allow only zero 1",
+                                    dp, ep)});
         else
           plan.rejected.push_back(
               {closest_layout,

@@ -1,8 +1,7 @@
 // The planner's memory model against the engine it models: for single-rank layouts of small gpt,
 // llama and MoE models in every precision and recompute mode, the predicted bytes per category
-// must match what lib/model allocates (ParamStore::bytes, Transformer::activation_bytes) within
-// 10%. Multi-rank layouts cannot be measured yet (no multi-rank engine): single-rank is what the
-// engine can check today.
+// must equal what lib/model allocates (ParamStore::bytes, Transformer::activation_bytes).
+// Multi-rank layouts: planner_multirank_memory_test.cpp.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -87,7 +86,7 @@ TEST_CASE("memory model reproduces the engine's bytes for single-rank layouts") 
     CHECK(predicted.params == static_cast<double>(measured.params));
     CHECK(predicted.grads == static_cast<double>(measured.grads));
     CHECK(predicted.optimizer == static_cast<double>(measured.optimizer));
-    CHECK(relative_error(predicted.activations, activations) < 0.10);
+    CHECK(predicted.activations == activations);
     CHECK(predicted.in_flight == 1);
     CHECK(predicted.overhead == 0);  // a CPU machine has no CUDA context
     CHECK(predicted.comm_buffers == 0);
@@ -114,9 +113,13 @@ TEST_CASE("memory model: recompute modes order, micro-batch scaling and sharding
         Approx(4 * act(recipe::Recompute::none, 1)).epsilon(0.01));
 
   // ZeRO-1 over 8 replicas divides the optimizer state by 8 and leaves params and grads alone.
+  // Parts are cut at row boundaries and the largest is reported: at most one row (the longest
+  // is an fc2 row of ffn_hidden elements) above an eighth.
   const planner::MemoryEstimate plain = planner::estimate_memory(r, machine, {1, 1, 8, 1, 1, 0});
   const planner::MemoryEstimate zero = planner::estimate_memory(r, machine, {1, 1, 8, 1, 1, 1});
-  CHECK(zero.optimizer == Approx(plain.optimizer / 8));
+  const double per_element = plain.optimizer / (plain.grads / 4);  // grads are f32
+  CHECK(zero.optimizer >= plain.optimizer / 8);
+  CHECK(zero.optimizer <= plain.optimizer / 8 + per_element * r.model.ffn_hidden);
   CHECK(zero.params == plain.params);
   CHECK(zero.grads == plain.grads);
 

@@ -1,0 +1,254 @@
+// The planner's memory model against the multi-rank engine. Every rank of a layout is built in
+// this one process: a Transformer's parameter table and activation arena need only the tp and ep
+// groups' size and rank, which a shape-only communicator supplies (its collectives are never
+// called while building). The planner's per-rank figure (estimate_rank_memory) must equal the
+// engine's ParamStore::bytes() and activation_bytes() exactly for tp2, pp2 (each stage with its
+// 1F1B activation slots), dp2 with ZeRO-1 (each dp rank's optimizer part), tp2 x pp2, ep2 and
+// ep2 x tp2 MoE, for gpt and llama shapes; estimate_memory must be the largest of them.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "convert.hpp"
+#include "dist/communicator.hpp"
+#include "model/model.hpp"
+#include "planner/planner.hpp"
+
+namespace {
+
+using namespace trainctl;
+using recipe::Arch;
+using recipe::Compute;
+using recipe::Recompute;
+
+// A group of `size` ranks that only knows its shape: building a model asks no more.
+class ShapeOnlyCommunicator final : public dist::Communicator {
+ public:
+  ShapeOnlyCommunicator(std::string name, int rank, int size)
+      : name_(std::move(name)), rank_(rank), size_(size) {}
+  const std::string& name() const override { return name_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(1); }
+  void all_reduce_sum(void*, size_t, tensor::DType, std::chrono::milliseconds) override { fail(); }
+  void reduce_scatter_sum(const void*, void*, size_t, tensor::DType,
+                          std::chrono::milliseconds) override {
+    fail();
+  }
+  void all_gather(const void*, void*, size_t, std::chrono::milliseconds) override { fail(); }
+  void all_to_all(const void*, void*, size_t, std::chrono::milliseconds) override { fail(); }
+  void all_to_allv(const void*, std::span<const size_t>, void*, std::span<const size_t>,
+                   std::chrono::milliseconds) override {
+    fail();
+  }
+  void send(const void*, size_t, int, uint32_t, std::chrono::milliseconds) override { fail(); }
+  void recv(void*, size_t, int, uint32_t, std::chrono::milliseconds) override { fail(); }
+  void broadcast(void*, size_t, int, std::chrono::milliseconds) override { fail(); }
+  void barrier(std::chrono::milliseconds) override { fail(); }
+
+ private:
+  [[noreturn]] static void fail() {
+    throw std::logic_error("building a model must not communicate");
+  }
+  std::string name_;
+  int rank_, size_;
+};
+
+struct ModelCase {
+  const char* name;
+  Arch arch;
+  int experts;  // 0: dense; else MoE every second layer, top 2
+  Compute compute;
+  Recompute recompute;
+  int micro_batch;
+  int global_batch;
+};
+
+recipe::Recipe recipe_for(const ModelCase& k) {
+  recipe::Recipe r = recipe::default_recipe(k.arch);
+  r.name = k.name;
+  r.model.layers = 4;
+  r.model.hidden = 64;
+  r.model.heads = 4;
+  r.model.kv_heads = k.arch == Arch::llama ? 2 : 4;  // llama: grouped-query attention
+  r.model.ffn_hidden = 160;
+  r.model.vocab = 320;
+  r.model.seq_len = 48;
+  r.moe.experts = k.experts;
+  r.moe.top_k = 2;
+  r.moe.every = 2;
+  r.precision.compute = k.compute;
+  r.parallel.recompute = k.recompute;
+  r.training.micro_batch = k.micro_batch;
+  r.training.global_batch = k.global_batch;
+  return r;
+}
+
+struct Measured {
+  double params = 0, grads = 0, optimizer = 0, activations = 0;
+  double total() const { return params + grads + optimizer + activations; }
+};
+
+// Builds the engine of global rank `rank` of `layout` as session.cpp does (ModelParallel from the
+// rank's coordinates; activation slots min(pp - stage, micro-batches); ZeRO parts = dp).
+Measured engine_rank(const recipe::Recipe& r, const planner::Layout& layout, int rank,
+                     backend::Backend& cpu) {
+  const planner::RankCoordinates at = planner::coordinates(layout, rank);
+  ShapeOnlyCommunicator tp("tp", at.tp, layout.tp), ep("ep", at.ep, layout.ep);
+  model::ModelParallel parallel;
+  if (layout.tp > 1) parallel.tp = &tp;
+  if (layout.ep > 1) parallel.ep = &ep;
+  parallel.pp_rank = at.pp;
+  parallel.pp_size = layout.pp;
+  parallel.stage_layers = r.parallel.pp_layers;
+  const int micro_batches = r.training.global_batch / (layout.micro_batch * layout.dp * layout.ep);
+  parallel.activation_slots = std::max(1, std::min(layout.pp - at.pp, micro_batches));
+  if (layout.zero == 1) {
+    parallel.zero_parts = layout.dp;
+    parallel.zero_rank = at.dp;
+  }
+  model::Transformer engine(app::to_model_config(r), cpu, layout.micro_batch, parallel);
+  const model::ParamStore::Bytes bytes = engine.params().bytes();
+  return {static_cast<double>(bytes.params), static_cast<double>(bytes.grads),
+          static_cast<double>(bytes.optimizer),
+          static_cast<double>(engine.activation_bytes().total())};
+}
+
+// Every rank of `layout`: the planner's figure for that rank equals the engine's, and
+// estimate_memory is the rank with the largest total.
+void check_every_rank(const recipe::Recipe& r, const planner::Layout& layout) {
+  std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend();
+  const topology::ClusterSpec machine = planner::cpu_machine();
+  const planner::MemoryEstimate worst = planner::estimate_memory(r, machine, layout);
+  double largest = 0;
+  int largest_stage = -1;
+  for (int rank = 0; rank < layout.world(); ++rank) {
+    INFO(r.name << " " << layout.describe() << " rank " << rank);
+    const planner::RankCoordinates at = planner::coordinates(layout, rank);
+    const Measured engine = engine_rank(r, layout, rank, *cpu);
+    const planner::MemoryEstimate predicted = planner::estimate_rank_memory(r, machine, layout, at);
+    std::printf(
+        "%-28s %-50s rank %d: params %8.0f/%8.0f optimizer %8.0f/%8.0f activations "
+        "%8.0f/%8.0f (planner/engine)\n",
+        r.name.c_str(), layout.describe().c_str(), rank, predicted.params, engine.params,
+        predicted.optimizer, engine.optimizer, predicted.activations, engine.activations);
+    CHECK(predicted.params == engine.params);
+    CHECK(predicted.grads == engine.grads);
+    CHECK(predicted.optimizer == engine.optimizer);
+    CHECK(predicted.activations == engine.activations);
+    CHECK(predicted.worst_stage == at.pp);
+    if (predicted.total() > largest) {
+      largest = predicted.total();
+      largest_stage = at.pp;
+    }
+  }
+  INFO(r.name << " " << layout.describe());
+  CHECK(worst.total() == largest);
+  CHECK(worst.worst_stage == largest_stage);
+}
+
+const ModelCase kDense[] = {
+    {"gpt fp32 none mb2", Arch::gpt, 0, Compute::fp32, Recompute::none, 2, 8},
+    {"gpt bf16 selective mb1", Arch::gpt, 0, Compute::bf16, Recompute::selective, 1, 8},
+    {"llama fp32 full mb2", Arch::llama, 0, Compute::fp32, Recompute::full, 2, 8},
+    {"llama bf16 none mb1", Arch::llama, 0, Compute::bf16, Recompute::none, 1, 8},
+};
+
+const ModelCase kMoe[] = {
+    {"moe gpt fp32 none mb2", Arch::gpt, 4, Compute::fp32, Recompute::none, 2, 8},
+    {"moe llama bf16 selective mb1", Arch::llama, 4, Compute::bf16, Recompute::selective, 1, 8},
+    {"moe llama fp32 full mb2", Arch::llama, 8, Compute::fp32, Recompute::full, 2, 8},
+};
+
+planner::Layout layout(int tp, int pp, int dp, int ep, const ModelCase& k, int zero = 0) {
+  return planner::Layout{tp, pp, dp, ep, k.micro_batch, zero, k.recompute};
+}
+
+}  // namespace
+
+TEST_CASE("memory model matches the engine on every rank of tp2 (vocab-parallel head)") {
+  for (const ModelCase& k : kDense)
+    check_every_rank(recipe_for(k), layout(2, 1, 1, 1, k));
+}
+
+TEST_CASE("memory model matches the engine on every stage of pp2 with its 1F1B slots") {
+  for (const ModelCase& k : kDense) {
+    const recipe::Recipe r = recipe_for(k);
+    check_every_rank(r, layout(1, 2, 1, 1, k));
+    // 1F1B with 8 micro-batches: stage 0 holds two in flight, the last stage one.
+    const topology::ClusterSpec machine = planner::cpu_machine();
+    CHECK(
+        planner::estimate_rank_memory(r, machine, layout(1, 2, 1, 1, k), {0, 0, 0, 0}).in_flight ==
+        2);
+    CHECK(
+        planner::estimate_rank_memory(r, machine, layout(1, 2, 1, 1, k), {0, 0, 0, 1}).in_flight ==
+        1);
+  }
+}
+
+TEST_CASE("memory model matches the engine on uneven pipeline stages (parallel.pp_layers)") {
+  for (const ModelCase& k : {kDense[0], kDense[3], kMoe[1]}) {
+    recipe::Recipe r = recipe_for(k);
+    r.parallel.pp_layers = {1, 3};  // the last stage holds most layers and the head
+    check_every_rank(r, layout(1, 2, 1, 1, k));
+  }
+}
+
+TEST_CASE("memory model matches the engine on every dp rank's ZeRO-1 part") {
+  for (const ModelCase& k : kDense) {
+    check_every_rank(recipe_for(k), layout(1, 1, 2, 1, k, 1));
+    check_every_rank(recipe_for(k), layout(1, 1, 3, 1, k, 1));  // uneven parts
+  }
+  // ZeRO-1 with pp: each stage partitions its own table.
+  check_every_rank(recipe_for(kDense[1]), layout(1, 2, 2, 1, kDense[1], 1));
+}
+
+TEST_CASE("memory model matches the engine on every rank of tp2 x pp2") {
+  for (const ModelCase& k : kDense)
+    check_every_rank(recipe_for(k), layout(2, 2, 1, 1, k));
+  check_every_rank(recipe_for(kMoe[0]), layout(2, 2, 1, 1, kMoe[0]));
+}
+
+TEST_CASE("memory model matches the engine on every rank of ep2 and ep2 x tp2 MoE layouts") {
+  for (const ModelCase& k : kMoe) {
+    check_every_rank(recipe_for(k), layout(1, 1, 1, 2, k));
+    check_every_rank(recipe_for(k), layout(2, 1, 1, 2, k));
+  }
+  check_every_rank(recipe_for(kMoe[0]), layout(1, 2, 1, 2, kMoe[0]));
+}
+
+TEST_CASE(
+    "memory model: collective buffers of ZeRO-1, tied embeddings and the vocab-parallel loss") {
+  const recipe::Recipe r = recipe_for(kDense[0]);  // gpt: tied embeddings, fp32
+  const topology::ClusterSpec machine = planner::cpu_machine();
+  const ModelCase& k = kDense[0];
+  const double N = k.micro_batch * r.model.seq_len;
+  const double wte = static_cast<double>(r.model.vocab) * r.model.hidden;
+
+  // dp2 without ZeRO: the gradients are all-reduced in place.
+  CHECK(planner::estimate_memory(r, machine, layout(1, 1, 2, 1, k)).comm_buffers == 0);
+  // ZeRO-1 on a CPU: GradSync's reduced part plus Gloo's staging of every rank's copy of it.
+  for (int dp_rank = 0; dp_rank < 2; ++dp_rank) {
+    const planner::MemoryEstimate m =
+        planner::estimate_rank_memory(r, machine, layout(1, 1, 2, 1, k, 1), {0, 0, dp_rank, 0});
+    const double part = m.optimizer / 8;  // fp32: two f32 moments per element
+    CHECK(m.comm_buffers == part * 4 + part * 2 * 4);
+  }
+  // pp2 with tied embeddings: first and last stage keep the peer's wte gradient.
+  for (int stage = 0; stage < 2; ++stage) {
+    const planner::MemoryEstimate m =
+        planner::estimate_rank_memory(r, machine, layout(1, 2, 1, 1, k), {0, 0, 0, stage});
+    CHECK(m.comm_buffers == wte * 4);
+  }
+  // tp2: the last stage's host vectors of the vocab-parallel loss (an upper bound).
+  const planner::MemoryEstimate tp =
+      planner::estimate_rank_memory(r, machine, layout(2, 1, 1, 1, k), {});
+  CHECK(tp.comm_buffers == N * (4 + 8 * (4 + 2) + 4));
+}

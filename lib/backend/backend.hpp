@@ -254,4 +254,9 @@ class Backend {
 // single-threaded loops for everything else.
 std::unique_ptr<Backend> make_cpu_backend();
 
+// The CUDA backend on GPU `device` (lib/backend/cuda). Throws std::runtime_error naming the cause
+// when this build has no CUDA or the device cannot be used; callers fall back to the CPU with
+// that message.
+std::unique_ptr<Backend> make_cuda_backend(int device, bool deterministic = true);
+
 }  // namespace trainctl::backend

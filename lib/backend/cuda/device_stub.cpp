@@ -1,8 +1,11 @@
 // The CPU-only build of device.hpp: no CUDA toolkit was found at configure time, so there is
 // nothing to detect. Each answer says so plainly rather than pretending there are no GPUs.
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "backend/cuda/device.hpp"
 
 namespace trainctl::backend {
@@ -30,6 +33,11 @@ std::vector<std::string> compiled_cuda_architectures() {
 bool gpu_cast_roundtrip_check(std::string* message) {
   if (message != nullptr) *message = kNotCompiled;
   return false;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device, bool /*deterministic*/) {
+  throw std::runtime_error("cuda backend for GPU " + std::to_string(device) +
+                           " unavailable: this build has no CUDA (" + kNotCompiled + ")");
 }
 
 }  // namespace trainctl::backend

@@ -1,0 +1,113 @@
+// The CUDA backend: every Backend op on one GPU, numerically checked against the CPU backend by
+// tests/gpu. GEMMs go through cuBLASLt (cuda_backend.cpp), everything else through the kernels of
+// kernels/ (launch wrappers in cuda_ops.cpp for elementwise/reductions/optimizer/casts and in
+// cuda_layers.cpp for norms, activations, RoPE, attention, embedding, loss and MoE).
+//
+// Execution: every op is enqueued on the backend's compute stream; the Backend contract
+// ("synchronous from the caller's point of view") holds because every op that returns a host value
+// (sum, sum_squares, all_finite, copy_to_host) synchronises the stream, and device memory is only
+// read by later ops on the same stream. Deterministic mode (the default): no float atomics, fixed
+// reduction orders, cuBLASLt without TF32 for fp32 and with a fixed algorithm per shape, so two
+// runs on the same GPU are bit-identical.
+//
+// Memory: allocate() is cudaMalloc (zero-filled with cudaMemsetAsync), called only while the model
+// plans its buffers, never in the step loop; kernels that need temporary space take it from
+// Impl::scratch, which grows only outside the step loop (reserve_scratch).
+#pragma once
+
+#include <memory>
+
+#include "backend/backend.hpp"
+
+namespace trainctl::backend::cuda {
+
+struct CudaOptions {
+  int device = 0;             // CUDA device index (a rank uses its local rank)
+  bool deterministic = true;  // see above
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaOptions& options);  // throws std::runtime_error naming the cause
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string_view name() const override { return "cuda"; }
+  Device device() const override { return Device::cuda; }
+  Capabilities capabilities() const override;
+
+  Allocation allocate(size_t bytes) override;
+  void deallocate(void* data) override;
+  void copy_to_host(void* dst, const Tensor& src) override;
+  void copy_from_host(const Tensor& dst, const void* src) override;
+
+  void cast(const Tensor& dst, const Tensor& src) override;
+  void fill(const Tensor& dst, double value) override;
+  void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void accumulate(const Tensor& dst, const Tensor& src) override;
+  void scale(const Tensor& dst, double factor) override;
+  double sum(const Tensor& src) override;
+  double sum_squares(const Tensor& src) override;
+  bool all_finite(const Tensor& src) override;
+
+  void gemm(const GemmArgs& args) override;
+  void bias_backward(const Tensor& dbias, const Tensor& dout) override;
+
+  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                         const Tensor& weight, const Tensor& bias, double eps) override;
+  void layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                          const Tensor& dout, const Tensor& x, const Tensor& weight,
+                          const Tensor& mean, const Tensor& rstd) override;
+  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                       double eps) override;
+  void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                        const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
+  void gelu_forward(const Tensor& out, const Tensor& x) override;
+  void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) override;
+  void swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
+  void swiglu_backward(const Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) override;
+  void rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads, int64_t D,
+            double theta, bool inverse) override;
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                         const AttentionShape& shape) override;
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                          const Tensor& out, const Tensor& lse,
+                          const AttentionShape& shape) override;
+  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                         const Tensor& wpe, int64_t T) override;
+  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                          const Tensor& tokens, int64_t T) override;
+  void embedding_forward_shard(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                               const Tensor& wpe, int64_t T, int64_t vocab_begin) override;
+  void embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                const Tensor& tokens, int64_t T, int64_t vocab_begin) override;
+  void cross_entropy_forward(const Tensor& losses, const Tensor& lse, const Tensor& logits,
+                             const Tensor& targets) override;
+  void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
+                              const Tensor& targets, double grad_scale) override;
+  void cross_entropy_backward_shard(const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
+                                    const Tensor& targets, int64_t vocab_begin,
+                                    double grad_scale) override;
+  RouterLosses moe_router_forward(const RouterArgs& args) override;
+  void moe_router_backward(const Tensor& dlogits, const Tensor& dgates, const RouterArgs& args,
+                           double aux_coef, double z_coef, double grad_scale) override;
+  void moe_permute(const Tensor& expert_in, const Tensor& x, const Tensor& slot) override;
+  void moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in,
+                            const Tensor& slot) override;
+  void moe_unpermute(const Tensor& out, const Tensor& expert_out, const Tensor& gates,
+                     const Tensor& slot) override;
+  void moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dgates, const Tensor& dout,
+                              const Tensor& expert_out, const Tensor& gates,
+                              const Tensor& slot) override;
+  void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
+             const Tensor& v, const AdamW& hyper) override;
+
+  struct Impl;  // cuda_backend_impl.hpp: stream, cuBLASLt handle, workspace, scratch
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trainctl::backend::cuda

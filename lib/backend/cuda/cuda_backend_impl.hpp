@@ -1,0 +1,39 @@
+// What the files of the CUDA backend share (private to lib/backend/cuda): the stream, the cuBLASLt
+// handle and workspace, a scratch buffer for kernels that need temporary device memory, and the
+// error check every CUDA call goes through.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "backend/cuda/cuda_backend.hpp"
+
+namespace trainctl::backend::cuda {
+
+struct CudaBackend::Impl {
+  int device = 0;
+  bool deterministic = true;
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;  // cuBLASLt workspace
+  size_t workspace_bytes = 0;
+  void* scratch = nullptr;  // see scratch_for()
+  size_t scratch_bytes = 0;
+  int sm_count = 0;
+  struct GemmPlans;                 // cuBLASLt plans per GEMM shape (cuda_backend.cpp)
+  GemmPlans* gemm_plans = nullptr;  // owned: freed by ~CudaBackend
+
+  // Device scratch of at least `bytes` (grows with cudaFree/cudaMalloc after synchronising the
+  // stream; the model's first step sizes it, later steps reuse it). Valid until the next call.
+  void* scratch_for(size_t bytes);
+};
+
+// Throws std::runtime_error "<op>: <what> failed: <cudaGetErrorString> (<code>)" unless ok.
+void check_cuda(cudaError_t status, std::string_view op, std::string_view what);
+void check_cublas(cublasStatus_t status, std::string_view op, std::string_view what);
+
+}  // namespace trainctl::backend::cuda

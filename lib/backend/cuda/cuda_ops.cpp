@@ -1,0 +1,179 @@
+// CudaBackend: casts, elementwise ops, reductions and AdamW: argument checks here, the kernels in
+// kernels/{elementwise,reduce,adamw}.cu. Every op is enqueued on the backend's stream; the
+// reductions copy their result back and so synchronise.
+//
+// Numerics: cast, fill, add, accumulate, scale and adamw do the CPU backend's fp32 arithmetic
+// operation for operation with one rounding per stored value, so they return the same bits.
+// sum and sum_squares accumulate in double in a fixed tree order (not the CPU's sequential
+// order): deterministic run to run, equal to the CPU's to about 1e-15 relative of sum |x|.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string_view>
+
+#include "backend/cuda/cuda_args.hpp"
+#include "backend/cuda/cuda_backend.hpp"
+#include "backend/cuda/cuda_backend_impl.hpp"
+#include "kernels/adamw.cuh"
+#include "kernels/check.cuh"
+#include "kernels/elementwise.cuh"
+#include "kernels/reduce.cuh"
+
+namespace trainctl::backend::cuda {
+
+namespace {
+
+void activate(const CudaBackend::Impl& impl, std::string_view op) {
+  check_cuda(cudaSetDevice(impl.device), op, fmt::format("cudaSetDevice({})", impl.device));
+}
+
+// Where a reduction's device-side result lives in scratch; the partials follow at kPartials.
+constexpr size_t kPartialsOffset = 256;
+
+}  // namespace
+
+void CudaBackend::cast(const Tensor& dst, const Tensor& src) {
+  constexpr std::string_view op = "cast";
+  expect_gpu(op, "src", src);
+  expect_numel(op, "dst", dst, src.numel());
+  const auto dst_type = float_type(op, "dst", dst.dtype);
+  const auto src_type = float_type(op, "src", src.dtype);
+  activate(*impl_, op);
+  check_cuda(
+      kernels::launch_cast(dst.data, dst_type, src.data, src_type, src.numel(), impl_->stream), op,
+      "the cast kernel");
+}
+
+void CudaBackend::fill(const Tensor& dst, double value) {
+  constexpr std::string_view op = "fill";
+  expect_gpu(op, "dst", dst);
+  const auto type = float_type(op, "dst", dst.dtype);
+  activate(*impl_, op);
+  check_cuda(
+      kernels::launch_fill(dst.data, type, static_cast<float>(value), dst.numel(), impl_->stream),
+      op, "the fill kernel");
+}
+
+void CudaBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  constexpr std::string_view op = "add";
+  expect_gpu(op, "out", out);
+  expect_numel(op, "a", a, out.numel());
+  expect_numel(op, "b", b, out.numel());
+  const auto out_type = float_type(op, "out", out.dtype);
+  const auto a_type = float_type(op, "a", a.dtype);
+  const auto b_type = float_type(op, "b", b.dtype);
+  activate(*impl_, op);
+  check_cuda(kernels::launch_add(out.data, out_type, a.data, a_type, b.data, b_type, out.numel(),
+                                 impl_->stream),
+             op, "the add kernel");
+}
+
+void CudaBackend::accumulate(const Tensor& dst, const Tensor& src) {
+  constexpr std::string_view op = "accumulate";
+  expect_gpu(op, "dst", dst);
+  expect_numel(op, "src", src, dst.numel());
+  const auto dst_type = float_type(op, "dst", dst.dtype);
+  const auto src_type = float_type(op, "src", src.dtype);
+  activate(*impl_, op);
+  check_cuda(kernels::launch_accumulate(dst.data, dst_type, src.data, src_type, dst.numel(),
+                                        impl_->stream),
+             op, "the accumulate kernel");
+}
+
+void CudaBackend::scale(const Tensor& dst, double factor) {
+  constexpr std::string_view op = "scale";
+  expect_gpu(op, "dst", dst);
+  const auto type = float_type(op, "dst", dst.dtype);
+  activate(*impl_, op);
+  check_cuda(
+      kernels::launch_scale(dst.data, type, static_cast<float>(factor), dst.numel(), impl_->stream),
+      op, "the scale kernel");
+}
+
+namespace {
+
+double reduce(CudaBackend::Impl& impl, const Tensor& src, kernels::ReduceKind kind,
+              std::string_view op) {
+  expect_gpu(op, "src", src);
+  const auto type = float_type(op, "src", src.dtype);
+  activate(impl, op);
+  const size_t partial_bytes = kernels::reduce_scratch_bytes(src.numel());
+  auto* scratch = static_cast<char*>(impl.scratch_for(kPartialsOffset + partial_bytes));
+  auto* result = reinterpret_cast<double*>(scratch);
+  check_cuda(kernels::launch_reduce(src.data, type, src.numel(), kind, scratch + kPartialsOffset,
+                                    partial_bytes, result, impl.stream),
+             op, "the reduction kernels");
+  double host = 0;
+  check_cuda(cudaMemcpyAsync(&host, result, sizeof(double), cudaMemcpyDeviceToHost, impl.stream),
+             op, "copying the result back");
+  check_cuda(cudaStreamSynchronize(impl.stream), op, "cudaStreamSynchronize");
+  return host;
+}
+
+}  // namespace
+
+double CudaBackend::sum(const Tensor& src) {
+  return reduce(*impl_, src, kernels::ReduceKind::sum, "sum");
+}
+
+double CudaBackend::sum_squares(const Tensor& src) {
+  return reduce(*impl_, src, kernels::ReduceKind::sum_squares, "sum_squares");
+}
+
+bool CudaBackend::all_finite(const Tensor& src) {
+  constexpr std::string_view op = "all_finite";
+  expect_gpu(op, "src", src);
+  const auto type = float_type(op, "src", src.dtype);
+  activate(*impl_, op);
+  auto* flag = static_cast<int*>(impl_->scratch_for(sizeof(int)));
+  check_cuda(kernels::launch_all_finite(src.data, type, src.numel(), flag, impl_->stream), op,
+             "the finiteness kernel");
+  int host = 0;
+  check_cuda(cudaMemcpyAsync(&host, flag, sizeof(int), cudaMemcpyDeviceToHost, impl_->stream), op,
+             "copying the result back");
+  check_cuda(cudaStreamSynchronize(impl_->stream), op, "cudaStreamSynchronize");
+  return host == 0;
+}
+
+void CudaBackend::adamw(const Tensor& param, const Tensor& master, const Tensor& grad,
+                        const Tensor& m, const Tensor& v, const AdamW& hyper) {
+  constexpr std::string_view op = "adamw";
+  expect_gpu(op, "param", param);
+  const auto param_type = float_type(op, "param", param.dtype);
+  const int64_t count = param.numel();
+  expect_dtype(op, "grad", grad, DType::f32);
+  expect_numel(op, "grad", grad, count);
+  expect_dtype(op, "m", m, DType::f32);
+  expect_numel(op, "m", m, count);
+  expect_dtype(op, "v", v, DType::f32);
+  expect_numel(op, "v", v, count);
+  if (!master.empty()) {
+    expect_dtype(op, "master", master, DType::f32);
+    expect_numel(op, "master", master, count);
+  }
+  if (hyper.step < 1) fail(op, fmt::format("step={} must count from 1", hyper.step));
+  // The same expressions, in the same types, as lib/backend/cpu/adamw.cpp: the kernel then
+  // reproduces the CPU backend's bits.
+  kernels::AdamWConstants k;
+  const auto lr = static_cast<float>(hyper.lr);
+  k.beta1 = static_cast<float>(hyper.beta1);
+  k.beta2 = static_cast<float>(hyper.beta2);
+  k.one_minus_beta1 = 1.0f - k.beta1;
+  k.one_minus_beta2 = 1.0f - k.beta2;
+  k.eps = static_cast<float>(hyper.eps);
+  k.decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay);
+  k.grad_scale = static_cast<float>(hyper.grad_scale);
+  const auto t = static_cast<double>(hyper.step);
+  const auto correction1 = static_cast<float>(1.0 - std::pow(hyper.beta1, t));
+  const auto correction2 = static_cast<float>(1.0 - std::pow(hyper.beta2, t));
+  k.step_size = lr / correction1;
+  k.inv_correction2 = 1.0f / correction2;
+  activate(*impl_, op);
+  check_cuda(kernels::launch_adamw(param.data, param_type,
+                                   master.empty() ? nullptr : master.as<float>(), grad.as<float>(),
+                                   m.as<float>(), v.as<float>(), count, k, impl_->stream),
+             op, "the AdamW kernel");
+}
+
+}  // namespace trainctl::backend::cuda

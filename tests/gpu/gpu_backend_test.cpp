@@ -1,0 +1,505 @@
+// The CUDA backend's memory, elementwise, reduction, optimizer and GEMM ops against the CPU
+// backend (tests/gpu/gpu_compare.hpp), on fresh random inputs with poisoned outputs, at odd
+// sizes and at misaligned (sliced) offsets, for f32, bf16 and f16.
+//
+// What "agree" means per op (see cuda_ops.cpp and cuda_backend.cpp for why):
+//   cast, fill, add, accumulate, scale, adamw: identical bits (same fp32 arithmetic, one
+//     rounding per stored value, no FMA contraction on either side);
+//   sum, sum_squares: within 1e-12 of sum |x| (both accumulate in double, in different orders);
+//   gemm, bias_backward: the dtype tolerance of gpu_compare.hpp (different summation orders).
+// Determinism: the same op twice on the same inputs gives identical bits.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpu_compare.hpp"
+
+using gpu_compare::Harness;
+using gpu_compare::kGpuFloatTypes;
+using gpu_compare::Twin;
+using trainctl::backend::Backend;
+using trainctl::backend::GemmArgs;
+using trainctl::tensor::DType;
+using trainctl::tensor::dtype_name;
+
+namespace {
+
+// Sizes around the 8-element vector step and the grid-stride boundaries.
+const int64_t kSizes[] = {1, 7, 8, 33, 4101, 100003};
+// Element offsets: 0 takes the vector path, 1 and 3 the scalar path of a sliced tensor.
+const int64_t kOffsets[] = {0, 1, 3};
+
+std::string name_of(DType dtype) {
+  return std::string(dtype_name(dtype));
+}
+
+}  // namespace
+
+TEST_CASE("cuda backend allocates zero-filled memory and copies round-trip") {
+  Harness h;
+  for (const int64_t n : {int64_t{1}, int64_t{13}, int64_t{1} << 20}) {
+    Twin t = h.output(DType::f32, {n});
+    for (const double v : h.values(t.gpu))
+      REQUIRE(v == 0.0);
+    h.fill_random(t);
+    GPU_EXPECT_IDENTICAL(h, t, "round trip of " << n << " floats");
+  }
+  CHECK(h.gpu().name() == "cuda");
+  CHECK(h.gpu().capabilities().supports(DType::bf16));
+  CHECK_FALSE(h.gpu().capabilities().supports(DType::f64));
+}
+
+TEST_CASE("cuda cast matches the CPU bit for bit for every pair of dtypes") {
+  Harness h;
+  for (const DType from : kGpuFloatTypes) {
+    for (const DType to : kGpuFloatTypes) {
+      for (const int64_t n : kSizes) {
+        for (const int64_t offset : kOffsets) {
+          // Wide magnitudes: bf16/f16 overflow, subnormals and rounding ties all occur.
+          Twin src = h.random(from, {n}, offset, 1e-8, 7e4);
+          Twin dst = h.output(to, {n}, offset == 0 ? 0 : offset + 1);
+          h.poison(dst);
+          h.cpu().cast(dst.cpu, src.cpu);
+          h.gpu().cast(dst.gpu, src.gpu);
+          GPU_EXPECT_IDENTICAL(
+              h, dst,
+              name_of(from) << " -> " << name_of(to) << ", n " << n << ", offset " << offset);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda fill rounds the value as the CPU does") {
+  Harness h;
+  for (const DType dtype : kGpuFloatTypes) {
+    for (const double value : {0.1, -3.7, 1e-30, 1e30, 65519.0}) {
+      for (const int64_t offset : kOffsets) {
+        Twin t = h.output(dtype, {4101}, offset);
+        h.poison(t);
+        h.cpu().fill(t.cpu, value);
+        h.gpu().fill(t.gpu, value);
+        GPU_EXPECT_IDENTICAL(h, t, "fill " << name_of(dtype) << " with " << value);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda add matches the CPU bit for bit for every dtype combination") {
+  Harness h;
+  for (const DType out_type : kGpuFloatTypes) {
+    for (const DType a_type : kGpuFloatTypes) {
+      for (const DType b_type : kGpuFloatTypes) {
+        for (const int64_t n : {int64_t{7}, int64_t{4101}, int64_t{100003}}) {
+          for (const int64_t offset : {int64_t{0}, int64_t{3}}) {
+            Twin a = h.random(a_type, {n}, offset);
+            Twin b = h.random(b_type, {n});
+            Twin out = h.output(out_type, {n}, offset);
+            h.poison(out);
+            h.cpu().add(out.cpu, a.cpu, b.cpu);
+            h.gpu().add(out.gpu, a.gpu, b.gpu);
+            GPU_EXPECT_IDENTICAL(h, out,
+                                 name_of(out_type)
+                                     << " = " << name_of(a_type) << " + " << name_of(b_type)
+                                     << ", n " << n << ", offset " << offset);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda add works in place (out is a)") {
+  Harness h;
+  for (const DType dtype : kGpuFloatTypes) {
+    Twin a = h.random(dtype, {100003});
+    Twin b = h.random(dtype, {100003});
+    h.cpu().add(a.cpu, a.cpu, b.cpu);
+    h.gpu().add(a.gpu, a.gpu, b.gpu);
+    GPU_EXPECT_IDENTICAL(h, a, "in-place add " << name_of(dtype));
+  }
+}
+
+TEST_CASE("cuda accumulate matches the CPU bit for bit") {
+  Harness h;
+  for (const DType dst_type : kGpuFloatTypes) {
+    for (const DType src_type : kGpuFloatTypes) {
+      for (const int64_t n : kSizes) {
+        for (const int64_t offset : kOffsets) {
+          Twin dst = h.random(dst_type, {n}, offset);
+          Twin src = h.random(src_type, {n}, offset == 0 ? 0 : 2);
+          h.cpu().accumulate(dst.cpu, src.cpu);
+          h.gpu().accumulate(dst.gpu, src.gpu);
+          GPU_EXPECT_IDENTICAL(h, dst,
+                               name_of(dst_type) << " += " << name_of(src_type) << ", n " << n
+                                                 << ", offset " << offset);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda scale matches the CPU bit for bit") {
+  Harness h;
+  for (const DType dtype : kGpuFloatTypes) {
+    for (const int64_t n : kSizes) {
+      for (const int64_t offset : kOffsets) {
+        for (const double factor : {0.3, -1.7e3, 1.0 / 65536}) {
+          Twin t = h.random(dtype, {n}, offset);
+          h.cpu().scale(t.cpu, factor);
+          h.gpu().scale(t.gpu, factor);
+          GPU_EXPECT_IDENTICAL(
+              h, t, name_of(dtype) << " *= " << factor << ", n " << n << ", offset " << offset);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda sum and sum_squares agree with the CPU's f64 sums and repeat exactly") {
+  Harness h;
+  for (const DType dtype : kGpuFloatTypes) {
+    for (const int64_t n : {int64_t{1}, int64_t{33}, int64_t{4101}, int64_t{3000017}}) {
+      for (const int64_t offset : {int64_t{0}, int64_t{1}}) {
+        Twin x = h.random(dtype, {n}, offset);
+        double sum_abs = 0;
+        for (const double v : h.values(x.cpu))
+          sum_abs += std::fabs(v);
+        const double cpu_sum = h.cpu().sum(x.cpu);
+        const double gpu_sum = h.gpu().sum(x.gpu);
+        const double cpu_squares = h.cpu().sum_squares(x.cpu);
+        const double gpu_squares = h.gpu().sum_squares(x.gpu);
+        INFO(name_of(dtype) << ", n " << n << ", offset " << offset << ": sum gpu " << gpu_sum
+                            << " cpu " << cpu_sum << "; squares gpu " << gpu_squares << " cpu "
+                            << cpu_squares << "; sum |x| " << sum_abs);
+        CHECK(std::fabs(gpu_sum - cpu_sum) <= 1e-12 * sum_abs);
+        CHECK(std::fabs(gpu_squares - cpu_squares) <= 1e-12 * cpu_squares);
+        CHECK(h.gpu().sum(x.gpu) == gpu_sum);  // bit-identical repeat
+        CHECK(h.gpu().sum_squares(x.gpu) == gpu_squares);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda all_finite finds one inf or NaN anywhere") {
+  Harness h;
+  for (const DType dtype : kGpuFloatTypes) {
+    for (const int64_t n : {int64_t{1}, int64_t{4101}, int64_t{1000003}}) {
+      for (const int64_t offset : {int64_t{0}, int64_t{3}}) {
+        Twin x = h.random(dtype, {n}, offset);
+        INFO(name_of(dtype) << ", n " << n << ", offset " << offset);
+        CHECK(h.gpu().all_finite(x.gpu));
+        for (const int64_t at : {int64_t{0}, n / 2, n - 1}) {
+          for (const double bad : {INFINITY, -INFINITY, NAN}) {
+            std::vector<double> values = h.random_values(n);
+            values[static_cast<size_t>(at)] = bad;
+            h.upload(x, values);
+            INFO("non-finite " << bad << " at " << at);
+            CHECK_FALSE(h.gpu().all_finite(x.gpu));
+            CHECK_FALSE(h.cpu().all_finite(x.cpu));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda adamw matches the CPU bit for bit, with and without master weights") {
+  Harness h;
+  Backend::AdamW hyper{};
+  hyper.lr = 3e-3;
+  hyper.beta1 = 0.9;
+  hyper.beta2 = 0.95;
+  hyper.eps = 1e-8;
+  hyper.weight_decay = 0.1;
+  hyper.grad_scale = 0.37;
+  for (const DType dtype : kGpuFloatTypes) {
+    for (const bool with_master : {false, true}) {
+      for (const int64_t n : kSizes) {
+        for (const int64_t offset : {int64_t{0}, int64_t{1}}) {
+          Twin param = h.random(dtype, {n}, offset);
+          Twin master = h.output(DType::f32, {n}, offset);
+          if (with_master) {
+            h.cpu().cast(master.cpu, param.cpu);
+            h.gpu().cast(master.gpu, param.gpu);
+          }
+          Twin grad = h.random(DType::f32, {n}, offset, 1e-4, 3.0);
+          Twin m = h.output(DType::f32, {n}, offset);
+          Twin v = h.output(DType::f32, {n}, offset);
+          const trainctl::tensor::Tensor no_master;
+          for (int64_t step = 1; step <= 3; ++step) {
+            hyper.step = step;
+            h.fill_random(grad, 1e-4, 3.0);
+            h.cpu().adamw(param.cpu, with_master ? master.cpu : no_master, grad.cpu, m.cpu, v.cpu,
+                          hyper);
+            h.gpu().adamw(param.gpu, with_master ? master.gpu : no_master, grad.gpu, m.gpu, v.gpu,
+                          hyper);
+          }
+          INFO(name_of(dtype) << (with_master ? " with" : " without") << " master, n " << n
+                              << ", offset " << offset << ", 3 steps");
+          GPU_EXPECT_IDENTICAL(h, param, "param");
+          GPU_EXPECT_IDENTICAL(h, m, "m");
+          GPU_EXPECT_IDENTICAL(h, v, "v");
+          if (with_master) GPU_EXPECT_IDENTICAL(h, master, "master");
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+struct GemmCase {
+  int64_t m = 1, n = 1, k = 1;
+  bool trans_a = false, trans_b = false;
+  int64_t batch = 1;
+  DType ab = DType::f32;
+  DType c = DType::f32;
+  bool bias = false;
+  DType bias_dtype = DType::f32;
+  double alpha = 1.0, beta = 0.0;
+  int64_t offset = 0;  // elements: misaligns a, b, c and bias when not 0
+
+  std::string describe() const {
+    return "m " + std::to_string(m) + " n " + std::to_string(n) + " k " + std::to_string(k) +
+           (trans_a ? " A^T" : "") + (trans_b ? " B^T" : "") + " batch " + std::to_string(batch) +
+           " " + name_of(ab) + "->" + name_of(c) + (bias ? " bias " + name_of(bias_dtype) : "") +
+           " alpha " + std::to_string(alpha) + " beta " + std::to_string(beta) + " offset " +
+           std::to_string(offset);
+  }
+};
+
+// Runs the case on both backends; returns the output twin (compared by the caller).
+Twin run_gemm(Harness& h, const GemmCase& g) {
+  // Batch strides a few elements longer than one matrix, so strides are honoured, not assumed.
+  const int64_t pad = g.batch > 1 ? 5 : 0;
+  const int64_t stride_a = g.m * g.k + pad, stride_b = g.k * g.n + pad, stride_c = g.m * g.n + pad;
+  Twin a = h.random(g.ab, {(g.batch - 1) * stride_a + g.m * g.k}, g.offset);
+  Twin b = h.random(g.ab, {(g.batch - 1) * stride_b + g.k * g.n}, g.offset);
+  Twin c = g.beta != 0 ? h.random(g.c, {(g.batch - 1) * stride_c + g.m * g.n}, g.offset)
+                       : h.output(g.c, {(g.batch - 1) * stride_c + g.m * g.n}, g.offset);
+  if (g.beta == 0) h.poison(c);  // the padding stays poisoned on the GPU: compared below
+  Twin bias;
+  if (g.bias) bias = h.random(g.bias_dtype, {g.n}, g.offset);
+  for (int side = 0; side < 2; ++side) {
+    const bool gpu = side == 1;
+    GemmArgs args;
+    args.a = gpu ? a.gpu : a.cpu;
+    args.b = gpu ? b.gpu : b.cpu;
+    args.c = gpu ? c.gpu : c.cpu;
+    if (g.bias) args.bias = gpu ? bias.gpu : bias.cpu;
+    args.trans_a = g.trans_a;
+    args.trans_b = g.trans_b;
+    args.m = g.m;
+    args.n = g.n;
+    args.k = g.k;
+    args.alpha = g.alpha;
+    args.beta = g.beta;
+    args.batch = g.batch;
+    args.stride_a = stride_a;
+    args.stride_b = stride_b;
+    args.stride_c = stride_c;
+    (gpu ? h.gpu() : h.cpu()).gemm(args);
+  }
+  return c;
+}
+
+// Compares only the batch matrices of c (the padding between them is never written).
+void expect_gemm_close(Harness& h, const GemmCase& g, const Twin& c) {
+  const int64_t stride_c = g.m * g.n + (g.batch > 1 ? 5 : 0);
+  const std::vector<double> gpu_all = h.values(c.gpu);
+  const std::vector<double> cpu_all = h.values(c.cpu);
+  std::vector<double> gpu_values, cpu_values;
+  for (int64_t p = 0; p < g.batch; ++p) {
+    for (int64_t i = 0; i < g.m * g.n; ++i) {
+      gpu_values.push_back(gpu_all[static_cast<size_t>(p * stride_c + i)]);
+      cpu_values.push_back(cpu_all[static_cast<size_t>(p * stride_c + i)]);
+    }
+  }
+  const auto result = Harness::compare_values(gpu_values, cpu_values, g.c);
+  INFO(g.describe() << ": " << result.report << " [seed " << h.seed() << "]");
+  CHECK(result.ok);
+}
+
+}  // namespace
+
+TEST_CASE("cuda gemm matches the CPU for every transpose, dtype and size") {
+  Harness h;
+  const int64_t shapes[][3] = {{1, 1, 1},       {1, 7, 3},        {5, 1, 9},
+                               {7, 13, 33},     {64, 64, 64},     {127, 65, 31},
+                               {128, 256, 512}, {512, 768, 1024}, {1024, 1, 768}};
+  for (const DType ab : kGpuFloatTypes) {
+    for (const auto& shape : shapes) {
+      for (int trans = 0; trans < 4; ++trans) {
+        GemmCase g;
+        g.m = shape[0];
+        g.n = shape[1];
+        g.k = shape[2];
+        g.trans_a = (trans & 1) != 0;
+        g.trans_b = (trans & 2) != 0;
+        g.ab = ab;
+        g.c = ab;
+        expect_gemm_close(h, g, run_gemm(h, g));
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda gemm accumulates 16-bit products into f32 with beta 1 (weight gradients)") {
+  Harness h;
+  for (const DType ab : kGpuFloatTypes) {
+    for (const double alpha : {1.0, 0.25}) {
+      GemmCase g;
+      g.m = 768;
+      g.n = 320;
+      g.k = 1000;
+      g.trans_a = true;  // dW = dout^T x: the layout the model uses
+      g.ab = ab;
+      g.c = DType::f32;
+      g.alpha = alpha;
+      g.beta = 1.0;
+      expect_gemm_close(h, g, run_gemm(h, g));
+      g.trans_a = false;
+      g.trans_b = true;
+      g.m = 33;
+      expect_gemm_close(h, g, run_gemm(h, g));
+    }
+  }
+}
+
+TEST_CASE("cuda gemm adds the bias to every row, in the dtype of c or of a") {
+  Harness h;
+  for (const DType ab : kGpuFloatTypes) {
+    for (const DType c : {ab, DType::f32}) {
+      for (const DType bias : {c, ab}) {
+        for (const int64_t offset : {int64_t{0}, int64_t{1}}) {
+          GemmCase g;
+          g.m = 67;
+          g.n = 96;
+          g.k = 200;
+          g.trans_b = true;  // y = x W^T + b
+          g.ab = ab;
+          g.c = c;
+          g.bias = true;
+          g.bias_dtype = bias;
+          g.offset = offset;
+          expect_gemm_close(h, g, run_gemm(h, g));
+          g.beta = 1.0;  // bias on top of an accumulation
+          expect_gemm_close(h, g, run_gemm(h, g));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda gemm runs batches at the given strides") {
+  Harness h;
+  for (const DType ab : kGpuFloatTypes) {
+    for (int trans = 0; trans < 4; ++trans) {
+      GemmCase g;
+      g.m = 64;
+      g.n = 48;
+      g.k = 80;
+      g.batch = 6;
+      g.trans_a = (trans & 1) != 0;
+      g.trans_b = (trans & 2) != 0;
+      g.ab = ab;
+      g.c = ab;
+      g.bias = trans == 3;
+      g.bias_dtype = ab;
+      expect_gemm_close(h, g, run_gemm(h, g));
+    }
+  }
+}
+
+TEST_CASE("cuda gemm takes misaligned (sliced) operands") {
+  Harness h;
+  for (const DType ab : kGpuFloatTypes) {
+    for (const int64_t offset : {int64_t{1}, int64_t{3}}) {
+      GemmCase g;
+      g.m = 33;
+      g.n = 17;
+      g.k = 65;
+      g.ab = ab;
+      g.c = ab;
+      g.offset = offset;
+      expect_gemm_close(h, g, run_gemm(h, g));
+    }
+  }
+}
+
+TEST_CASE("cuda gemm repeats bit for bit") {
+  Harness h;
+  for (const DType ab : kGpuFloatTypes) {
+    const int64_t m = 512, n = 768, k = 1024;
+    Twin a = h.random(ab, {m * k});
+    Twin b = h.random(ab, {n * k});
+    Twin bias = h.random(ab, {n});
+    Twin out1 = h.output(ab, {m * n});
+    Twin out2 = h.output(ab, {m * n});
+    h.poison(out1);
+    h.poison(out2);
+    GemmArgs args;
+    args.a = a.gpu;
+    args.b = b.gpu;
+    args.bias = bias.gpu;
+    args.trans_b = true;
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    args.c = out1.gpu;
+    h.gpu().gemm(args);
+    args.c = out2.gpu;
+    h.gpu().gemm(args);
+    INFO(name_of(ab));
+    CHECK(h.bytes(out1.gpu) == h.bytes(out2.gpu));
+    CHECK(h.gpu().all_finite(out1.gpu));  // written everywhere: no poison left
+  }
+}
+
+TEST_CASE("cuda bias_backward accumulates column sums like the CPU, repeatably") {
+  Harness h;
+  for (const DType dtype : kGpuFloatTypes) {
+    for (const auto& shape :
+         {std::pair<int64_t, int64_t>{1, 1}, {7, 33}, {1000, 96}, {4099, 768}, {64, 50257}}) {
+      for (const int64_t offset : {int64_t{0}, int64_t{1}}) {
+        const auto [rows, cols] = shape;
+        Twin dout = h.random(dtype, {rows, cols}, offset);
+        Twin dbias = h.random(DType::f32, {cols}, offset);  // += onto existing values
+        Twin dbias_again = h.output(DType::f32, {cols});
+        h.gpu().copy_from_host(dbias_again.gpu, h.bytes(dbias.gpu).data());
+        h.cpu().bias_backward(dbias.cpu, dout.cpu);
+        h.gpu().bias_backward(dbias.gpu, dout.gpu);
+        // f32 tolerance on f32 sums of 16-bit inputs too: dbias is f32 (G) in every case.
+        GPU_EXPECT_CLOSE(h, dbias,
+                         name_of(dtype)
+                             << " rows " << rows << " cols " << cols << " offset " << offset);
+        h.gpu().bias_backward(dbias_again.gpu, dout.gpu);
+        CHECK(h.bytes(dbias_again.gpu) == h.bytes(dbias.gpu));
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda ops reject host tensors and dtypes they do not compute on") {
+  Harness h;
+  Twin x = h.random(DType::f32, {16});
+  CHECK_THROWS_AS(h.gpu().scale(x.cpu, 2.0), std::invalid_argument);
+  Twin wide = h.output(DType::f32, {16});
+  trainctl::tensor::Tensor as_f64 = wide.gpu;
+  as_f64.dtype = DType::f64;
+  as_f64.shape = {8};
+  CHECK_THROWS_WITH(h.gpu().sum(as_f64), Catch::Contains("f64"));
+  GemmArgs args;
+  args.a = x.gpu;
+  args.b = x.gpu;
+  args.c = x.gpu;
+  args.m = 4;
+  args.n = 4;
+  args.k = 5;  // a has 16 elements, needs 20
+  CHECK_THROWS_WITH(h.gpu().gemm(args), Catch::Contains("needs 20"));
+}

@@ -27,6 +27,7 @@
 #include "launch/local.hpp"
 #include "launch/rank_env.hpp"
 #include "launch/signals.hpp"
+#include "launch/store_address.hpp"
 #include "model/model.hpp"
 #include "model/parallel.hpp"
 #include "telemetry/telemetry.hpp"
@@ -51,11 +52,19 @@ int bad_input(const std::string& command, const std::string& message) {
 std::vector<recipe::Problem> unsupported_in_this_build(const recipe::LoadedRecipe& loaded) {
   const recipe::Recipe& r = loaded.recipe;
   std::vector<recipe::Problem> problems;
-  if (r.cluster.device == recipe::Device::cuda)
-    problems.push_back(loaded.origins.problem(
-        "cluster.device",
-        "the CUDA training backend is not part of this build yet; use cluster.device: auto or "
-        "cpu"));
+  if (r.cluster.device == recipe::Device::cuda) {
+    const backend::DeviceReport devices = backend::detect_gpus();
+    if (!devices.cuda_compiled)
+      problems.push_back(loaded.origins.problem(
+          "cluster.device",
+          "this build has no CUDA (no nvcc when it was configured); use cluster.device: auto or "
+          "cpu, or rebuild where the CUDA toolkit is installed"));
+    else if (devices.gpus.empty())
+      problems.push_back(loaded.origins.problem(
+          "cluster.device",
+          "this machine has no usable GPU (`trainctl version` says why); use "
+          "cluster.device: auto or cpu"));
+  }
   return problems;
 }
 
@@ -204,20 +213,33 @@ std::optional<ckpt::ScanEntry> load_newest_intact(const std::vector<ckpt::ScanEn
 }
 
 // The rendezvous store of a multi-rank job: a FileStore in the folder the launcher named, else in
-// the run directory, namespaced by the job attempt.
+// the run directory; without a shared file system under Slurm, a TCP store that rank 0 serves on
+// the first node (launch/store_address.hpp). Namespaced by the job attempt.
 struct Rendezvous {
-  std::unique_ptr<dist::FileStore> files;
+  std::unique_ptr<dist::TcpStoreServer> server;  // rank 0's, when the store is TCP
+  std::unique_ptr<dist::Store> base;
   std::unique_ptr<dist::PrefixStore> store;
+  std::string how;  // for the log
 };
-Rendezvous open_rendezvous(const launch::RankInfo& rank, const fs::path& run_dir) {
+Rendezvous open_rendezvous(const launch::RankInfo& rank, const fs::path& run_dir, bool shared_fs,
+                           std::chrono::milliseconds timeout) {
   Rendezvous rv;
-  const fs::path dir =
-      rank.rendezvous.empty() ? run_dir / "rendezvous" / rank.job_id : fs::path(rank.rendezvous);
-  rv.files = std::make_unique<dist::FileStore>(dir.string());
+  if (!shared_fs && rank.source == launch::RankSource::slurm) {
+    const launch::StoreAddress address =
+        launch::tcp_store_address(rank, [](const char* name) { return std::getenv(name); });
+    if (rank.rank == 0) rv.server = std::make_unique<dist::TcpStoreServer>("", address.port);
+    rv.base = std::make_unique<dist::TcpStore>(address.host, address.port, timeout);
+    rv.how = fmt::format("{} ({})", rv.base->describe(), address.how);
+  } else {
+    const fs::path dir =
+        rank.rendezvous.empty() ? run_dir / "rendezvous" / rank.job_id : fs::path(rank.rendezvous);
+    rv.base = std::make_unique<dist::FileStore>(dir.string());
+    rv.how = rv.base->describe();
+  }
   std::string job = rank.job_id;
   std::replace(job.begin(), job.end(), '/', '_');
   rv.store = std::make_unique<dist::PrefixStore>(
-      dist::job_store(*rv.files, job.empty() ? "job" : job, rank.restart_count));
+      dist::job_store(*rv.base, job.empty() ? "job" : job, rank.restart_count));
   return rv;
 }
 
@@ -247,6 +269,9 @@ int train_session(SessionInput input, const std::string& command) {
   const bool multi = rank_info.world_size > 1;
   const int rank = rank_info.rank;
   const bool leader = rank == 0;  // writes the run's files and shows progress
+  // From the start: Slurm may signal a job (time limit, preemption) while it is still loading,
+  // and an unhandled SIGUSR1 would kill the rank instead of saving after the first step.
+  launch::StopSignals stop;
 
   // ---- 1. input that depends on the environment: the data ----
   const backend::DeviceReport devices = backend::detect_gpus();
@@ -300,7 +325,9 @@ int train_session(SessionInput input, const std::string& command) {
     model::ModelParallel parallel;
     const train::TrainConfig train_config = to_train_config(r);
     if (multi) {
-      rendezvous = open_rendezvous(rank_info, run_dir);
+      rendezvous = open_rendezvous(
+          rank_info, run_dir, r.cluster.shared_fs,
+          std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s * 1000.0)));
       dist::Layout layout;
       layout.tp = r.parallel.tp;
       layout.ep = r.parallel.ep;
@@ -326,7 +353,23 @@ int train_session(SessionInput input, const std::string& command) {
         parallel.zero_rank = at.dp;
       }
     }
-    std::unique_ptr<backend::Backend> be = backend::make_cpu_backend();
+    // cluster.device: cuda runs the CUDA backend on this rank's GPU (its local rank); auto stays
+    // on the CPU until tests/gpu has passed on a GPU (docs/cuda.md).
+    const bool on_cuda = r.cluster.device == recipe::Device::cuda;
+    std::unique_ptr<backend::Backend> be;
+    if (on_cuda) {
+      const int rank_gpu =
+          launch::device_for_rank(rank_info, static_cast<int>(devices.gpus.size()));
+      try {
+        be = backend::make_cuda_backend(rank_gpu >= 0 ? rank_gpu : rank_info.local_rank,
+                                        r.determinism.deterministic);
+      } catch (const std::exception& e) {
+        return fail(fmt::format("cluster.device: cuda: {} ({})", e.what(), devices.status),
+                    kExitFailure);
+      }
+    } else {
+      be = backend::make_cpu_backend();
+    }
     const model::ModelConfig model_config = to_model_config(r);
     model::Transformer model(model_config, *be, r.training.micro_batch, parallel);
     model.params().initialize(static_cast<uint64_t>(r.determinism.seed));
@@ -415,18 +458,27 @@ int train_session(SessionInput input, const std::string& command) {
     };
     for (const std::string& note : input.notes)
       say(note);
+    if (multi || rank_info.launched()) say(launch::describe_rank(rank_info));
     if (multi)
-      say(fmt::format("rank {} of {} ({}; {}), {}, rendezvous {}", rank, rank_info.world_size,
-                      mesh->layout().to_string(),
+      say(fmt::format("{} ({}), rendezvous {}", mesh->layout().to_string(),
                       fmt::format("tp rank {}, ep rank {}, dp rank {}, pp stage {}",
                                   mesh->groups().coordinates.tp, mesh->groups().coordinates.ep,
                                   mesh->groups().coordinates.dp, mesh->groups().coordinates.pp),
-                      fmt::format("launched by {}", launch::rank_source_name(rank_info.source)),
-                      rendezvous.files->dir()));
+                      rendezvous.how));
+    // The GPU follows the local rank (one rank per GPU of the node); the CUDA backend takes it.
+    const int gpu_count = static_cast<int>(devices.gpus.size());
+    const int gpu = launch::device_for_rank(rank_info, gpu_count);
     say(devices.gpus.empty()
             ? fmt::format("device: {}, using CPU", devices.status)
-            : fmt::format("device: {}; the CUDA training backend is not available yet, using CPU",
-                          devices.status));
+            : fmt::format(
+                  "device: {}; this rank's GPU: {}; {}", devices.status,
+                  gpu >= 0
+                      ? fmt::format("index {} (local rank {})", gpu, rank_info.local_rank)
+                      : fmt::format("none: local rank {} but {} GPU{} visible",
+                                    rank_info.local_rank, gpu_count, gpu_count == 1 ? "" : "s"),
+                  on_cuda ? "using the CUDA backend"
+                          : "using CPU (the CUDA backend is opt-in, cluster.device: cuda, until "
+                            "tests/gpu has passed on a GPU)"));
     say(fmt::format("model: {} ({} parameters{}, {})", model::describe(model_config),
                     telemetry::format_count(static_cast<uint64_t>(model.params().table().numel())),
                     multi ? " on this rank" : "", tensor::dtype_name(model_config.storage)));
@@ -458,7 +510,8 @@ int train_session(SessionInput input, const std::string& command) {
     writer_options.timeout =
         std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s * 1000.0));
     ckpt::CheckpointWriter writer(checkpoints_dir, writer_options);
-    launch::StopSignals stop;
+    // cluster.shared_fs: false: rank 0 could not see the other ranks' shards to commit them.
+    const bool saves = r.cluster.shared_fs;
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     auto last_save = start;
@@ -518,10 +571,10 @@ int train_session(SessionInput input, const std::string& command) {
         // Every rank must stop after, and save, the same step: a signal may reach one rank
         // first, and a time-based cadence is measured by each rank's own clock.
         double votes[2] = {stop.requested() ? 1.0 : 0.0,
-                           policy.due(m.step, since_save, false) ? 1.0 : 0.0};
+                           saves && policy.due(m.step, since_save, false) ? 1.0 : 0.0};
         if (mesh) mesh->world().all_reduce_sum(std::span<double>(votes, 2));
         stopping = votes[0] > 0;
-        if (votes[1] > 0 || stopping) {
+        if (saves && (votes[1] > 0 || stopping)) {
           if (tensorboard) tensorboard->flush();
           const auto before = Clock::now();
           ckpt::SaveRequest request = train::capture_checkpoint(
@@ -551,6 +604,14 @@ int train_session(SessionInput input, const std::string& command) {
     if (tensorboard) tensorboard->flush();
 
     // ---- 5. summary ----
+    if (stopping && last.step < r.training.steps && !saves) {
+      say(
+          fmt::format("stopped by {} after step {} without a checkpoint (cluster.shared_fs: false "
+                      "turns them off): the run cannot be continued",
+                      stop.requested() ? stop.name() : "a stop signal of another rank", last.step));
+      std::fclose(log_file);
+      return kExitFailure;
+    }
     if (stopping && last.step < r.training.steps) {  // a signal after the last step: done
       say(fmt::format(
           "stopped by {} after step {}, checkpoint saved; continue with: trainctl resume {}",

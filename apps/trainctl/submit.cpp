@@ -114,6 +114,14 @@ int run_submit(const SubmitOptions& options) {
             "values into the recipe")},
         options.recipe_path);
 
+  // Every bad slurm.* value at once, at the line (or --set) that wrote it, as validate shows them.
+  if (const auto slurm_problems = launch::check_slurm_recipe(r); !slurm_problems.empty()) {
+    std::vector<recipe::Problem> problems;
+    for (const launch::SbatchError& e : slurm_problems)
+      problems.push_back(loaded.origins.problem(e.key(), e.reason()));
+    return report_problems(problems, options.recipe_path);
+  }
+
   fs::path run_dir =
       fs::absolute(options.run_dir.empty() ? fs::path("runs") / r.name : fs::path(options.run_dir))
           .lexically_normal();
@@ -129,8 +137,7 @@ int run_submit(const SubmitOptions& options) {
   } catch (const launch::SbatchError& e) {
     const std::string message = e.what();
     if (recipe::find_key(e.key()) != nullptr)
-      return report_problems({loaded.origins.problem(e.key(), message.substr(e.key().size() + 2))},
-                             options.recipe_path);
+      return report_problems({loaded.origins.problem(e.key(), e.reason())}, options.recipe_path);
     return bad_input(kCommand, message);
   }
   const std::string script = launch::render_sbatch(job);

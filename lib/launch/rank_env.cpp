@@ -114,6 +114,7 @@ RankInfo rank_info_from_environment(const Getenv& getenv) {
   const Env env(getenv);
   RankInfo info;
   info.hostname = host_name();
+  info.node = info.hostname;
   info.node_list = info.hostname;
   if (env.has(kEnvRank) || env.has(kEnvWorldSize)) {
     const char* src = "the trainctl launcher";
@@ -125,6 +126,7 @@ RankInfo rank_info_from_environment(const Getenv& getenv) {
     info.rendezvous = env.text(kEnvRendezvous);
     if (env.has(kEnvJobId)) info.job_id = env.text(kEnvJobId);
     check_ranks(info, kEnvRank, kEnvWorldSize, src);
+    info.device_index = info.local_rank;
     return info;
   }
   if (env.has("SLURM_PROCID") && env.has("SLURM_NTASKS") &&
@@ -146,12 +148,18 @@ RankInfo rank_info_from_environment(const Getenv& getenv) {
       break;
     }
     if (info.local_world_size < 0) info.local_world_size = info.world_size;
-    if (env.has("SLURM_NODELIST")) info.node_list = env.text("SLURM_NODELIST");
+    if (env.has("SLURMD_NODENAME")) info.node = env.text("SLURMD_NODENAME");
+    for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_NODELIST"}) {
+      if (!env.has(name)) continue;
+      info.node_list = env.text(name);
+      break;
+    }
     info.job_id = "slurm-" + env.text("SLURM_JOB_ID") + "." +
                   env.text(env.has("SLURM_STEP_ID") ? "SLURM_STEP_ID" : "SLURM_STEPID");
     info.restart_count = env.integer_or("SLURM_RESTART_COUNT", src, 0);
     info.rendezvous = env.text(kEnvRendezvous);
     check_ranks(info, "SLURM_PROCID", "SLURM_NTASKS", src);
+    info.device_index = info.local_rank;
     return info;
   }
   if (env.has("RANK") && env.has("WORLD_SIZE")) {
@@ -166,9 +174,23 @@ RankInfo rank_info_from_environment(const Getenv& getenv) {
     info.restart_count = env.integer_or("TORCHELASTIC_RESTART_COUNT", src, 0);
     info.rendezvous = env.text(kEnvRendezvous);
     check_ranks(info, "RANK", "WORLD_SIZE", src);
+    info.device_index = info.local_rank;
     return info;
   }
   return info;
+}
+
+std::string describe_rank(const RankInfo& info) {
+  return "rank " + std::to_string(info.rank) + " of " + std::to_string(info.world_size) +
+         " (local rank " + std::to_string(info.local_rank) + " of " +
+         std::to_string(info.local_world_size) + ") on " + info.node + ", via " +
+         rank_source_name(info.source);
+}
+
+int device_for_rank(const RankInfo& info, int visible_gpus) {
+  if (visible_gpus <= 0) return -1;
+  if (visible_gpus == 1) return 0;
+  return info.device_index < visible_gpus ? info.device_index : -1;
 }
 
 RankInfo rank_info_from_environment() {

@@ -18,8 +18,13 @@ struct RankInfo {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
-  std::string hostname;   // this node
-  std::string node_list;  // Slurm's SLURM_NODELIST (compressed form), else the hostname
+  std::string hostname;  // this machine (gethostname)
+  // This node by the launcher's name for it: Slurm's SLURMD_NODENAME (the name in the node list,
+  // which may differ from the hostname), else the hostname.
+  std::string node;
+  // The nodes of the job step in Slurm's compressed form (SLURM_STEP_NODELIST, else
+  // SLURM_NODELIST: "node[1-2]"), else the hostname. Expand with expand_slurm_nodelist().
+  std::string node_list;
   RankSource source = RankSource::none;
   // Where the ranks rendezvous: a folder for a dist::FileStore shared by all ranks, fresh for
   // each launch attempt (TRAINCTL_RENDEZVOUS); empty: the caller picks one in the run directory.
@@ -29,6 +34,9 @@ struct RankInfo {
   // TORCHELASTIC_RESTART_COUNT.
   std::string job_id = "local";
   int restart_count = 0;
+  // The GPU this rank drives where the node has GPUs: its local rank (one rank per GPU, ranks of
+  // a node numbered 0.. by the launcher). The CUDA backend takes it; see device_for_rank().
+  int device_index = 0;
 
   bool launched() const { return source != RankSource::none; }
 };
@@ -58,6 +66,15 @@ using Getenv = std::function<const char*(const char*)>;
 // RankEnvError when the chosen source is inconsistent. `getenv` is injectable for tests.
 RankInfo rank_info_from_environment(const Getenv& getenv);
 RankInfo rank_info_from_environment();  // the real environment
+
+// The one line each rank logs first: "rank 3 of 4 (local rank 1 of 2) on node2, via slurm".
+std::string describe_rank(const RankInfo& info);
+
+// The GPU index a rank uses on a node where `visible_gpus` GPUs are visible to it: none (-1)
+// without GPUs; 0 when exactly one is visible (the launcher bound one GPU to each task, e.g.
+// srun --gpus-per-task=1 sets CUDA_VISIBLE_DEVICES per task); else the local rank, or -1 when
+// the node shows fewer GPUs than it runs ranks (two ranks must never share a GPU silently).
+int device_for_rank(const RankInfo& info, int visible_gpus);
 
 // "2(x3),1" (SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE) -> the count of node `node_index`;
 // -1 when the text does not parse or has no such node.

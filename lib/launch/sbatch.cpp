@@ -115,7 +115,9 @@ void validate(const SbatchJob& job) {
 }  // namespace
 
 SbatchError::SbatchError(std::string key, const std::string& message)
-    : std::invalid_argument(fmt::format("{}: {}", key, message)), key_(std::move(key)) {}
+    : std::invalid_argument(fmt::format("{}: {}", key, message)),
+      key_(std::move(key)),
+      reason_(message) {}
 
 std::string shell_quote(std::string_view value) {
   std::string out = "'";
@@ -236,21 +238,59 @@ std::string sbatch_log_pattern(const std::string& run_dir) {
   return run_dir + "/logs/slurm-%j.out";
 }
 
+namespace {
+
+void check_tasks_per_node(const recipe::Recipe& recipe) {
+  const int world = recipe.world_size();
+  const int nodes = recipe.cluster.nodes;
+  if (nodes < 1 || world % nodes != 0)
+    throw SbatchError("cluster.nodes",
+                      fmt::format("the {} ranks of the layout (tp {} x ep {} x dp {} x pp {}) do "
+                                  "not divide evenly over {} nodes; choose a node count that "
+                                  "divides {}",
+                                  world, recipe.parallel.tp, recipe.parallel.ep, recipe.parallel.dp,
+                                  recipe.parallel.pp, nodes, world));
+}
+
+}  // namespace
+
+std::vector<SbatchError> check_slurm_recipe(const recipe::Recipe& recipe) {
+  std::vector<SbatchError> problems;
+  auto collect = [&](const auto& check) {
+    try {
+      check();
+    } catch (const SbatchError& e) {
+      problems.push_back(e);
+    }
+  };
+  const recipe::SlurmConfig& slurm = recipe.slurm;
+  for (auto [key, value] :
+       {std::pair{"slurm.partition", &slurm.partition}, std::pair{"slurm.account", &slurm.account},
+        std::pair{"slurm.qos", &slurm.qos}})
+    if (!value->empty())
+      if (std::string why = check_slurm_name(*value); !why.empty()) problems.emplace_back(key, why);
+  if (!slurm.time.empty())
+    if (std::string why = check_slurm_time(slurm.time); !why.empty())
+      problems.emplace_back("slurm.time", why);
+  collect([&] { parse_extra_options(slurm.extra); });
+  collect([&] { parse_environment(slurm.env); });
+  if (slurm.signal_grace_s < 1 || slurm.signal_grace_s > 65535)
+    problems.emplace_back(
+        "slurm.signal_grace_s",
+        fmt::format("{} is outside Slurm's range [1, 65535]", slurm.signal_grace_s));
+  if (slurm.max_requeues < 0) problems.emplace_back("slurm.max_requeues", "must be at least 0");
+  if (!recipe.parallel.automatic) collect([&] { check_tasks_per_node(recipe); });
+  return problems;
+}
+
 SbatchJob sbatch_job_from_recipe(const recipe::Recipe& recipe, const std::string& trainctl,
                                  const std::string& recipe_copy, const std::string& run_dir,
                                  const std::string& work_dir) {
   SbatchJob job;
   job.job_name = recipe.name;
   job.nodes = recipe.cluster.nodes;
-  const int world = recipe.world_size();
-  if (job.nodes < 1 || world % job.nodes != 0)
-    throw SbatchError("cluster.nodes",
-                      fmt::format("the {} ranks of the layout (tp {} x ep {} x dp {} x pp {}) do "
-                                  "not divide evenly over {} nodes; choose a node count that "
-                                  "divides {}",
-                                  world, recipe.parallel.tp, recipe.parallel.ep, recipe.parallel.dp,
-                                  recipe.parallel.pp, job.nodes, world));
-  job.tasks_per_node = world / job.nodes;
+  check_tasks_per_node(recipe);
+  job.tasks_per_node = recipe.world_size() / job.nodes;
   job.gpus_per_node = recipe.cluster.gpus_per_node;
   job.partition = recipe.slurm.partition;
   job.account = recipe.slurm.account;

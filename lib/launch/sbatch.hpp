@@ -29,9 +29,11 @@ class SbatchError : public std::invalid_argument {
  public:
   SbatchError(std::string key, const std::string& message);
   const std::string& key() const { return key_; }
+  const std::string& reason() const { return reason_; }  // what(), without "key: "
 
  private:
   std::string key_;
+  std::string reason_;
 };
 
 // Everything one batch script says. Paths must be absolute (the job may start in another
@@ -57,6 +59,13 @@ struct SbatchJob {
 SbatchJob sbatch_job_from_recipe(const recipe::Recipe& recipe, const std::string& trainctl,
                                  const std::string& recipe_copy, const std::string& run_dir,
                                  const std::string& work_dir);
+
+// Every problem submit would find in the recipe's slurm.* values and in cluster.nodes against the
+// layout (not checked under parallel: auto, whose layout is not known yet), each naming its key;
+// empty when they are fine. `trainctl validate` reports them, so a bad value is found before
+// submission. The run name and the paths are submit's own business (a name with a space runs
+// fine locally).
+std::vector<SbatchError> check_slurm_recipe(const recipe::Recipe& recipe);
 
 // The script text. Validates every field first (render never emits an unchecked value); throws
 // SbatchError naming the recipe key of the first bad field.

@@ -211,6 +211,11 @@ struct ClusterConfig {
   Device device;
   std::string file;
   int nodes, gpus_per_node;
+  // Whether every node sees the run directory (a shared file system). false: the ranks of a Slurm
+  // job rendezvous through a TCP store on the first node (lib/launch/store_address.hpp), and no
+  // checkpoint is written (rank 0 commits a checkpoint from files every rank writes into the run
+  // directory), so the checkpoint.every_* keys must be 0.
+  bool shared_fs;
   bool operator==(const ClusterConfig&) const = default;
 };
 

@@ -166,6 +166,22 @@ void check_schedule_and_data(const Recipe& r, RuleChecker& c) {
            "held out from the synthetic stream); remove data.val_path");
 }
 
+// Checkpoints are committed by rank 0 from files every rank writes into the run directory: without
+// a shared file system rank 0 would wait for shards it can never see.
+void check_cluster(const Recipe& r, RuleChecker& c) {
+  if (!c.usable({"cluster.shared_fs", "checkpoint.every_steps", "checkpoint.every_minutes"}) ||
+      r.cluster.shared_fs)
+    return;
+  if (r.checkpoint.every_steps > 0 || r.checkpoint.every_minutes > 0)
+    c.fail({"cluster.shared_fs", "checkpoint.every_steps", "checkpoint.every_minutes"},
+           fmt::format("cluster.shared_fs: false turns checkpoints off, but checkpoint.every_steps "
+                       "= {} and checkpoint.every_minutes = {} ask for them (every rank writes "
+                       "its shard into the run directory and rank 0 commits them, so checkpoints "
+                       "need a file system all nodes share); set both to 0, or put the run "
+                       "directory on a shared file system and set cluster.shared_fs: true",
+                       r.checkpoint.every_steps, format_number(r.checkpoint.every_minutes)));
+}
+
 }  // namespace
 
 std::vector<RuleViolation> check_rules(const Recipe& recipe,
@@ -175,6 +191,7 @@ std::vector<RuleViolation> check_rules(const Recipe& recipe,
   check_parallel(recipe, checker);
   check_moe(recipe, checker);
   check_schedule_and_data(recipe, checker);
+  check_cluster(recipe, checker);
   return std::move(checker.violations);
 }
 

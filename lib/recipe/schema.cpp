@@ -302,7 +302,10 @@ std::vector<KeySpec> build_schema() {
   t.push_back(row<B(cluster, nodes)>("cluster.nodes", 1, at_least(1), "nodes"));
   t.push_back(
       row<B(cluster, gpus_per_node)>("cluster.gpus_per_node", 0, at_least(0), "GPUs per node"));
-  // slurm (trainctl submit; validated there, see lib/launch/sbatch.hpp)
+  t.push_back(row<B(cluster, shared_fs)>(
+      "cluster.shared_fs", true, none(),
+      "every node sees the run directory; false: TCP rendezvous, no checkpoints"));
+  // slurm (trainctl submit and validate check the values: lib/launch/sbatch.hpp)
   t.push_back(row<B(slurm, partition)>("slurm.partition", "", none(),
                                        "partition to submit to; \"\" = the cluster's default"));
   t.push_back(

@@ -209,8 +209,8 @@ CASES = [
     # ---- what this build cannot run (run only: the recipes are valid) ----
     # (several ranks are supported: their layout errors are in cli_multirank_faults.py)
     tiny_case("device_cuda", ["cluster.device=cuda"],
-              one("error: --set cluster.device=cuda: the CUDA training backend is not part of "
-                  "this build yet; use cluster.device: auto or cpu", "tiny.yaml"),
+              one("error: --set cluster.device=cuda: this machine has no usable GPU (`trainctl "
+                  "version` says why); use cluster.device: auto or cpu", "tiny.yaml"),
               commands=("run",)),
     # ---- the command line itself ----
     {"name": "run_without_recipe", "files": {}, "recipe": None, "args": [], "commands": ("run",),

@@ -8,6 +8,7 @@ dp2 (two rank processes started by `trainctl run` itself).
     "signal 9", no process of the run is left, the last checkpoint verifies, resume finishes;
   - SIGSTOP of one rank (parallel.timeout_s: 3): the launcher exits non-zero within the timeout
     plus the grace period, naming the collective and the silent rank; nothing is left running;
+    the last checkpoint verifies and resume finishes;
   - SIGINT to the launcher: every rank saves the same step and exits 75; resume finishes;
   - layout errors (world size of an external launcher, tp not dividing heads): exit 2 before any
     process starts, no run directory created.
@@ -203,7 +204,8 @@ def case_sigkill(binary, root, tmp):
 
 def case_sigstop(binary, root, tmp):
     run_dir = os.path.join(tmp, "sigstop")
-    process = start(binary, root, run_args(run_dir, extra=["parallel.timeout_s=3"]))
+    process = start(binary, root,
+                    run_args(run_dir, extra=["parallel.timeout_s=3", "checkpoint.every_steps=20"]))
     pids = rank_pids(run_dir)
     wait_for_step(run_dir, 30, process)
     os.kill(pids[1], signal.SIGSTOP)
@@ -225,6 +227,7 @@ def case_sigstop(binary, root, tmp):
     check("peer 1" in err or "rank 1" in err,
           f"the message should name the silent rank 1:\n{err}")
     check_nothing_left(run_dir)
+    check_resume_finishes(binary, root, run_dir)
 
 
 def case_sigint(binary, root, tmp):

@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """slurm:multirank: a 4-rank (dp 2 x tp 2) recipe submitted to two emulated nodes, 2 tasks each.
 
-The job ends COMPLETED on both nodes (node[1-2]), every rank wrote logs/rank_<N>.log, and the
-losses equal those of the same recipe started by trainctl's local launcher, bit for bit.
+The job ends COMPLETED on both nodes (node[1-2]); every rank wrote logs/rank_<N>.log whose first
+line says which rank, local rank and node Slurm made it ("rank 3 of 4 (local rank 1 of 2) on
+node2, via slurm": block distribution puts ranks 0-1 on node1 and 2-3 on node2) and which GPU index
+it would take (its local rank); the same recipe under trainctl's local launcher logs "via trainctl"
+on this host, and its losses equal the Slurm job's bit for bit.
 
 Skips (exit 77) when Slurm cannot be started here. Run as: slurm_multirank.py TRAINCTL REPO_ROOT.
 """
 import os
 import re
+import socket
 import subprocess
 
 import cli_resume_util as ru
@@ -23,6 +27,19 @@ def settings():
     sets = [*cli_util.SMALL_MODEL, *ru.QUIET, *LAYOUT, f"training.steps={STEPS}",
             "checkpoint.every_steps=0"]
     return [a for s in sets for a in ("--set", s)]
+
+
+def check_rank_lines(run_dir, where, context):
+    """Each rank's log has "rank R of 4 " + where(R) as a line of its own."""
+    for rank in range(4):
+        path = os.path.join(run_dir, "logs", f"rank_{rank}.log")
+        check(os.path.isfile(path), f"no logs/rank_{rank}.log\n{context}")
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+        want = f"rank {rank} of 4 {where(rank)}"
+        check(want in lines, f"{path} lacks the line {want!r}\n" + "\n".join(lines[:12]))
+        others = [line for line in lines if re.fullmatch(r"rank \d+ of \d+ \(local rank .*", line)]
+        check(others == [want], f"{path}: expected one rank line, found {others}")
 
 
 def body(binary, root):
@@ -42,13 +59,15 @@ def body(binary, root):
               f"({fields.get('ExitCode')})\n{text}")
         check(fields.get("NodeList") == "node[1-2]",
               f"expected the job on node[1-2], it ran on {fields.get('NodeList')}")
-        for rank in range(4):
-            check(os.path.isfile(os.path.join(run_dir, "logs", f"rank_{rank}.log")),
-                  f"no logs/rank_{rank}.log\n{text}")
+        check_rank_lines(run_dir, lambda rank: f"(local rank {rank % 2} of 2) on node"
+                         f"{rank // 2 + 1}, via slurm", text)
 
         local_dir = os.path.join(tmp, "local")
         cli_util.run_ok(binary, ["run", "recipes/tiny.yaml", *settings(), "--run-dir", local_dir],
                         root)
+        host = socket.gethostname()
+        check_rank_lines(local_dir, lambda rank: f"(local rank {rank} of 4) on {host}, via "
+                         "trainctl", "")
         ru.check_same_run(local_dir, run_dir, STEPS, "4 ranks under Slurm vs the local launcher")
 
 

@@ -12,6 +12,7 @@ time). The tests release it from outside with release_requeued(), as an impatien
 """
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -90,20 +91,27 @@ class Cluster:
         finished = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
         return self.wait_for(job_id, lambda f: f.get("JobState") in finished, "its end", timeout)
 
-    def release_requeued(self, job_id, restarts, timeout=30):
+    def release_requeued(self, job_id, restarts, timeout=30, updates=()):
         """Waits until the job is pending again after its `restarts`-th requeue, then lifts
-        Slurm's 120 s requeue hold so that it starts now."""
+        Slurm's 120 s requeue hold so that it starts now (with `updates`, e.g. "TimeLimit=5").
+
+        slurmd revokes the credential of the ended attempt with a time in whole seconds and
+        refuses a credential created in the same second ("Job credential revoked": the job then
+        ends FAILED without running), so the release waits 2 s after the requeue."""
         self.wait_for(job_id, lambda f: f.get("JobState") == "PENDING" and
                       int(f.get("Restarts", "0")) >= restarts, f"requeue {restarts}", timeout)
-        self.command(["scontrol", "update", f"jobid={job_id}", "StartTime=now"])
+        time.sleep(2)
+        self.command(["scontrol", "update", f"jobid={job_id}", *updates, "StartTime=now"])
 
     def logs(self):
-        """The tail of slurmctld's log, for failure messages."""
-        path = os.path.join(self.folder, "log", "slurmctld.log")
-        if not os.path.exists(path):
-            return ""
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return "--- slurmctld.log (tail) ---\n" + "".join(f.readlines()[-15:])
+        """The tails of the daemons' logs, for failure messages."""
+        text = ""
+        folder = os.path.join(self.folder, "log")
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+            if name.endswith(".log"):
+                with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
+                    text += f"--- {name} (tail) ---\n" + "".join(f.readlines()[-15:])
+        return text
 
 
 @contextlib.contextmanager
@@ -128,3 +136,62 @@ def local_slurm(root, nodes=1):
     finally:
         subprocess.run([script, "down"], env=env, capture_output=True, text=True, timeout=60)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def task_pids(job_id, procid=None, binary=None):
+    """Pids of live (not zombie) processes of Slurm job `job_id` (SLURM_JOB_ID in their
+    environment), only those that are task `procid` (SLURM_PROCID) and run `binary` when given.
+    Under srun there is no launcher of ours to ask: the environment Slurm gave each task is the
+    way to tell the ranks apart (readable here because the tests run as root, like slurmd)."""
+    want = {b"SLURM_JOB_ID=" + str(job_id).encode()}
+    if procid is not None:
+        want.add(b"SLURM_PROCID=" + str(procid).encode())
+    exe = os.path.realpath(binary) if binary else None
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = set(f.read().split(b"\0"))
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            if exe and os.path.realpath(f"/proc/{pid}/exe") != exe:
+                continue
+        except OSError:
+            continue
+        if want <= environ and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+def submit(cluster, binary, root, sets, run_dir, timeout=60):
+    """`trainctl submit recipes/tiny.yaml --set ... --run-dir RUN_DIR`; returns (job id, log)."""
+    args = [binary, "submit", "recipes/tiny.yaml", *[a for s in sets for a in ("--set", s)],
+            "--run-dir", run_dir]
+    done = subprocess.run(args, cwd=root, env=cluster.env, capture_output=True, text=True,
+                          timeout=timeout)
+    check(done.returncode == 0, f"trainctl submit failed ({done.returncode})\n{done.stdout}"
+          f"{done.stderr}")
+    match = re.fullmatch(r"submitted job (\d+), run directory (\S+), log (\S+)\n", done.stdout)
+    check(match, f"unexpected submit output: {done.stdout!r}")
+    check(match.group(2) == run_dir, f"submit used run directory {match.group(2)}, not {run_dir}")
+    return match.group(1), match.group(3)
+
+
+def read(path):
+    """A file's text, or "(no PATH)" when it does not exist (yet)."""
+    if not os.path.exists(path):
+        return f"(no {path})"
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def wait_for_text(path, pattern, what, timeout, cluster=None):
+    """Waits until the file at `path` matches the regular expression `pattern` (multiline)."""
+    deadline = time.monotonic() + timeout
+    while not (os.path.exists(path) and re.search(pattern, read(path), re.M)):
+        check(time.monotonic() < deadline, f"waited {timeout} s for {what}\n--- {path} ---\n"
+              f"{read(path)}\n{cluster.logs() if cluster else ''}")
+        time.sleep(0.1)
+    return read(path)

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "launch/sbatch.hpp"
 #include "recipe/recipe.hpp"
@@ -305,4 +306,26 @@ TEST_CASE("USR1 to the batch shell reaches the step, whose exit 75 requeues the 
   CHECK(status == 0);
   CHECK(slurm.file("srun.signal") == "usr1\n");
   CHECK(slurm.file("scontrol.args") == "requeue\n4242\n");
+}
+
+TEST_CASE("check_slurm_recipe: every bad slurm value at once, each at its key", "[sbatch]") {
+  const recipe::Recipe r = recipe_with(
+      "slurm: {partition: 'gpu;rm', time: '1h', extra: '--signal=USR2', env: 'PATH=/x',"
+      " account: ok_1}\nparallel: {dp: 2, tp: 2}\ncluster: {nodes: 3}\n");
+  std::vector<std::string> keys;
+  for (const SbatchError& e : launch::check_slurm_recipe(r))
+    keys.push_back(e.key());
+  CHECK(keys == std::vector<std::string>{"slurm.partition", "slurm.time", "slurm.extra",
+                                         "slurm.env", "cluster.nodes"});
+  const std::vector<SbatchError> problems = launch::check_slurm_recipe(r);
+  CHECK_THAT(problems[1].reason(), Catch::StartsWith("'1h' is not a Slurm time"));
+  CHECK(std::string(problems[1].what()) == "slurm.time: " + problems[1].reason());
+}
+
+TEST_CASE("check_slurm_recipe: a good section and parallel: auto give no problem", "[sbatch]") {
+  CHECK(launch::check_slurm_recipe(recipe_with("slurm: {partition: gpu, time: '1-00:00:00', "
+                                               "extra: --exclusive, env: 'A=$(x)'}\n"))
+            .empty());
+  // The layout is planned later: the node count cannot be checked against it yet.
+  CHECK(launch::check_slurm_recipe(recipe_with("parallel: auto\ncluster: {nodes: 3}\n")).empty());
 }

@@ -141,7 +141,7 @@ const std::vector<BadCase> kBadCases = {
      kOk + "cluster:\n  qqqqqqqq: 1\n",
      {},
      {"4:3: unknown key 'cluster.qqqqqqqq'; the keys of 'cluster' are: device, file, nodes, "
-      "gpus_per_node"}},
+      "gpus_per_node, shared_fs"}},
     {"integer expected",
      kOk + "model:\n  hidden: abc\n",
      {},
@@ -335,6 +335,22 @@ const std::vector<BadCase> kBadCases = {
      {"data.val_path=v.txt"},
      {"--set data.val_path=v.txt: data.val_path must be empty when data.source is synthetic (its "
       "validation tokens are held out from the synthetic stream); remove data.val_path"}},
+    {"no shared file system with periodic checkpoints",
+     kOk + "cluster:\n  shared_fs: false\ncheckpoint: {every_steps: 10}\n",
+     {},
+     {"4:14: cluster.shared_fs: false turns checkpoints off, but checkpoint.every_steps = 10 and "
+      "checkpoint.every_minutes = 0 ask for them (every rank writes its shard into the run "
+      "directory and rank 0 commits them, so checkpoints need a file system all nodes share); "
+      "set both to 0, or put the run directory on a shared file system and set "
+      "cluster.shared_fs: true"}},
+    {"no shared file system, checkpoints by time set by --set",
+     kOk + "cluster: {shared_fs: false}\n",
+     {"checkpoint.every_minutes=2.5"},
+     {"--set checkpoint.every_minutes=2.5: cluster.shared_fs: false turns checkpoints off, but "
+      "checkpoint.every_steps = 0 and checkpoint.every_minutes = 2.5 ask for them (every rank "
+      "writes its shard into the run directory and rank 0 commits them, so checkpoints need a "
+      "file system all nodes share); set both to 0, or put the run directory on a shared file "
+      "system and set cluster.shared_fs: true"}},
     {"bad arch does not cascade into preset rules",
      kOk + "model: {arch: bert, heads: 4}\n",
      {},

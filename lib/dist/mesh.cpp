@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "dist/error.hpp"
+#include "dist/nccl_communicator.hpp"
 #include "dist/timed_communicator.hpp"
 
 namespace trainctl::dist {
@@ -21,7 +22,10 @@ std::unique_ptr<Communicator> join(Store& store, const std::string& kind,
   group.size = static_cast<int>(members.size());
   group.timeout = options.timeout;
   group.device = options.device;
-  std::unique_ptr<Communicator> communicator = create_gloo_communicator(group_store, group);
+  std::unique_ptr<Communicator> communicator =
+      options.backend == CommBackend::nccl
+          ? create_nccl_communicator(group_store, group, options.cuda_device, options.deterministic)
+          : create_gloo_communicator(group_store, group);
   // A one-rank group only copies: it is not communication and stays a direct call.
   if (communicator->size() == 1) return communicator;
   return std::make_unique<TimedCommunicator>(std::move(communicator), clock);
@@ -37,7 +41,8 @@ Mesh Mesh::create(Store& store, int world_size, int rank, const Layout& layout,
   mesh.groups_ = rank_groups(layout, rank);
   mesh.clock_ = std::make_shared<CommClock>();
   MeshOptions shared = options;
-  if (!shared.device && world_size > 1) shared.device = make_gloo_device();
+  if (shared.backend == CommBackend::gloo && !shared.device && world_size > 1)
+    shared.device = make_gloo_device();
   std::vector<int> everyone(static_cast<size_t>(world_size));
   std::iota(everyone.begin(), everyone.end(), 0);
   mesh.world_ = join(store, "world", everyone, rank, shared, mesh.clock_);

@@ -14,9 +14,16 @@ namespace trainctl::dist {
 
 class CommClock;
 
+// Which library carries the collectives: Gloo (host buffers, CPU ranks) or NCCL (device buffers
+// on cuda_device, GPU ranks; see nccl_communicator.hpp).
+enum class CommBackend { gloo, nccl };
+
 struct MeshOptions {
   std::chrono::milliseconds timeout{30000};  // rendezvous and default per-call timeout
-  std::shared_ptr<GlooDevice> device{};      // null: one new device shared by all groups
+  std::shared_ptr<GlooDevice> device{};      // gloo: null means one new device for all groups
+  CommBackend backend = CommBackend::gloo;
+  int cuda_device = 0;         // nccl: this rank's GPU (its local rank)
+  bool deterministic = false;  // nccl: pin NCCL_ALGO=Ring, NCCL_PROTO=Simple (docs/dist.md)
 };
 
 class Mesh {
@@ -25,7 +32,8 @@ class Mesh {
   // job_store), world size and layout. Validates the layout first (DistError, Kind::usage).
   // Group kinds are joined in a fixed order (world, tp, ep, dp, pp, dp_ep) and each group
   // rendezvouses under its own prefix "mesh/<kind>/<first member>/", so the disjoint groups of one
-  // kind connect in parallel and no rank waits on a group it is not in. Size-1 groups cost nothing.
+  // kind connect in parallel and no rank waits on a group it is not in. Size-1 groups cost nothing
+  // with Gloo; with NCCL they are one-rank NCCL communicators (device buffers need device copies).
   static Mesh create(Store& store, int world_size, int rank, const Layout& layout,
                      const MeshOptions& options = {});
 

@@ -1,0 +1,483 @@
+// NcclCommunicator: Communicator over a non-blocking NCCL communicator (see the header for why
+// non-blocking). Every call: enqueue on the communicator's stream, then PendingOp polls for
+// completion, aborting on a timeout or an asynchronous error.
+//
+// The ops NCCL lacks are built from grouped NCCL calls (one launch, no padding, no scratch):
+//  - reduce_scatter_sum_v: one ncclReduce per rank, root r receiving chunk r (equal counts take
+//    ncclReduceScatter itself, so they stay bit-identical to reduce_scatter_sum);
+//  - all_gather_v: one ncclBroadcast per rank, root r sending its part;
+//  - all_to_all(v): an ncclSend and an ncclRecv per rank, this rank included.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "dist/error.hpp"
+#include "dist/nccl_communicator.hpp"
+
+namespace trainctl::dist {
+
+bool nccl_available() {
+  return true;
+}
+
+namespace {
+
+using std::chrono::milliseconds;
+
+const char* const kIdKey = "trainctl/nccl_id";
+
+// "NCCL error: unhandled system error (last error: ...)". ncclGetLastError is process-wide and
+// may describe an older failure, so it is shown as context only.
+std::string nccl_text(ncclResult_t result) {
+  std::string text = std::string("NCCL error: ") + ncclGetErrorString(result);
+  const char* last = ncclGetLastError(nullptr);
+  if (last != nullptr && *last != '\0') text += " (last NCCL message: " + std::string(last) + ")";
+  return text;
+}
+
+std::string cuda_text(cudaError_t error, const char* call) {
+  return std::string("CUDA error in ") + call + ": " + cudaGetErrorName(error) + " (" +
+         cudaGetErrorString(error) + ")";
+}
+
+// Completion of whatever was enqueued last: NCCL's own state first (ncclInProgress while a
+// non-blocking enqueue or init is still being processed), then the stream the kernels run on.
+PollResult poll_comm(ncclComm_t comm, cudaStream_t stream) {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
+  if (queried != ncclSuccess) return {false, nccl_text(queried)};
+  if (state == ncclInProgress) return {false, {}};
+  if (state != ncclSuccess) return {false, nccl_text(state)};
+  if (stream == nullptr) return {true, {}};
+  const cudaError_t done = cudaStreamQuery(stream);
+  if (done == cudaSuccess) return {true, {}};
+  if (done == cudaErrorNotReady) return {false, {}};
+  return {false, cuda_text(done, "cudaStreamQuery")};
+}
+
+// Runs ops between ncclGroupStart and ncclGroupEnd; the first failure wins, but the group is
+// always closed so NCCL's group state is not left open.
+template <class Ops>
+ncclResult_t grouped(Ops&& ops) {
+  const ncclResult_t started = ncclGroupStart();
+  if (started != ncclSuccess) return started;
+  const ncclResult_t queued = ops();
+  const ncclResult_t ended = ncclGroupEnd();
+  return queued != ncclSuccess ? queued : ended;
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const GroupOptions& options, int device, ncclComm_t comm, cudaStream_t stream,
+                   int* barrier_word)
+      : name_(options.name),
+        rank_(options.rank),
+        size_(options.size),
+        timeout_(options.timeout),
+        device_(device),
+        comm_(comm),
+        stream_(stream),
+        barrier_word_(barrier_word) {}
+
+  ~NcclCommunicator() override {
+    (void)cudaSetDevice(device_);
+    if (comm_ != nullptr) {
+      // Finalize flushes and may wait on peers: give it the group timeout, then abort.
+      const ncclResult_t finalizing = ncclCommFinalize(comm_);
+      if (finalizing == ncclSuccess || finalizing == ncclInProgress) {
+        try {
+          PendingOp(
+              "destroy", describe_call("destroy", *this), timeout_,
+              [this] { return poll_comm(comm_, nullptr); }, [this] { abort(); })
+              .wait();
+        } catch (const DistError&) {
+          // PendingOp has aborted the communicator; a destructor has no one to tell.
+        }
+      } else {
+        abort();
+      }
+      if (comm_ != nullptr) (void)ncclCommDestroy(comm_);
+    }
+    if (barrier_word_ != nullptr) (void)cudaFree(barrier_word_);
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  const std::string& name() const override { return name_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  milliseconds timeout() const override { return timeout_; }
+
+  // NCCL sums bf16/f16 natively, rounding to the narrow type after each addition along its ring, so
+  // with more than two ranks narrow sums may differ from Gloo's (f32 throughout, rounded once).
+  void all_reduce_sum(void* data, size_t count, DType dtype, milliseconds timeout) override {
+    const ncclDataType_t type = sum_type("all_reduce", dtype);
+    if (count == 0) return;
+    run("all_reduce", timeout,
+        [&] { return ncclAllReduce(data, data, count, type, ncclSum, comm_, stream_); });
+  }
+
+  void reduce_scatter_sum(const void* input, void* output, size_t count, DType dtype,
+                          milliseconds timeout) override {
+    const ncclDataType_t type = sum_type("reduce_scatter", dtype);
+    if (count == 0) return;
+    run("reduce_scatter", timeout,
+        [&] { return ncclReduceScatter(input, output, count, type, ncclSum, comm_, stream_); });
+  }
+
+  void reduce_scatter_sum_v(const void* input, void* output, std::span<const size_t> counts,
+                            DType dtype, milliseconds timeout) override {
+    const ncclDataType_t type = sum_type("reduce_scatter_v", dtype);
+    check_counts("reduce_scatter_v", counts, "element counts");
+    bool equal = true;
+    size_t total = 0;
+    for (size_t c : counts) {
+      equal = equal && c == counts[0];
+      total += c;
+    }
+    if (total == 0) return;
+    if (equal) return reduce_scatter_sum(input, output, counts[0], dtype, timeout);
+    const size_t item = tensor::dtype_size(dtype);
+    const char* in = static_cast<const char*>(input);
+    run("reduce_scatter_v", timeout, [&] {
+      return grouped([&] {
+        size_t offset = 0;
+        for (int r = 0; r < size_; ++r) {
+          const size_t count = counts[static_cast<size_t>(r)];
+          if (count > 0) {
+            // NCCL writes recvbuff only on the root; elsewhere it is passed but unused.
+            const ncclResult_t queued =
+                ncclReduce(in + offset * item, output, count, type, ncclSum, r, comm_, stream_);
+            if (queued != ncclSuccess) return queued;
+          }
+          offset += count;
+        }
+        return ncclSuccess;
+      });
+    });
+  }
+
+  void all_gather_v(const void* input, void* output, std::span<const size_t> bytes,
+                    milliseconds timeout) override {
+    check_counts("all_gather_v", bytes, "byte counts");
+    size_t total = 0;
+    for (size_t b : bytes)
+      total += b;
+    if (total == 0) return;
+    char* out = static_cast<char*>(output);
+    run("all_gather_v", timeout, [&] {
+      return grouped([&] {
+        size_t offset = 0;
+        for (int r = 0; r < size_; ++r) {
+          const size_t part = bytes[static_cast<size_t>(r)];
+          if (part > 0) {
+            const ncclResult_t queued =
+                ncclBroadcast(r == rank_ ? input : out + offset, out + offset, part, ncclUint8, r,
+                              comm_, stream_);
+            if (queued != ncclSuccess) return queued;
+          }
+          offset += part;
+        }
+        return ncclSuccess;
+      });
+    });
+  }
+
+  void all_gather(const void* input, void* output, size_t bytes, milliseconds timeout) override {
+    if (bytes == 0) return;
+    run("all_gather", timeout,
+        [&] { return ncclAllGather(input, output, bytes, ncclUint8, comm_, stream_); });
+  }
+
+  void all_to_all(const void* input, void* output, size_t bytes, milliseconds timeout) override {
+    if (bytes == 0) return;
+    const std::vector<size_t> each(static_cast<size_t>(size_), bytes);
+    exchange("all_to_all", input, each, output, each, timeout);
+  }
+
+  void all_to_allv(const void* input, std::span<const size_t> send_bytes, void* output,
+                   std::span<const size_t> recv_bytes, milliseconds timeout) override {
+    if (send_bytes.size() != static_cast<size_t>(size_) ||
+        recv_bytes.size() != static_cast<size_t>(size_)) {
+      throw DistError(DistError::Kind::usage,
+                      describe_call("all_to_allv", *this) + ": got " +
+                          std::to_string(send_bytes.size()) + " send and " +
+                          std::to_string(recv_bytes.size()) + " receive counts; pass one per rank",
+                      "all_to_allv");
+    }
+    exchange("all_to_allv", input, send_bytes, output, recv_bytes, timeout);
+  }
+
+  // NCCL has no tags: sends and receives between a pair of ranks match in the order they are
+  // issued, so the tag is not checked and callers must issue them in the same order on both sides.
+  void send(const void* data, size_t bytes, int peer, uint32_t /*tag*/,
+            milliseconds timeout) override {
+    check_peer("send", peer);
+    if (bytes == 0) return;
+    run(
+        "send", timeout, [&] { return ncclSend(data, bytes, ncclUint8, peer, comm_, stream_); },
+        peer);
+  }
+
+  void recv(void* data, size_t bytes, int peer, uint32_t /*tag*/, milliseconds timeout) override {
+    check_peer("recv", peer);
+    if (bytes == 0) return;
+    run(
+        "recv", timeout, [&] { return ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_); },
+        peer);
+  }
+
+  void broadcast(void* data, size_t bytes, int root, milliseconds timeout) override {
+    check_peer("broadcast", root, /*self_ok=*/true);
+    if (bytes == 0) return;
+    run("broadcast", timeout,
+        [&] { return ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_); });
+  }
+
+  void barrier(milliseconds timeout) override {
+    run("barrier", timeout, [&] {
+      return ncclAllReduce(barrier_word_, barrier_word_, 1, ncclInt32, ncclSum, comm_, stream_);
+    });
+  }
+
+ private:
+  void exchange(const char* op, const void* input, std::span<const size_t> send_bytes, void* output,
+                std::span<const size_t> recv_bytes, milliseconds timeout) {
+    size_t total = 0;
+    for (size_t r = 0; r < send_bytes.size(); ++r)
+      total += send_bytes[r] + recv_bytes[r];
+    if (total == 0) return;
+    const char* in = static_cast<const char*>(input);
+    char* out = static_cast<char*>(output);
+    run(op, timeout, [&] {
+      return grouped([&] {
+        size_t sent = 0, received = 0;
+        for (int r = 0; r < size_; ++r) {
+          const size_t to = send_bytes[static_cast<size_t>(r)];
+          const size_t from = recv_bytes[static_cast<size_t>(r)];
+          if (to > 0) {
+            const ncclResult_t queued = ncclSend(in + sent, to, ncclUint8, r, comm_, stream_);
+            if (queued != ncclSuccess) return queued;
+          }
+          if (from > 0) {
+            const ncclResult_t queued =
+                ncclRecv(out + received, from, ncclUint8, r, comm_, stream_);
+            if (queued != ncclSuccess) return queued;
+          }
+          sent += to;
+          received += from;
+        }
+        return ncclSuccess;
+      });
+    });
+  }
+
+  // Enqueues one NCCL call (or group) and waits for it; any failure aborts the communicator and
+  // leaves it broken.
+  template <class Enqueue>
+  void run(const char* op, milliseconds timeout, Enqueue&& enqueue, int peer = -1) {
+    if (broken_) {
+      throw DistError(DistError::Kind::io,
+                      describe_call(op, *this) + ": this group is broken by an earlier failure (" +
+                          broken_reason_ + "); stop and restart the job",
+                      op, peer);
+    }
+    const milliseconds t = timeout.count() > 0 ? timeout : timeout_;
+    try {
+      const cudaError_t selected = cudaSetDevice(device_);
+      if (selected != cudaSuccess)
+        fail(op, DistError::Kind::io, cuda_text(selected, "cudaSetDevice"), peer);
+      const ncclResult_t queued = enqueue();
+      if (queued != ncclSuccess && queued != ncclInProgress) {
+        const bool misuse = queued == ncclInvalidArgument || queued == ncclInvalidUsage;
+        fail(op, misuse ? DistError::Kind::usage : DistError::Kind::io,
+             "enqueue failed: " + nccl_text(queued), peer);
+      }
+      PendingOp(
+          op, describe_call(op, *this), t, [this] { return poll_comm(comm_, stream_); },
+          [this] { abort(); })
+          .wait();
+    } catch (const DistError& error) {
+      broken_ = true;
+      broken_reason_ = error.what();
+      if (peer >= 0 && error.peer() < 0)
+        throw DistError(error.kind(), error.what(), error.op(), peer);
+      throw;
+    }
+  }
+
+  [[noreturn]] void fail(const char* op, DistError::Kind kind, const std::string& what, int peer) {
+    abort();
+    throw DistError(kind,
+                    describe_call(op, *this) + ": " + what +
+                        "; the communicator was aborted, stop and restart the job",
+                    op, peer);
+  }
+
+  void abort() {
+    if (comm_ == nullptr) return;
+    (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+  ncclDataType_t sum_type(const char* op, DType dtype) const {
+    switch (dtype) {
+      case DType::f32:
+        return ncclFloat32;
+      case DType::f64:
+        return ncclFloat64;
+      case DType::bf16:
+        return ncclBfloat16;
+      case DType::f16:
+        return ncclFloat16;
+      default:
+        throw DistError(DistError::Kind::usage,
+                        describe_call(op, *this) + ": cannot sum " +
+                            std::string(tensor::dtype_name(dtype)) + "; use f32, f64, bf16 or f16",
+                        op);
+    }
+  }
+
+  void check_counts(const char* op, std::span<const size_t> counts, const char* what) const {
+    if (counts.size() == static_cast<size_t>(size_)) return;
+    throw DistError(DistError::Kind::usage,
+                    describe_call(op, *this) + ": got " + std::to_string(counts.size()) + " " +
+                        what + "; pass one per rank (" + std::to_string(size_) + ")",
+                    op);
+  }
+
+  void check_peer(const char* op, int peer, bool self_ok = false) const {
+    if (peer >= 0 && peer < size_ && (self_ok || peer != rank_)) return;
+    throw DistError(DistError::Kind::usage,
+                    describe_call(op, *this) + ": peer " + std::to_string(peer) +
+                        (peer == rank_ ? " is this rank" : " is not a member") +
+                        "; use a rank in 0.." + std::to_string(size_ - 1) +
+                        (self_ok ? "" : " other than this one"),
+                    op, peer);
+  }
+
+  std::string name_;
+  int rank_;
+  int size_;
+  milliseconds timeout_;
+  int device_;
+  ncclComm_t comm_;  // null once aborted
+  cudaStream_t stream_;
+  int* barrier_word_;  // one device int that barrier() all-reduces
+  bool broken_ = false;
+  std::string broken_reason_;
+};
+
+// NCCL reads NCCL_ALGO and NCCL_PROTO once, at its first initialisation in the process.
+void pin_deterministic_algorithms() {
+  ::setenv("NCCL_ALGO", "Ring", /*overwrite=*/0);
+  ::setenv("NCCL_PROTO", "Simple", /*overwrite=*/0);
+}
+
+ncclUniqueId exchange_unique_id(Store& store, const GroupOptions& options,
+                                const std::string& where) {
+  ncclUniqueId id{};
+  if (options.rank == 0) {
+    const ncclResult_t made = ncclGetUniqueId(&id);
+    if (made != ncclSuccess) {
+      throw DistError(DistError::Kind::io,
+                      where + ": ncclGetUniqueId failed: " + nccl_text(made) +
+                          "; check NCCL_SOCKET_IFNAME and that a network interface is up",
+                      "rendezvous");
+    }
+    store.set(kIdKey, std::string_view(reinterpret_cast<const char*>(&id), sizeof(id)));
+    return id;
+  }
+  std::string value;
+  try {
+    value = store.get(kIdKey, options.timeout);
+  } catch (const DistError& error) {
+    if (error.kind() != DistError::Kind::timeout) throw;
+    throw DistError(DistError::Kind::timeout,
+                    where + ": rank 0 did not publish the NCCL id within " +
+                        std::to_string(options.timeout.count()) + " ms in " + store.describe() +
+                        "; check that rank 0 started, with the same job id and restart count",
+                    "rendezvous", 0);
+  }
+  if (value.size() != sizeof(id)) {
+    throw DistError(DistError::Kind::io,
+                    where + ": the NCCL id in " + store.describe() + " has " +
+                        std::to_string(value.size()) + " bytes, expected " +
+                        std::to_string(sizeof(id)) +
+                        "; another program or NCCL version wrote it: use a fresh job id",
+                    "rendezvous");
+  }
+  std::memcpy(&id, value.data(), sizeof(id));
+  return id;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> create_nccl_communicator(Store& store, const GroupOptions& options,
+                                                       int cuda_device, bool deterministic) {
+  const std::string where = "rendezvous of group " + options.name + " (" +
+                            std::to_string(options.size) + " ranks, this is rank " +
+                            std::to_string(options.rank) + ", NCCL on GPU " +
+                            std::to_string(cuda_device) + ")";
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    throw DistError(DistError::Kind::usage,
+                    where + ": rank must be in 0.." + std::to_string(options.size - 1),
+                    "rendezvous");
+  }
+  if (options.timeout.count() <= 0)
+    throw DistError(DistError::Kind::usage, where + ": timeout must be positive", "rendezvous");
+  auto cuda_check = [&](cudaError_t error, const char* call) {
+    if (error == cudaSuccess) return;
+    (void)cudaGetLastError();
+    throw DistError(DistError::Kind::io,
+                    where + ": " + cuda_text(error, call) + "; check that GPU " +
+                        std::to_string(cuda_device) +
+                        " exists and is visible (CUDA_VISIBLE_DEVICES)",
+                    "rendezvous");
+  };
+  cuda_check(cudaSetDevice(cuda_device), "cudaSetDevice");
+  if (deterministic) pin_deterministic_algorithms();
+
+  const ncclUniqueId id = exchange_unique_id(store, options, where);
+
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  const ncclResult_t started =
+      ncclCommInitRankConfig(&comm, options.size, id, options.rank, &config);
+  if (started != ncclSuccess && started != ncclInProgress) {
+    if (comm != nullptr) (void)ncclCommAbort(comm);
+    throw DistError(DistError::Kind::io,
+                    where + ": ncclCommInitRankConfig failed: " + nccl_text(started), "rendezvous");
+  }
+  PendingOp(
+      "rendezvous", where, options.timeout, [comm] { return poll_comm(comm, nullptr); },
+      [comm] { (void)ncclCommAbort(comm); })
+      .wait();
+
+  cudaStream_t stream = nullptr;
+  int* barrier_word = nullptr;
+  auto release = [&] {
+    (void)ncclCommAbort(comm);
+    if (stream != nullptr) (void)cudaStreamDestroy(stream);
+    if (barrier_word != nullptr) (void)cudaFree(barrier_word);
+  };
+  try {
+    cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+               "cudaStreamCreateWithFlags");
+    cuda_check(cudaMalloc(reinterpret_cast<void**>(&barrier_word), sizeof(int)), "cudaMalloc");
+    cuda_check(cudaMemset(barrier_word, 0, sizeof(int)), "cudaMemset");
+  } catch (...) {
+    release();
+    throw;
+  }
+  return std::make_unique<NcclCommunicator>(options, cuda_device, comm, stream, barrier_word);
+}
+
+}  // namespace trainctl::dist

@@ -1,0 +1,417 @@
+// The NCCL communicator on real GPUs. One GPU (the test machine): NCCL refuses two ranks on one
+// GPU ("duplicate GPU"), so every op runs on a one-rank group, where each is an exact copy, and
+// the rendezvous failure paths run with a second rank that never comes. Two or more GPUs: two
+// ranks (threads, one GPU each: a fork after CUDA initialised would not work) run every op over
+// NCCL and over Gloo on the same inputs; with two ranks every sum is one addition, so the results
+// must be bit-identical.
+#include <cuda_runtime.h>
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dist/error.hpp"
+#include "dist/gloo_communicator.hpp"
+#include "dist/nccl_communicator.hpp"
+#include "dist/store.hpp"
+#include "kernels/check.cuh"
+#include "tensor/dtype.hpp"
+
+namespace dist = trainctl::dist;
+namespace tensor = trainctl::tensor;
+using std::chrono::milliseconds;
+
+namespace {
+
+// A fresh store folder per test.
+struct StoreDir {
+  StoreDir() {
+    char pattern[] = "/tmp/trainctl_gpu_nccl_XXXXXX";
+    if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path = pattern;
+  }
+  ~StoreDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+  std::string path;
+};
+
+// Device bytes; poisoned at creation so an op that writes nothing cannot pass.
+class DeviceBytes {
+ public:
+  explicit DeviceBytes(size_t bytes) : bytes_(bytes) {
+    TRAINCTL_CUDA_CHECK(cudaMalloc(&data_, std::max<size_t>(bytes, 1)));
+    TRAINCTL_CUDA_CHECK(cudaMemset(data_, 0xA5, std::max<size_t>(bytes, 1)));
+  }
+  template <class T>
+  explicit DeviceBytes(const std::vector<T>& values) : DeviceBytes(values.size() * sizeof(T)) {
+    TRAINCTL_CUDA_CHECK(cudaMemcpy(data_, values.data(), bytes_, cudaMemcpyHostToDevice));
+  }
+  ~DeviceBytes() { (void)cudaFree(data_); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+  void* get() const { return data_; }
+  template <class T>
+  std::vector<T> download() const {
+    std::vector<T> values(bytes_ / sizeof(T));
+    TRAINCTL_CUDA_CHECK(cudaMemcpy(values.data(), data_, bytes_, cudaMemcpyDeviceToHost));
+    return values;
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_;
+};
+
+template <class T>
+std::vector<T> random_values(size_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+  std::vector<T> values(count);
+  for (auto& v : values) {
+    if constexpr (std::is_same_v<T, tensor::bf16>)
+      v = tensor::to_bf16(value(rng));
+    else if constexpr (std::is_same_v<T, tensor::f16>)
+      v = tensor::to_f16(value(rng));
+    else
+      v = static_cast<T>(value(rng));
+  }
+  return values;
+}
+
+std::vector<uint8_t> random_bytes(size_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> bytes(count);
+  for (auto& b : bytes)
+    b = static_cast<uint8_t>(rng());
+  return bytes;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+int gpu_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+// A GPU machine whose build lacks NCCL fails here rather than skipping: these tests exist to check
+// it.
+void require_nccl() {
+  INFO("this build has no NCCL: configure with -DTRAINCTL_NCCL_ROOT=<folder with include/nccl.h>");
+  REQUIRE(dist::nccl_available());
+}
+
+std::unique_ptr<dist::Communicator> one_rank_group(dist::Store& store) {
+  require_nccl();
+  dist::GroupOptions options;
+  options.name = "solo";
+  options.timeout = milliseconds(20000);
+  return dist::create_nccl_communicator(store, options, 0);
+}
+
+template <class T>
+void check_all_reduce_copies(dist::Communicator& comm, tensor::DType dtype) {
+  const auto values = random_values<T>(4099, 7);
+  DeviceBytes data(values);
+  comm.all_reduce_sum(data.get(), values.size(), dtype);
+  CHECK(same_bits(data.download<T>(), values));
+}
+
+}  // namespace
+
+TEST_CASE("nccl: the unique id travels through the store and a one-rank group starts") {
+  StoreDir dir;
+  dist::FileStore store(dir.path);
+  auto comm = one_rank_group(store);
+  CHECK(comm->name() == "solo");
+  CHECK(comm->size() == 1);
+  CHECK(comm->rank() == 0);
+  const auto id = store.try_get("trainctl/nccl_id");
+  REQUIRE(id.has_value());
+  CHECK(id->size() == 128);  // sizeof(ncclUniqueId)
+}
+
+TEST_CASE("nccl: on one rank every reduction is an exact copy, in every dtype") {
+  StoreDir dir;
+  dist::FileStore store(dir.path);
+  auto comm = one_rank_group(store);
+  check_all_reduce_copies<float>(*comm, tensor::DType::f32);
+  check_all_reduce_copies<double>(*comm, tensor::DType::f64);
+  check_all_reduce_copies<tensor::bf16>(*comm, tensor::DType::bf16);
+  check_all_reduce_copies<tensor::f16>(*comm, tensor::DType::f16);
+
+  const auto values = random_values<float>(1000, 11);
+  DeviceBytes input(values), output(values.size() * sizeof(float));
+  comm->reduce_scatter_sum(input.get(), output.get(), values.size(), tensor::DType::f32);
+  CHECK(same_bits(output.download<float>(), values));
+
+  DeviceBytes output_v(values.size() * sizeof(float));
+  const std::vector<size_t> counts{values.size()};
+  comm->reduce_scatter_sum_v(input.get(), output_v.get(), counts, tensor::DType::f32);
+  CHECK(same_bits(output_v.download<float>(), values));
+
+  CHECK_THROWS_AS(comm->all_reduce_sum(input.get(), 4, tensor::DType::i32), dist::DistError);
+}
+
+TEST_CASE("nccl: on one rank every data movement is an exact copy") {
+  StoreDir dir;
+  dist::FileStore store(dir.path);
+  auto comm = one_rank_group(store);
+  const auto bytes = random_bytes(777, 3);
+  const std::vector<size_t> sizes{bytes.size()};
+  DeviceBytes input(bytes);
+  std::vector<std::pair<std::string, std::function<void(void*)>>> ops = {
+      {"all_gather", [&](void* out) { comm->all_gather(input.get(), out, bytes.size()); }},
+      {"all_gather_v", [&](void* out) { comm->all_gather_v(input.get(), out, sizes); }},
+      {"all_to_all", [&](void* out) { comm->all_to_all(input.get(), out, bytes.size()); }},
+      {"all_to_allv", [&](void* out) { comm->all_to_allv(input.get(), sizes, out, sizes); }},
+  };
+  for (const auto& [name, op] : ops) {
+    INFO(name);
+    DeviceBytes output(bytes.size());
+    op(output.get());
+    CHECK(same_bits(output.download<uint8_t>(), bytes));
+  }
+  DeviceBytes data(bytes);
+  comm->broadcast(data.get(), bytes.size(), 0);
+  CHECK(same_bits(data.download<uint8_t>(), bytes));
+  comm->barrier();
+  // A one-rank group has no peer to talk to.
+  CHECK_THROWS_AS(comm->send(data.get(), 4, 0, 0), dist::DistError);
+}
+
+TEST_CASE("nccl: rank 0 aborts its rendezvous when the other rank never joins") {
+  StoreDir dir;
+  dist::FileStore store(dir.path);
+  dist::GroupOptions options;
+  options.name = "dp";
+  options.size = 2;
+  options.timeout = milliseconds(1500);
+  require_nccl();
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    dist::create_nccl_communicator(store, options, 0);
+    FAIL("a two-rank group started with one rank");
+  } catch (const dist::DistError& error) {
+    INFO(error.what());
+    CHECK(error.kind() == dist::DistError::Kind::timeout);
+    CHECK(std::string(error.what()).find("group dp") != std::string::npos);
+  }
+  // The abort must return promptly, not hang in NCCL's bootstrap.
+  CHECK(std::chrono::steady_clock::now() - start < milliseconds(1500 + 10000));
+}
+
+TEST_CASE("nccl: a rank whose rank 0 never publishes the id names rank 0") {
+  StoreDir dir;
+  dist::FileStore store(dir.path);
+  dist::GroupOptions options;
+  options.name = "tp";
+  options.rank = 1;
+  options.size = 2;
+  options.timeout = milliseconds(300);
+  require_nccl();
+  try {
+    dist::create_nccl_communicator(store, options, 0);
+    FAIL("rank 1 started without rank 0");
+  } catch (const dist::DistError& error) {
+    CHECK(error.kind() == dist::DistError::Kind::timeout);
+    CHECK(error.peer() == 0);
+    CHECK(std::string(error.what()).find("rank 0 did not publish the NCCL id") !=
+          std::string::npos);
+  }
+}
+
+namespace {
+
+// Runs body(rank, gloo, nccl) on two threads, GPU r for rank r; returns every failure text.
+std::vector<std::string> run_two_ranks(
+    const std::function<void(int, dist::Communicator&, dist::Communicator&)>& body) {
+  require_nccl();
+  StoreDir dir;
+  dist::FileStore store(dir.path);
+  auto device = dist::make_gloo_device();
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      try {
+        TRAINCTL_CUDA_CHECK(cudaSetDevice(rank));
+        dist::GroupOptions options;
+        options.name = "pair";
+        options.rank = rank;
+        options.size = 2;
+        options.timeout = milliseconds(30000);
+        options.device = device;
+        dist::PrefixStore gloo_store(store, "gloo/"), nccl_store(store, "nccl/");
+        auto gloo = dist::create_gloo_communicator(gloo_store, options);
+        auto nccl = dist::create_nccl_communicator(nccl_store, options, rank);
+        body(rank, *gloo, *nccl);
+      } catch (const std::exception& error) {
+        std::lock_guard<std::mutex> lock(mutex);
+        failures.push_back("rank " + std::to_string(rank) + ": " + error.what());
+      }
+    });
+  }
+  for (auto& thread : ranks)
+    thread.join();
+  return failures;
+}
+
+void expect(bool condition, const std::string& what) {
+  if (!condition) throw std::runtime_error("NCCL and Gloo differ: " + what);
+}
+
+template <class T>
+void compare_sums(int rank, dist::Communicator& gloo, dist::Communicator& nccl,
+                  tensor::DType dtype) {
+  const std::string name(tensor::dtype_name(dtype));
+  const size_t count = 2 * 3001;
+  const auto input = random_values<T>(count, 100 + static_cast<uint32_t>(rank));
+  auto host = input;
+  gloo.all_reduce_sum(host.data(), count, dtype);
+  DeviceBytes device(input);
+  nccl.all_reduce_sum(device.get(), count, dtype);
+  expect(same_bits(device.download<T>(), host), "all_reduce " + name);
+
+  std::vector<T> host_chunk(count / 2);
+  gloo.reduce_scatter_sum(input.data(), host_chunk.data(), count / 2, dtype);
+  DeviceBytes in(input), chunk(count / 2 * sizeof(T));
+  nccl.reduce_scatter_sum(in.get(), chunk.get(), count / 2, dtype);
+  expect(same_bits(chunk.download<T>(), host_chunk), "reduce_scatter " + name);
+
+  const std::vector<size_t> counts{1000, count - 1000};
+  std::vector<T> host_part(counts[static_cast<size_t>(rank)]);
+  gloo.reduce_scatter_sum_v(input.data(), host_part.data(), counts, dtype);
+  DeviceBytes part(host_part.size() * sizeof(T));
+  nccl.reduce_scatter_sum_v(in.get(), part.get(), counts, dtype);
+  expect(same_bits(part.download<T>(), host_part), "reduce_scatter_v " + name);
+}
+
+}  // namespace
+
+TEST_CASE("nccl: two ranks on two GPUs match Gloo bit for bit on every op") {
+  if (gpu_count() < 2) {
+    WARN("tests/gpu: only " << gpu_count()
+                            << " GPU: the two-rank NCCL test needs two (NCCL refuses two ranks on "
+                               "one GPU) - not run");
+    return;
+  }
+  const auto failures =
+      run_two_ranks([](int rank, dist::Communicator& gloo, dist::Communicator& nccl) {
+        compare_sums<float>(rank, gloo, nccl, tensor::DType::f32);
+        compare_sums<double>(rank, gloo, nccl, tensor::DType::f64);
+        compare_sums<tensor::bf16>(rank, gloo, nccl, tensor::DType::bf16);
+        compare_sums<tensor::f16>(rank, gloo, nccl, tensor::DType::f16);
+
+        const auto mine = random_bytes(513, 200 + static_cast<uint32_t>(rank));
+        DeviceBytes device_mine(mine);
+        std::vector<uint8_t> host_all(2 * mine.size());
+        gloo.all_gather(mine.data(), host_all.data(), mine.size());
+        DeviceBytes all(2 * mine.size());
+        nccl.all_gather(device_mine.get(), all.get(), mine.size());
+        expect(same_bits(all.download<uint8_t>(), host_all), "all_gather");
+
+        const std::vector<size_t> sizes{300, 513};
+        std::vector<uint8_t> host_v(sizes[0] + sizes[1]);
+        gloo.all_gather_v(mine.data(), host_v.data(), sizes);
+        DeviceBytes gathered_v(host_v.size());
+        nccl.all_gather_v(device_mine.get(), gathered_v.get(), sizes);
+        expect(same_bits(gathered_v.download<uint8_t>(), host_v), "all_gather_v");
+
+        const auto both = random_bytes(2 * 257, 300 + static_cast<uint32_t>(rank));
+        DeviceBytes device_both(both);
+        std::vector<uint8_t> host_swapped(both.size());
+        gloo.all_to_all(both.data(), host_swapped.data(), 257);
+        DeviceBytes swapped(both.size());
+        nccl.all_to_all(device_both.get(), swapped.get(), 257);
+        expect(same_bits(swapped.download<uint8_t>(), host_swapped), "all_to_all");
+
+        // Rank r sends 100 + 50 r bytes to rank 0 and 20 + 10 r bytes to rank 1.
+        const std::vector<size_t> send{100 + 50 * static_cast<size_t>(rank),
+                                       20 + 10 * static_cast<size_t>(rank)};
+        const std::vector<size_t> recv =
+            rank == 0 ? std::vector<size_t>{100, 150} : std::vector<size_t>{20, 30};
+        const auto outgoing = random_bytes(send[0] + send[1], 400 + static_cast<uint32_t>(rank));
+        DeviceBytes device_out(outgoing);
+        std::vector<uint8_t> host_in(recv[0] + recv[1]);
+        gloo.all_to_allv(outgoing.data(), send, host_in.data(), recv);
+        DeviceBytes incoming(host_in.size());
+        nccl.all_to_allv(device_out.get(), send, incoming.get(), recv);
+        expect(same_bits(incoming.download<uint8_t>(), host_in), "all_to_allv");
+
+        DeviceBytes data(rank == 1 ? mine : std::vector<uint8_t>(mine.size(), 0));
+        nccl.broadcast(data.get(), mine.size(), 1);
+        std::vector<uint8_t> host_data = rank == 1 ? mine : std::vector<uint8_t>(mine.size(), 0);
+        gloo.broadcast(host_data.data(), host_data.size(), 1);
+        expect(same_bits(data.download<uint8_t>(), host_data), "broadcast");
+
+        // Two sends in a row arrive in order (NCCL has no tags).
+        const auto first = random_bytes(64, 500), second = random_bytes(96, 501);
+        if (rank == 0) {
+          DeviceBytes a(first), b(second);
+          nccl.send(a.get(), first.size(), 1, 7);
+          nccl.send(b.get(), second.size(), 1, 8);
+        } else {
+          DeviceBytes a(first.size()), b(second.size());
+          nccl.recv(a.get(), first.size(), 0, 7);
+          nccl.recv(b.get(), second.size(), 0, 8);
+          expect(same_bits(a.download<uint8_t>(), first), "send/recv (first)");
+          expect(same_bits(b.download<uint8_t>(), second), "send/recv (second)");
+        }
+        nccl.barrier();
+      });
+  for (const auto& failure : failures)
+    FAIL_CHECK(failure);
+  CHECK(failures.empty());
+}
+
+TEST_CASE("nccl: a collective that a peer never joins times out, aborts and breaks the group") {
+  if (gpu_count() < 2) {
+    WARN("tests/gpu: only " << gpu_count() << " GPU: the NCCL timeout test needs two - not run");
+    return;
+  }
+  std::string rank0_error, second_error;
+  const auto failures =
+      run_two_ranks([&](int rank, dist::Communicator& gloo, dist::Communicator& nccl) {
+        if (rank == 0) {
+          DeviceBytes data(std::vector<float>(1024, 1.0f));
+          try {
+            nccl.all_reduce_sum(data.get(), 1024, tensor::DType::f32, milliseconds(500));
+          } catch (const dist::DistError& error) {
+            rank0_error = error.what();
+            expect(error.kind() == dist::DistError::Kind::timeout, "kind of " + rank0_error);
+          }
+          try {
+            nccl.barrier();
+          } catch (const dist::DistError& error) {
+            second_error = error.what();
+          }
+        }
+        gloo.barrier();  // rank 1 leaves only after rank 0 has given up
+      });
+  for (const auto& failure : failures)
+    FAIL_CHECK(failure);
+  INFO(rank0_error);
+  CHECK(rank0_error.find("all_reduce on group pair") != std::string::npos);
+  CHECK(rank0_error.find("a peer did not join the collective") != std::string::npos);
+  CHECK(second_error.find("broken by an earlier failure") != std::string::npos);
+}

@@ -1,0 +1,170 @@
+// The NCCL communicator's wait-and-abort logic (PendingOp) with fake poll and abort functions, and
+// the factory's failure paths, which need neither a GPU nor NCCL. The collectives themselves are
+// tested on a GPU in tests/gpu/gpu_nccl_test.cpp.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "dist/error.hpp"
+#include "dist/mesh.hpp"
+#include "dist/nccl_communicator.hpp"
+#include "dist_test_util.hpp"
+
+using namespace trainctl::dist;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const std::string kCall = "all_reduce on group dp (2 ranks, this is rank 1)";
+
+}  // namespace
+
+TEST_CASE("PendingOp returns once the poll reports done, without aborting") {
+  int polls = 0, aborts = 0;
+  PendingOp op(
+      "all_reduce", kCall, milliseconds(5000),
+      [&] {
+        return PollResult{++polls >= 3, {}};
+      },
+      [&] { ++aborts; });
+  op.wait();
+  CHECK(polls == 3);
+  CHECK(aborts == 0);
+}
+
+TEST_CASE("PendingOp times out, aborts exactly once and names the op and the group") {
+  int aborts = 0;
+  PendingOp op(
+      "all_reduce", kCall, milliseconds(150), [] { return PollResult{}; }, [&] { ++aborts; });
+  const auto start = Clock::now();
+  try {
+    op.wait();
+    FAIL("wait() returned although the operation never completed");
+  } catch (const DistError& error) {
+    const auto waited = Clock::now() - start;
+    CHECK(error.kind() == DistError::Kind::timeout);
+    CHECK(error.op() == "all_reduce");
+    CHECK(error.peer() == -1);
+    const std::string what = error.what();
+    CHECK(what.rfind(kCall, 0) == 0);
+    CHECK(what.find("timed out after 150 ms") != std::string::npos);
+    CHECK(what.find("a peer did not join the collective") != std::string::npos);
+    CHECK(waited >= milliseconds(150));
+    // The backoff sleeps at most 1 ms: the timeout is not overshot by more than scheduling noise.
+    CHECK(waited < milliseconds(150 + 250));
+  }
+  CHECK(aborts == 1);
+  // A second wait on the failed op fails again but never aborts twice.
+  CHECK_THROWS_AS(op.wait(), DistError);
+  CHECK(aborts == 1);
+}
+
+TEST_CASE("PendingOp turns an asynchronous error into a DistError naming the op and the group") {
+  int polls = 0, aborts = 0;
+  PendingOp op(
+      "reduce_scatter", "reduce_scatter on group tp (4 ranks, this is rank 2)", milliseconds(5000),
+      [&] {
+        return ++polls < 4 ? PollResult{} : PollResult{false, "NCCL error: remote process exited"};
+      },
+      [&] { ++aborts; });
+  try {
+    op.wait();
+    FAIL("wait() returned although the poll reported an error");
+  } catch (const DistError& error) {
+    CHECK(error.kind() == DistError::Kind::io);
+    CHECK(error.op() == "reduce_scatter");
+    const std::string what = error.what();
+    CHECK(what.rfind("reduce_scatter on group tp (4 ranks, this is rank 2): ", 0) == 0);
+    CHECK(what.find("NCCL error: remote process exited") != std::string::npos);
+    CHECK(what.find("aborted") != std::string::npos);
+  }
+  CHECK(polls == 4);
+  CHECK(aborts == 1);
+}
+
+TEST_CASE("PendingOp reports an error seen together with completion") {
+  // ncclCommGetAsyncError can flag a failure after the stream drained: the error must win.
+  int aborts = 0;
+  PendingOp op(
+      "barrier", "barrier on group world (2 ranks, this is rank 0)", milliseconds(1000),
+      [] {
+        return PollResult{true, "NCCL error: unhandled system error"};
+      },
+      [&] { ++aborts; });
+  CHECK_THROWS_AS(op.wait(), DistError);
+  CHECK(aborts == 1);
+}
+
+TEST_CASE("PendingOp counts its timeout from construction, when the op was enqueued") {
+  int aborts = 0;
+  PendingOp op(
+      "send", "send on group pp (2 ranks, this is rank 0)", milliseconds(50),
+      [] { return PollResult{}; }, [&] { ++aborts; });
+  std::this_thread::sleep_for(milliseconds(80));
+  const auto start = Clock::now();
+  CHECK_THROWS_AS(op.wait(), DistError);
+  CHECK(Clock::now() - start < milliseconds(40));
+  CHECK(aborts == 1);
+}
+
+TEST_CASE("create_nccl_communicator names the group and the GPU when it cannot start") {
+  dist_test::TempDir dir;
+  FileStore store(dir.path);
+  GroupOptions options;
+  options.name = "dp";
+  options.timeout = milliseconds(2000);
+  try {
+    create_nccl_communicator(store, options, /*cuda_device=*/999);
+    FAIL("a communicator on GPU 999 was created");
+  } catch (const DistError& error) {
+    const std::string what = error.what();
+    INFO(what);
+    CHECK(what.find("group dp") != std::string::npos);
+    CHECK(what.find("GPU 999") != std::string::npos);
+    CHECK(error.op() == "rendezvous");
+    if (nccl_available()) {
+      CHECK(error.kind() == DistError::Kind::io);
+      CHECK(what.find("cudaSetDevice") != std::string::npos);
+    } else {
+      CHECK(error.kind() == DistError::Kind::usage);
+      CHECK(what.find("this build has no NCCL") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("create_nccl_communicator rejects a rank outside the group") {
+  dist_test::TempDir dir;
+  FileStore store(dir.path);
+  GroupOptions options;
+  options.name = "tp";
+  options.rank = 2;
+  options.size = 2;
+  try {
+    create_nccl_communicator(store, options, 0);
+    FAIL("rank 2 of 2 was accepted");
+  } catch (const DistError& error) {
+    CHECK(error.kind() == DistError::Kind::usage);
+    CHECK(std::string(error.what()).find("group tp") != std::string::npos);
+  }
+}
+
+TEST_CASE("Mesh with the nccl backend fails on a missing GPU instead of falling back to Gloo") {
+  dist_test::TempDir dir;
+  FileStore store(dir.path);
+  MeshOptions options;
+  options.timeout = milliseconds(2000);
+  options.backend = CommBackend::nccl;
+  options.cuda_device = 999;
+  try {
+    Mesh::create(store, 1, 0, Layout{}, options);
+    FAIL("a mesh was created on GPU 999");
+  } catch (const DistError& error) {
+    const std::string what = error.what();
+    INFO(what);
+    CHECK(what.find("group world") != std::string::npos);
+    CHECK(what.find("GPU 999") != std::string::npos);
+  }
+}

@@ -1,0 +1,154 @@
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <stdexcept>
+
+#include "commands.hpp"
+#include "session_internal.hpp"
+#include "train/checkpointing.hpp"
+
+namespace fs = std::filesystem;
+
+namespace trainctl::app {
+
+namespace {
+
+// Loads the newest candidate that is valid and reads back intact (every slice's checksum is
+// checked as it is read). Returns the loaded entry, or nullopt after printing why none could be
+// loaded; `skipped` collects the newer entries passed over, with the reason.
+// With a mesh, rank 0's list decides the order and every rank must load the same step: after each
+// attempt the ranks agree (a sum over the world), and one rank's failure makes all of them move
+// on to the next candidate. A checkpoint of another model (CheckpointMismatch) is rethrown on
+// every rank.
+struct Skipped {
+  ckpt::ScanEntry entry;
+  std::string reason;
+};
+std::optional<ckpt::ScanEntry> load_newest_intact(const std::vector<ckpt::ScanEntry>& candidates,
+                                                  model::Transformer& model,
+                                                  train::Trainer& trainer, backend::Backend& be,
+                                                  const dist::Mesh* mesh,
+                                                  std::vector<Skipped>& skipped,
+                                                  std::string& recipe_hash) {
+  std::vector<int64_t> steps;
+  for (const ckpt::ScanEntry& e : candidates)
+    steps.push_back(e.step);
+  if (mesh) {
+    int64_t count = static_cast<int64_t>(steps.size());
+    mesh->world().broadcast(&count, sizeof count, 0);
+    steps.resize(static_cast<size_t>(count));
+    if (count > 0) mesh->world().broadcast(steps.data(), steps.size() * sizeof(int64_t), 0);
+  }
+  constexpr double kMismatch = 1e6;  // outweighs any number of plain failures in the sum
+  for (int64_t step : steps) {
+    const auto it = std::find_if(candidates.begin(), candidates.end(),
+                                 [&](const ckpt::ScanEntry& e) { return e.step == step; });
+    std::string reason;
+    std::string mismatch;
+    if (it == candidates.end()) {
+      reason = "not found by this rank";
+    } else if (it->status != ckpt::Status::valid) {
+      reason = it->reason.empty() ? "not valid" : it->reason;
+    } else {
+      try {
+        const ckpt::CheckpointReader reader = ckpt::CheckpointReader::open(it->path);
+        train::restore_checkpoint(reader, model, trainer, be);
+        recipe_hash = reader.manifest().header.recipe_hash;
+      } catch (const ckpt::CheckpointError& error) {
+        reason = error.what();
+      } catch (const train::CheckpointMismatch& error) {
+        mismatch = error.what();
+      }
+    }
+    double failures = !mismatch.empty() ? kMismatch : reason.empty() ? 0.0 : 1.0;
+    if (mesh) mesh->world().all_reduce_sum(std::span<double>(&failures, 1));
+    if (failures >= kMismatch)
+      throw train::CheckpointMismatch(
+          mismatch.empty() ? fmt::format("step {}: another rank found the checkpoint belongs to "
+                                         "another run (see its log)",
+                                         step)
+                           : mismatch);
+    if (failures == 0 && it != candidates.end()) return *it;
+    if (it != candidates.end())
+      skipped.push_back({*it, reason.empty()
+                                  ? std::string("another rank could not load it (see its log)")
+                                  : reason});
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+int resume_from_checkpoint(SessionInput& input, model::Transformer& model, train::Trainer& trainer,
+                           backend::Backend& be, const dist::Mesh* mesh,
+                           const fs::path& checkpoints_dir, RankLog& log,
+                           std::optional<ckpt::ScanEntry>& resumed,
+                           std::string& checkpoint_recipe_hash) {
+  const recipe::Recipe& r = input.loaded.recipe;
+  const bool leader = input.rank.rank == 0;
+  std::vector<Skipped> skipped;
+  try {
+    resumed = load_newest_intact(input.resume_candidates, model, trainer, be, mesh, skipped,
+                                 checkpoint_recipe_hash);
+  } catch (const train::CheckpointMismatch& e) {
+    return log.fail(e.what(), kExitBadInput);
+  }
+  if (!resumed) {
+    std::string found;
+    for (const Skipped& k : skipped)
+      found += fmt::format("\n  {}: {}", k.entry.name, k.reason);
+    const std::string message = fmt::format(
+        "{} holds no valid checkpoint to resume from:{}\n"
+        "start the run again with trainctl run --overwrite",
+        checkpoints_dir.string(), found);
+    return log.fail(message, kExitBadInput);
+  }
+  if (resumed->step >= r.training.steps) {
+    if (leader)
+      std::fprintf(stderr,
+                   "trainctl %s: %s is at step %lld of training.steps %lld: the run is "
+                   "complete (extend it with --set training.steps=N)\n",
+                   log.command.c_str(), resumed->path.string().c_str(),
+                   static_cast<long long>(resumed->step), static_cast<long long>(r.training.steps));
+    if (log.file) std::fclose(log.file);
+    return kExitOk;
+  }
+  // Only now that a checkpoint has loaded: move the newer broken ones out of the way, so a
+  // later save of the same step cannot collide with them. They are kept, never read. One
+  // rank moves them (rank 0), the others only report.
+  for (const Skipped& k : skipped) {
+    const fs::path rejected = checkpoints_dir / "rejected" / k.entry.name;
+    if (leader) {
+      fs::create_directories(rejected.parent_path());
+      fs::remove_all(rejected);
+      fs::rename(k.entry.path, rejected);
+    }
+    input.notes.push_back(fmt::format("skipped {} ({}): moved to {}, never read", k.entry.name,
+                                      k.reason, rejected.string()));
+  }
+  // No rank may save into checkpoints/ before the rejected ones are out of the way.
+  if (mesh) mesh->world().barrier();
+  return -1;
+}
+
+void truncate_metrics(const fs::path& path, int64_t last_step) {
+  std::ifstream in(path);
+  if (!in) return;
+  const fs::path tmp = path.string() + ".tmp";
+  std::ofstream out(tmp, std::ios::trunc);
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() <= last_step)
+      out << line << '\n';
+  }
+  out.close();
+  if (!out) throw std::runtime_error("cannot rewrite " + path.string());
+  fs::rename(tmp, path);
+}
+
+}  // namespace trainctl::app

@@ -1,0 +1,215 @@
+#include <fmt/core.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+
+#include "commands.hpp"
+#include "convert.hpp"
+#include "launch/local.hpp"
+#include "launch/store_address.hpp"
+#include "session_internal.hpp"
+
+namespace fs = std::filesystem;
+
+namespace trainctl::app {
+
+int report_problems(const std::vector<recipe::Problem>& problems, const std::string& label) {
+  std::fputs(recipe::format_report(problems, label).c_str(), stderr);
+  return kExitBadInput;
+}
+
+int bad_input(const std::string& command, const std::string& message) {
+  std::fprintf(stderr, "trainctl %s: error: %s\n", command.c_str(), message.c_str());
+  return kExitBadInput;
+}
+
+std::vector<recipe::Problem> unsupported_in_this_build(const recipe::LoadedRecipe& loaded) {
+  const recipe::Recipe& r = loaded.recipe;
+  std::vector<recipe::Problem> problems;
+  if (r.cluster.device == recipe::Device::cuda) {
+    const backend::DeviceReport devices = backend::detect_gpus();
+    if (!devices.cuda_compiled)
+      problems.push_back(loaded.origins.problem(
+          "cluster.device",
+          "this build has no CUDA (no nvcc when it was configured); use cluster.device: auto or "
+          "cpu, or rebuild where the CUDA toolkit is installed"));
+    else if (devices.gpus.empty())
+      problems.push_back(loaded.origins.problem(
+          "cluster.device",
+          "this machine has no usable GPU (`trainctl version` says why); use "
+          "cluster.device: auto or cpu"));
+  }
+  return problems;
+}
+
+int check_rank_environment(SessionInput& input, const std::string& command) {
+  try {
+    input.rank = launch::rank_info_from_environment();
+  } catch (const launch::RankEnvError& e) {
+    return bad_input(command, e.what());
+  }
+  const recipe::Recipe& r = input.loaded.recipe;
+  if (input.rank.launched() && input.rank.world_size != r.world_size())
+    return bad_input(
+        command,
+        fmt::format("{} started {} rank{} but the recipe's layout needs tp*ep*dp*pp = "
+                    "{}*{}*{}*{} = {}; start {} ranks, or change the parallel degrees (or run "
+                    "without a launcher: trainctl starts the ranks itself)",
+                    launch::rank_source_name(input.rank.source), input.rank.world_size,
+                    input.rank.world_size == 1 ? "" : "s", r.parallel.tp, r.parallel.ep,
+                    r.parallel.dp, r.parallel.pp, r.world_size(), r.world_size()));
+  return -1;
+}
+
+int start_session(SessionInput input, const std::string& command) {
+  const recipe::Recipe& r = input.loaded.recipe;
+  if (input.rank.launched() || r.world_size() == 1) return train_session(std::move(input), command);
+  launch::LocalLaunch local;
+  local.argv = launch::own_command_line();
+  local.run_dir = input.run_dir;
+  local.world_size = r.world_size();
+  local.layout = fmt::format("tp{} ep{} dp{} pp{}", r.parallel.tp, r.parallel.ep, r.parallel.dp,
+                             r.parallel.pp);
+  local.command = command;  // the notes are rank 0's to print
+  return launch::launch_local(local);
+}
+
+namespace {
+
+// The key a data error is about: the validation file when the error names it, else data.path.
+std::string_view data_error_key(const recipe::Recipe& r, const std::string& message) {
+  const std::string& val = r.data.val_path;
+  if (!val.empty() && val != r.data.path && message.starts_with(val + ":")) return "data.val_path";
+  return "data.path";
+}
+
+// Whether two FILE streams write to the same file (a rank whose stderr the launcher sends to its
+// log): then a message goes to one of them only.
+bool same_file(std::FILE* a, std::FILE* b) {
+  struct stat sa {
+  }, sb{};
+  if (::fstat(::fileno(a), &sa) != 0 || ::fstat(::fileno(b), &sb) != 0) return false;
+  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+Rendezvous open_rendezvous(const launch::RankInfo& rank, const fs::path& run_dir, bool shared_fs,
+                           std::chrono::milliseconds timeout) {
+  Rendezvous rv;
+  if (!shared_fs && rank.source == launch::RankSource::slurm) {
+    const launch::StoreAddress address =
+        launch::tcp_store_address(rank, [](const char* name) { return std::getenv(name); });
+    if (rank.rank == 0) rv.server = std::make_unique<dist::TcpStoreServer>("", address.port);
+    rv.base = std::make_unique<dist::TcpStore>(address.host, address.port, timeout);
+    rv.how = fmt::format("{} ({})", rv.base->describe(), address.how);
+  } else {
+    const fs::path dir =
+        rank.rendezvous.empty() ? run_dir / "rendezvous" / rank.job_id : fs::path(rank.rendezvous);
+    rv.base = std::make_unique<dist::FileStore>(dir.string());
+    rv.how = rv.base->describe();
+  }
+  std::string job = rank.job_id;
+  std::replace(job.begin(), job.end(), '/', '_');
+  rv.store = std::make_unique<dist::PrefixStore>(
+      dist::job_store(*rv.base, job.empty() ? "job" : job, rank.restart_count));
+  return rv;
+}
+
+}  // namespace
+
+int open_session_data(const SessionInput& input, SessionData& out) {
+  const recipe::Recipe& r = input.loaded.recipe;
+  try {
+    out.dataset = data::open_dataset(to_data_config(r));
+    out.sampler.emplace(*out.dataset.train, r.model.seq_len,
+                        static_cast<uint64_t>(r.determinism.seed), true, r.model.vocab);
+    if (out.dataset.val && out.dataset.val->size() > r.model.seq_len) {
+      out.val.emplace(*out.dataset.val, r.model.seq_len, r.model.vocab);
+      if (out.val->num_batches(r.training.micro_batch) < 1) out.val.reset();
+    }
+  } catch (const data::DataError& e) {
+    return report_problems({input.loaded.origins.problem(data_error_key(r, e.what()), e.what())},
+                           input.recipe_label);
+  }
+  return -1;
+}
+
+void RankLog::open(const fs::path& run_dir) {
+  fs::create_directories(run_dir / "logs");
+  const fs::path path = run_dir / "logs" / fmt::format("rank_{}.log", rank);
+  file = std::fopen(path.c_str(), "a");
+  if (!file) throw std::runtime_error("cannot write " + path.string());
+}
+
+int RankLog::fail(const std::string& message, int code) {
+  const std::string line = fmt::format("trainctl {}: error: {}{}\n", command,
+                                       multi ? fmt::format("rank {}: ", rank) : "", message);
+  if (file) {
+    std::fputs(line.c_str(), file);
+    std::fflush(file);
+  }
+  if (!file || !same_file(file, stderr)) std::fputs(line.c_str(), stderr);
+  if (file) std::fclose(file);
+  file = nullptr;
+  return code;
+}
+
+void join_ranks(const SessionInput& input, const train::TrainConfig& train_config, RankLog& log,
+                RankGroups& out) {
+  const recipe::Recipe& r = input.loaded.recipe;
+  const launch::RankInfo& rank_info = input.rank;
+  const int rank = rank_info.rank;
+  if (rank_info.world_size > 1) {
+    out.rendezvous = open_rendezvous(
+        rank_info, input.run_dir, r.cluster.shared_fs,
+        std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s * 1000.0)));
+    dist::Layout layout;
+    layout.tp = r.parallel.tp;
+    layout.ep = r.parallel.ep;
+    layout.dp = r.parallel.dp;
+    layout.pp = r.parallel.pp;
+    dist::MeshOptions mesh_options;
+    mesh_options.timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s * 1000.0));
+    out.mesh.emplace(dist::Mesh::create(*out.rendezvous.store, rank_info.world_size, rank, layout,
+                                        mesh_options));
+    log.open(input.run_dir);
+    const dist::Coordinates& at = out.mesh->groups().coordinates;
+    model::ModelParallel& parallel = out.parallel;
+    if (r.parallel.tp > 1) parallel.tp = &out.mesh->tp();
+    if (r.parallel.ep > 1) parallel.ep = &out.mesh->ep();
+    parallel.pp_rank = at.pp;
+    parallel.pp_size = r.parallel.pp;
+    parallel.stage_layers = r.parallel.pp_layers;
+    parallel.activation_slots = std::max(
+        1,
+        std::min(r.parallel.pp - at.pp, train_config.accum_steps(r.parallel.dp * r.parallel.ep)));
+    if (r.parallel.zero == 1) {
+      parallel.zero_parts = r.parallel.dp;
+      parallel.zero_rank = at.dp;
+    }
+  }
+}
+
+int make_session_backend(const SessionInput& input, bool on_cuda,
+                         const backend::DeviceReport& devices, RankLog& log,
+                         std::unique_ptr<backend::Backend>& be) {
+  const recipe::Recipe& r = input.loaded.recipe;
+  const launch::RankInfo& rank_info = input.rank;
+  if (on_cuda) {
+    const int rank_gpu = launch::device_for_rank(rank_info, static_cast<int>(devices.gpus.size()));
+    try {
+      be = backend::make_cuda_backend(rank_gpu >= 0 ? rank_gpu : rank_info.local_rank,
+                                      r.determinism.deterministic);
+    } catch (const std::exception& e) {
+      return log.fail(fmt::format("cluster.device: cuda: {} ({})", e.what(), devices.status),
+                      kExitFailure);
+    }
+  } else {
+    be = backend::make_cpu_backend();
+  }
+  return -1;
+}
+
+}  // namespace trainctl::app

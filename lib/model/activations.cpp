@@ -1,0 +1,153 @@
+#include <algorithm>
+
+#include "model/transformer_impl.hpp"
+
+namespace trainctl::model {
+
+// Bump allocator over one allocation, run twice: first to measure (null pointers), then for real.
+// `mark/rewind` lets tensors shared by all layers (recomputed ones) reuse the same bytes.
+class Arena {
+ public:
+  Arena(char* base, bool measuring) : base_(base), measuring_(measuring) {}
+  Tensor take(DType dtype, Shape shape) {
+    Tensor t;
+    t.dtype = dtype;
+    t.shape = shape;
+    t.data = measuring_ ? nullptr : base_ + used_;
+    used_ += (t.bytes() + 63) / 64 * 64;
+    peak_ = std::max(peak_, used_);
+    return t;
+  }
+  size_t used() const { return used_; }
+  size_t peak() const { return peak_; }
+  void rewind(size_t to) { used_ = to; }
+
+ private:
+  char* base_;
+  bool measuring_;
+  size_t used_ = 0;
+  size_t peak_ = 0;
+};
+
+// Gives every activation tensor its place. `kept` grows (per slot); `shared` is rewound for
+// each layer of each slot, so tensors that are recomputed in backward occupy the bytes of one
+// layer only; `scratch` is shared by all layers and slots.
+void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
+  const DType S = cfg.storage, A = backend::stats_dtype(S);
+  const int64_t tps = par.tp_size();
+  const int64_t C = cfg.hidden, D = cfg.head_dim(), H = cfg.heads / tps, KV = cfg.kv_heads / tps;
+  const int64_t W = (H + 2 * KV) * D;
+  const int64_t dense_F = cfg.ffn_hidden / tps, dense_F1 = cfg.fc1_rows(cfg.ffn_hidden) / tps;
+  const int64_t expert_F = cfg.expert_ffn() / tps, expert_F1 = cfg.fc1_rows(cfg.expert_ffn()) / tps;
+  const bool full = cfg.recompute == RecomputeMode::full;
+  const bool none = cfg.recompute == RecomputeMode::none;
+  auto keep_unless_full = [&](DType dt, Shape s) {
+    return full ? shared.take(dt, s) : kept.take(dt, s);
+  };
+  auto keep_if_none = [&](DType dt, Shape s) {
+    return none ? kept.take(dt, s) : shared.take(dt, s);
+  };
+
+  slots.assign(static_cast<size_t>(par.activation_slots), Slot{});
+  // Every dense layer has the same FFN shape and every MoE layer the same expert shapes.
+  int64_t expert_rows = 0;
+  for (Slot& slot : slots) {
+    for (int l = 0; l <= num_layers(); ++l)
+      slot.resid.push_back(kept.take(S, {N, C}));
+    slot.tokens = kept.take(DType::i32, {N});
+    slot.targets = kept.take(DType::i32, {N});
+    if (tp_on() && par.last_stage()) {
+      slot.local_targets = kept.take(DType::i32, {N});
+      slot.lse = kept.take(A, {N});
+    }
+    slot.acts.assign(blocks.size(), BlockActs{});
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const Block& b = blocks[i];
+      BlockActs& a = slot.acts[i];
+      shared.rewind(0);
+      a.x_in = slot.resid[i];
+      a.x_out = slot.resid[i + 1];
+      a.ln1_s = {keep_unless_full(A, {N}), keep_unless_full(A, {N})};
+      a.ln1_out = keep_if_none(S, {N, C});
+      a.attn_s = {keep_unless_full(S, {N, W}), keep_unless_full(S, {N, H * D}),
+                  keep_unless_full(A, {B, H, T})};
+      a.x_mid = keep_unless_full(S, {N, C});
+      a.ln2_s = {keep_unless_full(A, {N}), keep_unless_full(A, {N})};
+      a.ln2_out = keep_if_none(S, {N, C});
+      if (b.mlp) {
+        a.mlp_s = {keep_unless_full(S, {N, dense_F1}), keep_if_none(S, {N, dense_F})};
+      } else {
+        const int64_t E = cfg.moe.experts, k = cfg.moe.top_k, cap = b.moe->capacity(N);
+        backend::RouterArgs& r = a.moe_s.route;
+        r.logits = keep_unless_full(S, {N, E});
+        r.probs = keep_unless_full(A, {N, E});
+        r.expert_idx = keep_unless_full(DType::i32, {N, k});
+        r.gates = keep_unless_full(A, {N, k});
+        r.slot = keep_unless_full(DType::i32, {N, k});
+        r.counts = keep_unless_full(DType::i32, {E});
+        r.load = keep_unless_full(A, {E});
+        r.top_k = k;
+        r.capacity = cap;
+        a.moe_s.expert_in = keep_unless_full(S, {E * cap, C});
+        a.moe_s.expert_out = keep_unless_full(S, {E * cap, C});
+        a.moe_s.expert = {keep_unless_full(S, {E * cap, expert_F1}),
+                          keep_if_none(S, {E * cap, expert_F})};
+        expert_rows = E * cap;
+      }
+    }
+    if (par.last_stage()) {
+      slot.lnf_s = {kept.take(A, {N}), kept.take(A, {N})};
+      slot.lnf_out = kept.take(S, {N, C});
+    }
+  }
+
+  // Scratch shared by forward and backward of all layers.
+  if (par.last_stage()) {
+    logits = scratch.take(S, {N, local_vocab});
+    lse = scratch.take(A, {N});
+    losses = scratch.take(A, {N});
+    dlogits = scratch.take(S, {N, local_vocab});
+    d_lnf_out = scratch.take(S, {N, C});
+  }
+  branch = scratch.take(S, {N, C});
+  d_resid = scratch.take(S, {N, C});
+  d_ln_out = scratch.take(S, {N, C});
+  d_norm_in = scratch.take(S, {N, C});
+  if (!par.last_stage()) out_grad = scratch.take(S, {N, C});
+  if (!par.first_stage()) in_grad = scratch.take(S, {N, C});
+  if (tp_on()) tp.ones = scratch.take(S, {std::max(N, expert_rows)});
+  const bool rope = cfg.position == PositionKind::rope;
+  attn_scratch = {rope ? scratch.take(S, {N, W}) : Tensor{}, scratch.take(S, {N, H * D}),
+                  scratch.take(S, {N, W}), rope ? scratch.take(S, {N, W}) : Tensor{}};
+  const bool any_dense =
+      std::any_of(blocks.begin(), blocks.end(), [](const Block& b) { return b.mlp.has_value(); });
+  if (any_dense) mlp_scratch = {scratch.take(S, {N, dense_F}), scratch.take(S, {N, dense_F1})};
+  if (expert_rows > 0) {
+    const int64_t R = expert_rows;
+    moe_scratch.dexpert_in = scratch.take(S, {R, C});
+    moe_scratch.dexpert_out = scratch.take(S, {R, C});
+    moe_scratch.dgates = scratch.take(A, {N, cfg.moe.top_k});
+    moe_scratch.dlogits = scratch.take(S, {N, cfg.moe.experts});
+    moe_scratch.dx_router = scratch.take(S, {N, C});
+    moe_scratch.expert = {scratch.take(S, {R, expert_F}), scratch.take(S, {R, expert_F1})};
+    if (par.ep_size() > 1) {
+      moe_scratch.send = scratch.take(S, {R, C});
+      moe_scratch.recv = scratch.take(S, {R, C});
+    }
+  }
+}
+
+void Transformer::Impl::plan_activations() {
+  Arena kept(nullptr, true), shared(nullptr, true), scratch(nullptr, true);
+  assign(kept, shared, scratch);
+  bytes.kept = kept.peak();
+  bytes.scratch = shared.peak() + scratch.peak();
+  memory = be.allocate(kept.peak() + shared.peak() + scratch.peak());
+  char* base = static_cast<char*>(memory.data());
+  Arena kept2(base, false), shared2(base + kept.peak(), false),
+      scratch2(base + kept.peak() + shared.peak(), false);
+  assign(kept2, shared2, scratch2);
+  if (tp_on()) be.fill(tp.ones, 1.0);
+}
+
+}  // namespace trainctl::model

@@ -1,0 +1,120 @@
+// Private to lib/model (not installed; included only by lib/model .cpp files): the state of one
+// Transformer and the per-micro-batch activation records, shared by the files that implement it:
+//   transformer.cpp  construction (layers from the ParamStore), forward/backward, public methods
+//   activations.cpp  the activation arena: where every activation and scratch tensor lives
+//   vocab_loss.cpp   the vocab-parallel cross-entropy and its host-side helpers
+// Dimension legend: see layers.hpp.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/layers.hpp"
+#include "model/model.hpp"
+
+namespace trainctl::model {
+
+class Arena;  // activations.cpp
+
+// One layer of this stage: its parameters (views into the ParamStore) and global index.
+struct Block {
+  int layer = 0;
+  Norm ln1, ln2;
+  Attention attn;
+  std::optional<Mlp> mlp;
+  std::optional<Moe> moe;
+};
+
+// What one block keeps between forward and backward of one micro-batch (views into the arena).
+struct BlockActs {
+  Tensor x_in, x_out, x_mid, ln1_out, ln2_out;
+  Norm::Saved ln1_s, ln2_s;
+  Attention::Saved attn_s;
+  Mlp::Saved mlp_s;
+  Moe::Saved moe_s;
+};
+
+// The activations of one micro-batch in flight (a pipeline stage holds several).
+struct Slot {
+  std::vector<Tensor> resid;  // stage layers + 1 residual-stream tensors [N, C]
+  Tensor tokens, targets;     // [N] i32, global ids
+  Tensor local_targets;       // [N] i32, tp: targets inside this vocab shard, else -1
+  Tensor lse;                 // [N] A, tp: log-sum-exp over the whole vocabulary
+  Norm::Saved lnf_s;
+  Tensor lnf_out;
+  std::vector<BlockActs> acts;
+  int64_t valid_targets = 0;
+  bool have_forward = false;
+};
+
+struct Transformer::Impl {
+  ModelConfig cfg;
+  Backend& be;
+  ModelParallel par;
+  int64_t B, T, N;
+  StageRange stage;
+  ParamStore store;
+  Param wte, wpe, head;
+  std::vector<Block> blocks;
+  Norm final_norm;
+  TensorParallel tp;
+  int64_t vocab_begin = 0, local_vocab = 0;
+
+  // Activations and scratch.
+  backend::Allocation memory;
+  ActivationBytes bytes;
+  std::vector<Slot> slots;
+  Tensor logits, lse, losses, dlogits, d_lnf_out;
+  Tensor branch, d_resid, d_ln_out, d_norm_in, out_grad, in_grad;
+  Attention::Scratch attn_scratch;
+  Mlp::Scratch mlp_scratch;
+  Moe::Scratch moe_scratch;
+  int logits_slot = -1;  // whose logits `logits` holds (the last stage recomputes them if not)
+
+  // transformer.cpp, except where marked
+  Impl(const ModelConfig& config, Backend& backend, int64_t micro_batch,
+       const ModelParallel& parallel);
+  static StageRange checked_stage(const ModelConfig& config, const ModelParallel& parallel);
+
+  bool tp_on() const { return tp.active(); }
+  int num_layers() const { return stage.end - stage.first; }
+
+  Param param(const std::string& name) const { return store.param(name); }
+  Param optional_param(const std::string& name) const {
+    return store.table().contains(name) ? param(name) : Param{};
+  }
+  Linear linear(const std::string& prefix) const {
+    return Linear{param(prefix + ".weight"), optional_param(prefix + ".bias")};
+  }
+  Norm norm(const std::string& prefix) const {
+    return Norm{cfg.norm, param(prefix + ".weight"), optional_param(prefix + ".bias"),
+                cfg.norm_eps};
+  }
+
+  static Param expert_slice(const Param& stacked, int64_t e);
+  void build_layers();
+
+  // activations.cpp
+  void assign(Arena& kept, Arena& shared, Arena& scratch);
+  void plan_activations();
+
+  // transformer.cpp
+  backend::RouterLosses block_forward(const Block& b, BlockActs& a);
+  void block_recompute(const Block& b, BlockActs& a);
+  void block_backward(const Block& b, const BlockActs& a, double grad_scale);
+  Slot& slot_at(int slot, const char* what);
+
+  // vocab_loss.cpp
+  double vocab_parallel_loss(Slot& s, const int32_t* host_targets);
+  std::vector<double> to_host(const Tensor& t);
+  void from_host(const Tensor& t, const std::vector<double>& values);
+
+  // transformer.cpp
+  void head_forward(const Slot& s) { Linear{head, Param{}}.forward(be, logits, s.lnf_out); }
+  ForwardResult forward(const int32_t* host_tokens, const int32_t* host_targets, int slot_index);
+  void backward(double grad_scale, int slot_index);
+  double forward_flops_per_token() const;
+};
+
+}  // namespace trainctl::model

@@ -91,7 +91,7 @@ cudaError_t run(P* param, float* master, const float* grad, float* m, float* v, 
 
 }  // namespace
 
-cudaError_t launch_adamw(void* param, FloatType param_type, float* master, const float* grad,
+cudaError_t launch_adamw(void* param, Storage param_type, float* master, const float* grad,
                          float* m, float* v, int64_t n, const AdamWConstants& constants,
                          cudaStream_t stream) {
   if (n < 0) return cudaErrorInvalidValue;
@@ -99,11 +99,11 @@ cudaError_t launch_adamw(void* param, FloatType param_type, float* master, const
   if (param == nullptr || grad == nullptr || m == nullptr || v == nullptr)
     return cudaErrorInvalidValue;
   switch (param_type) {
-    case FloatType::f32:
+    case Storage::f32:
       return run(static_cast<float*>(param), master, grad, m, v, n, constants, stream);
-    case FloatType::bf16:
+    case Storage::bf16:
       return run(static_cast<Bf16*>(param), master, grad, m, v, n, constants, stream);
-    case FloatType::f16:
+    case Storage::f16:
       return run(static_cast<F16*>(param), master, grad, m, v, n, constants, stream);
   }
   return cudaErrorInvalidValue;

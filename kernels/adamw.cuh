@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#include "kernels/elementwise.cuh"
+#include "kernels/storage.cuh"
 
 namespace trainctl::kernels {
 
@@ -31,7 +31,7 @@ struct AdamWConstants {
   float inv_correction2 = 0;  // 1 / (1 - beta2^step)
 };
 
-cudaError_t launch_adamw(void* param, FloatType param_type, float* master, const float* grad,
+cudaError_t launch_adamw(void* param, Storage param_type, float* master, const float* grad,
                          float* m, float* v, int64_t n, const AdamWConstants& constants,
                          cudaStream_t stream);
 

@@ -113,13 +113,13 @@ cudaError_t grid_for(int64_t work_items, unsigned* num_blocks) {
 
 // Runs f(T{}) with T the C++ storage type of `type`.
 template <class F>
-cudaError_t dispatch(FloatType type, F&& f) {
+cudaError_t dispatch(Storage type, F&& f) {
   switch (type) {
-    case FloatType::f32:
+    case Storage::f32:
       return f(float{});
-    case FloatType::bf16:
+    case Storage::bf16:
       return f(Bf16{});
-    case FloatType::f16:
+    case Storage::f16:
       return f(F16{});
   }
   return cudaErrorInvalidValue;
@@ -147,7 +147,7 @@ cudaError_t run_binary(Out* out, const A* a, const B* b, int64_t n, Op op, cudaS
 
 }  // namespace
 
-cudaError_t launch_fill(void* dst, FloatType type, float value, int64_t n, cudaStream_t stream) {
+cudaError_t launch_fill(void* dst, Storage type, float value, int64_t n, cudaStream_t stream) {
   if (n < 0 || (n > 0 && dst == nullptr)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   return dispatch(type, [&](auto tag) {
@@ -158,12 +158,12 @@ cudaError_t launch_fill(void* dst, FloatType type, float value, int64_t n, cudaS
   });
 }
 
-cudaError_t launch_cast(void* dst, FloatType dst_type, const void* src, FloatType src_type,
-                        int64_t n, cudaStream_t stream) {
+cudaError_t launch_cast(void* dst, Storage dst_type, const void* src, Storage src_type, int64_t n,
+                        cudaStream_t stream) {
   if (n < 0 || (n > 0 && (dst == nullptr || src == nullptr))) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (dst_type == src_type) {
-    return cudaMemcpyAsync(dst, src, static_cast<size_t>(n * float_type_size(dst_type)),
+    return cudaMemcpyAsync(dst, src, static_cast<size_t>(n * storage_size(dst_type)),
                            cudaMemcpyDeviceToDevice, stream);
   }
   return dispatch(dst_type, [&](auto out_tag) {
@@ -175,8 +175,8 @@ cudaError_t launch_cast(void* dst, FloatType dst_type, const void* src, FloatTyp
   });
 }
 
-cudaError_t launch_add(void* out, FloatType out_type, const void* a, FloatType a_type,
-                       const void* b, FloatType b_type, int64_t n, cudaStream_t stream) {
+cudaError_t launch_add(void* out, Storage out_type, const void* a, Storage a_type, const void* b,
+                       Storage b_type, int64_t n, cudaStream_t stream) {
   if (n < 0 || (n > 0 && (out == nullptr || a == nullptr || b == nullptr)))
     return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
@@ -193,7 +193,7 @@ cudaError_t launch_add(void* out, FloatType out_type, const void* a, FloatType a
   });
 }
 
-cudaError_t launch_accumulate(void* dst, FloatType dst_type, const void* src, FloatType src_type,
+cudaError_t launch_accumulate(void* dst, Storage dst_type, const void* src, Storage src_type,
                               int64_t n, cudaStream_t stream) {
   if (n < 0 || (n > 0 && (dst == nullptr || src == nullptr))) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
@@ -207,7 +207,7 @@ cudaError_t launch_accumulate(void* dst, FloatType dst_type, const void* src, Fl
   });
 }
 
-cudaError_t launch_scale(void* dst, FloatType type, float factor, int64_t n, cudaStream_t stream) {
+cudaError_t launch_scale(void* dst, Storage type, float factor, int64_t n, cudaStream_t stream) {
   if (n < 0 || (n > 0 && dst == nullptr)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   return dispatch(type, [&](auto tag) {
@@ -217,7 +217,7 @@ cudaError_t launch_scale(void* dst, FloatType type, float factor, int64_t n, cud
   });
 }
 
-cudaError_t launch_add_bias_rows(void* c, FloatType c_type, const void* bias, FloatType bias_type,
+cudaError_t launch_add_bias_rows(void* c, Storage c_type, const void* bias, Storage bias_type,
                                  int64_t batch, int64_t rows, int64_t cols, int64_t stride_c,
                                  cudaStream_t stream) {
   if (batch < 0 || rows < 0 || cols < 0) return cudaErrorInvalidValue;

@@ -2,7 +2,7 @@
 // that follows a GEMM when cuBLASLt's bias epilogue does not apply.
 //
 // Contract (every launcher):
-//   - Pointers are device pointers to n elements of the named FloatType (f32, bf16 or f16; the
+//   - Pointers are device pointers to n elements of the named Storage type (f32, bf16 or f16; the
 //     16-bit types travel as raw bits). Each value is loaded to fp32, computed in fp32 with one
 //     correctly rounded operation per step (no contraction into FMA), and rounded once to the
 //     destination type, to nearest even: bit-identical to lib/backend/cpu, NaN included.
@@ -20,35 +20,30 @@
 
 #include <cstdint>
 
+#include "kernels/storage.cuh"
+
 namespace trainctl::kernels {
 
-enum class FloatType : uint8_t { f32, bf16, f16 };
-
-// Bytes of one element of `type`.
-inline int64_t float_type_size(FloatType type) {
-  return type == FloatType::f32 ? 4 : 2;
-}
-
 // dst[i] = round(value) for every i (value is rounded to fp32 first, as the CPU backend does).
-cudaError_t launch_fill(void* dst, FloatType type, float value, int64_t n, cudaStream_t stream);
+cudaError_t launch_fill(void* dst, Storage type, float value, int64_t n, cudaStream_t stream);
 
 // dst[i] = round(src[i]). Same types: a device-to-device copy.
-cudaError_t launch_cast(void* dst, FloatType dst_type, const void* src, FloatType src_type,
-                        int64_t n, cudaStream_t stream);
+cudaError_t launch_cast(void* dst, Storage dst_type, const void* src, Storage src_type, int64_t n,
+                        cudaStream_t stream);
 
 // out[i] = round(a[i] + b[i]).
-cudaError_t launch_add(void* out, FloatType out_type, const void* a, FloatType a_type,
-                       const void* b, FloatType b_type, int64_t n, cudaStream_t stream);
+cudaError_t launch_add(void* out, Storage out_type, const void* a, Storage a_type, const void* b,
+                       Storage b_type, int64_t n, cudaStream_t stream);
 
 // dst[i] = round(dst[i] + src[i]).
-cudaError_t launch_accumulate(void* dst, FloatType dst_type, const void* src, FloatType src_type,
+cudaError_t launch_accumulate(void* dst, Storage dst_type, const void* src, Storage src_type,
                               int64_t n, cudaStream_t stream);
 
 // dst[i] = round(dst[i] * factor).
-cudaError_t launch_scale(void* dst, FloatType type, float factor, int64_t n, cudaStream_t stream);
+cudaError_t launch_scale(void* dst, Storage type, float factor, int64_t n, cudaStream_t stream);
 
 // For p < batch, i < rows, j < cols: c[p * stride_c + i * cols + j] = round(c[...] + bias[j]).
-cudaError_t launch_add_bias_rows(void* c, FloatType c_type, const void* bias, FloatType bias_type,
+cudaError_t launch_add_bias_rows(void* c, Storage c_type, const void* bias, Storage bias_type,
                                  int64_t batch, int64_t rows, int64_t cols, int64_t stride_c,
                                  cudaStream_t stream);
 

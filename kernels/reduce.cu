@@ -118,13 +118,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <class F>
-cudaError_t dispatch(FloatType type, F&& f) {
+cudaError_t dispatch(Storage type, F&& f) {
   switch (type) {
-    case FloatType::f32:
+    case Storage::f32:
       return f(float{});
-    case FloatType::bf16:
+    case Storage::bf16:
       return f(Bf16{});
-    case FloatType::f16:
+    case Storage::f16:
       return f(F16{});
   }
   return cudaErrorInvalidValue;
@@ -136,9 +136,8 @@ size_t reduce_scratch_bytes(int64_t n) {
   return static_cast<size_t>(reduce_blocks(n)) * sizeof(double);
 }
 
-cudaError_t launch_reduce(const void* src, FloatType type, int64_t n, ReduceKind kind,
-                          void* scratch, size_t scratch_bytes, double* result,
-                          cudaStream_t stream) {
+cudaError_t launch_reduce(const void* src, Storage type, int64_t n, ReduceKind kind, void* scratch,
+                          size_t scratch_bytes, double* result, cudaStream_t stream) {
   if (n < 0 || result == nullptr || (n > 0 && src == nullptr)) return cudaErrorInvalidValue;
   if (n == 0) return cudaMemsetAsync(result, 0, sizeof(double), stream);
   const int64_t blocks = reduce_blocks(n);
@@ -154,7 +153,7 @@ cudaError_t launch_reduce(const void* src, FloatType type, int64_t n, ReduceKind
   });
 }
 
-cudaError_t launch_all_finite(const void* src, FloatType type, int64_t n, int* flag,
+cudaError_t launch_all_finite(const void* src, Storage type, int64_t n, int* flag,
                               cudaStream_t stream) {
   if (n < 0 || flag == nullptr || (n > 0 && src == nullptr)) return cudaErrorInvalidValue;
   TRAINCTL_CUDA_RETURN(cudaMemsetAsync(flag, 0, sizeof(int), stream));
@@ -172,7 +171,7 @@ size_t column_sums_scratch_bytes(int64_t rows, int64_t cols) {
   return static_cast<size_t>(row_chunks(rows) * std::max<int64_t>(cols, 0)) * sizeof(float);
 }
 
-cudaError_t launch_column_sums_accumulate(float* dbias, const void* x, FloatType type, int64_t rows,
+cudaError_t launch_column_sums_accumulate(float* dbias, const void* x, Storage type, int64_t rows,
                                           int64_t cols, void* scratch, size_t scratch_bytes,
                                           cudaStream_t stream) {
   if (rows < 0 || cols < 0) return cudaErrorInvalidValue;

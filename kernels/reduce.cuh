@@ -18,7 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/elementwise.cuh"
+#include "kernels/storage.cuh"
 
 namespace trainctl::kernels {
 
@@ -27,17 +27,17 @@ enum class ReduceKind : uint8_t { sum, sum_squares };
 size_t reduce_scratch_bytes(int64_t n);
 
 // *result = sum_i x_i (or x_i^2) in double; x_i loaded exactly from f32/bf16/f16. n == 0: 0.
-cudaError_t launch_reduce(const void* src, FloatType type, int64_t n, ReduceKind kind,
-                          void* scratch, size_t scratch_bytes, double* result, cudaStream_t stream);
+cudaError_t launch_reduce(const void* src, Storage type, int64_t n, ReduceKind kind, void* scratch,
+                          size_t scratch_bytes, double* result, cudaStream_t stream);
 
 // *flag = 1 when some element is inf or NaN, else 0 (the launcher zeroes it first).
-cudaError_t launch_all_finite(const void* src, FloatType type, int64_t n, int* flag,
+cudaError_t launch_all_finite(const void* src, Storage type, int64_t n, int* flag,
                               cudaStream_t stream);
 
 size_t column_sums_scratch_bytes(int64_t rows, int64_t cols);
 
 // dbias[c] += sum over r < rows of x[r * cols + c], summed in fp32 (x f32/bf16/f16, dbias f32).
-cudaError_t launch_column_sums_accumulate(float* dbias, const void* x, FloatType type, int64_t rows,
+cudaError_t launch_column_sums_accumulate(float* dbias, const void* x, Storage type, int64_t rows,
                                           int64_t cols, void* scratch, size_t scratch_bytes,
                                           cudaStream_t stream);
 

@@ -1,6 +1,7 @@
-// What the layer kernels (norm, activation, rope, attention, embedding, loss, moe) share: the
-// storage type S of a run, named on the host by `Storage`, and, in device code, loading an S value
-// into f32 and rounding an f32 back to S once (convert.cuh: bit-identical to lib/tensor/dtype.hpp).
+// What every kernel family shares: the storage type S of a run, named on the host by `Storage`
+// (elementwise, reductions and AdamW take one per operand; the layer kernels one per call), and,
+// in device code, loading an S value into f32 and rounding an f32 back to S once (convert.cuh:
+// bit-identical to lib/tensor/dtype.hpp).
 //
 // Host side: launchers take `Storage` plus untyped pointers, so lib/backend/cuda needs no device
 // types; each .cu switches on it once (dispatch_storage) and runs a kernel templated on the
@@ -13,7 +14,14 @@
 
 namespace trainctl::kernels {
 
+// The float types every kernel of kernels/ reads and writes (16-bit types travel as raw bits).
+// The one home of this enum: elementwise, reduction, AdamW and layer launchers all take it.
 enum class Storage : uint8_t { f32, bf16, f16 };
+
+// Bytes of one element of `type`.
+inline int64_t storage_size(Storage type) {
+  return type == Storage::f32 ? 4 : 2;
+}
 
 }  // namespace trainctl::kernels
 

@@ -1,10 +1,12 @@
-# TRAINCTL_GPU_ONLY=ON: build tests/gpu and only what it needs (lib/tensor, lib/backend with its
-# CPU reference, kernels/) on a GPU machine that has nvcc, CMake and ninja but none of our Debian
-# libraries. Those come from a bundle made on a Debian machine by `scripts/gpu-check --bundle`
-# (TRAINCTL_GPU_BUNDLE, unpacked by scripts/gpu-check): fmt and Catch2 headers (fmt is used
-# header-only here), Catch2's CMake helpers, and OpenBLAS (cblas.h, libopenblas.so.0 and the
-# libgfortran/libquadmath it needs). Included from the top-level CMakeLists.txt, which returns
-# right after; docs/cuda.md says how a GPU session runs it.
+# TRAINCTL_GPU_ONLY=ON: build tests/gpu and the GPU benchmarks and only what they need (lib/tensor,
+# lib/backend with its CPU reference, kernels/; for the benchmarks lib/data, dist, ckpt, model and
+# train) on a GPU machine that has nvcc, CMake and ninja but none of our Debian libraries. Those
+# come from a bundle made on a Debian machine by `scripts/gpu-check --bundle` (TRAINCTL_GPU_BUNDLE,
+# unpacked by scripts/gpu-check): fmt and Catch2 headers (fmt is used header-only here), Catch2's
+# CMake helpers, OpenBLAS (cblas.h, libopenblas.so.0 and the libgfortran/libquadmath it needs),
+# nlohmann-json's headers, and Gloo (headers, libgloo.so.0 and the hiredis, ibverbs and libnl
+# libraries it loads). Included from the top-level CMakeLists.txt, which returns right after;
+# docs/cuda.md says how a GPU session runs it.
 set(TRAINCTL_GPU_BUNDLE "" CACHE PATH "Unpacked bundle of scripts/gpu-check --bundle")
 if(NOT EXISTS "${TRAINCTL_GPU_BUNDLE}/include/cblas.h")
   message(FATAL_ERROR "TRAINCTL_GPU_ONLY needs TRAINCTL_GPU_BUNDLE=<dir> with include/cblas.h; "
@@ -43,9 +45,27 @@ include(Catch)
 # libopenblas finds libgfortran through this rpath too (set on the test binary).
 set(CMAKE_BUILD_RPATH "${bundle_lib}")
 
+# The benchmarks (bench/gpu_*.cpp) train through lib/train, so lib/data, lib/ckpt, lib/dist and
+# lib/model come too. nlohmann-json is header-only. lib/dist looks for Gloo's CMake config first:
+# this one, written here, makes the bundle's libgloo the target `gloo` inside lib/dist's own
+# folder (an imported target made here could not be promoted to global there).
+find_package(Threads REQUIRED)
+add_library(nlohmann_json::nlohmann_json INTERFACE IMPORTED)
+set_target_properties(nlohmann_json::nlohmann_json PROPERTIES
+  INTERFACE_INCLUDE_DIRECTORIES "${TRAINCTL_GPU_BUNDLE}/include")
+set(Gloo_DIR "${CMAKE_BINARY_DIR}/gloo-config" CACHE PATH "Gloo config of the bundle" FORCE)
+file(WRITE "${Gloo_DIR}/GlooConfig.cmake"
+  "add_library(gloo SHARED IMPORTED)\n"
+  "set_target_properties(gloo PROPERTIES IMPORTED_LOCATION \"${bundle_lib}/libgloo.so.0\"\n"
+  "  INTERFACE_INCLUDE_DIRECTORIES \"${TRAINCTL_GPU_BUNDLE}/include\")\n")
+
 add_subdirectory(lib/tensor)
 add_subdirectory(lib/backend)
 add_subdirectory(kernels)
+foreach(module data dist ckpt model train)
+  add_subdirectory(lib/${module})
+endforeach()
+add_subdirectory(bench)
 enable_testing()
 add_subdirectory(tests/gpu)
-message(STATUS "trainctl: GPU-only build (tests/gpu) with the bundle ${TRAINCTL_GPU_BUNDLE}")
+message(STATUS "trainctl: GPU-only build (tests/gpu, bench/gpu_*) with the bundle ${TRAINCTL_GPU_BUNDLE}")

@@ -20,6 +20,6 @@ void expect_dtype(std::string_view op, std::string_view name, const Tensor& t, D
 
 // The kernel type of a dtype the CUDA backend computes on (f32, bf16, f16); any other dtype
 // fails naming the op and the argument.
-kernels::FloatType float_type(std::string_view op, std::string_view name, DType dtype);
+kernels::Storage storage_type(std::string_view op, std::string_view name, DType dtype);
 
 }  // namespace trainctl::backend::cuda

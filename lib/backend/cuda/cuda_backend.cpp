@@ -84,14 +84,14 @@ void expect_dtype(std::string_view op, std::string_view name, const Tensor& t, D
                          tensor::dtype_name(expected)));
 }
 
-kernels::FloatType float_type(std::string_view op, std::string_view name, DType dtype) {
+kernels::Storage storage_type(std::string_view op, std::string_view name, DType dtype) {
   switch (dtype) {
     case DType::f32:
-      return kernels::FloatType::f32;
+      return kernels::Storage::f32;
     case DType::bf16:
-      return kernels::FloatType::bf16;
+      return kernels::Storage::bf16;
     case DType::f16:
-      return kernels::FloatType::f16;
+      return kernels::Storage::f16;
     default:
       fail(op, fmt::format("{} has dtype {}; the cuda backend computes on f32, bf16 and f16 (use "
                            "the cpu backend for f64; no op takes fp8 yet)",
@@ -419,7 +419,7 @@ void check_gemm(const GemmArgs& g) {
   if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0)
     fail(op,
          fmt::format("m={}, n={}, k={}, batch={} must all be positive", g.m, g.n, g.k, g.batch));
-  (void)float_type(op, "a", g.a.dtype);
+  (void)storage_type(op, "a", g.a.dtype);
   if (g.b.dtype != g.a.dtype)
     fail(op, fmt::format("a is {} but b is {}: a and b must share one dtype",
                          tensor::dtype_name(g.a.dtype), tensor::dtype_name(g.b.dtype)));
@@ -496,8 +496,8 @@ void CudaBackend::gemm(const GemmArgs& g) {
       "gemm", "cublasLtMatmul for " + describe(key));
   if (!g.bias.empty() && !key.bias_epilogue) {
     check_cuda(
-        kernels::launch_add_bias_rows(g.c.data, float_type("gemm", "c", g.c.dtype), g.bias.data,
-                                      float_type("gemm", "bias", g.bias.dtype), g.batch, g.m, g.n,
+        kernels::launch_add_bias_rows(g.c.data, storage_type("gemm", "c", g.c.dtype), g.bias.data,
+                                      storage_type("gemm", "bias", g.bias.dtype), g.batch, g.m, g.n,
                                       g.batch > 1 ? g.stride_c : g.m * g.n, impl_->stream),
         "gemm", "the bias kernel");
   }
@@ -506,7 +506,7 @@ void CudaBackend::gemm(const GemmArgs& g) {
 void CudaBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
   constexpr std::string_view op = "bias_backward";
   expect_gpu(op, "dout", dout);
-  const kernels::FloatType type = float_type(op, "dout", dout.dtype);
+  const kernels::Storage type = storage_type(op, "dout", dout.dtype);
   expect_dtype(op, "dbias", dbias, grad_dtype(dout.dtype));
   const int64_t C = dbias.numel();
   if (C <= 0 || dout.numel() % C != 0)

@@ -39,18 +39,7 @@ void activate(const CudaBackend::Impl& impl, std::string_view op) {
 
 Storage storage_of(std::string_view op, std::string_view name, const Tensor& t) {
   expect_gpu(op, name, t);
-  switch (t.dtype) {
-    case DType::f32:
-      return Storage::f32;
-    case DType::bf16:
-      return Storage::bf16;
-    case DType::f16:
-      return Storage::f16;
-    default:
-      fail(op, fmt::format("{} has dtype {}; the cuda backend computes on f32, bf16 and f16 "
-                           "(f64 runs on the cpu backend)",
-                           name, tensor::dtype_name(t.dtype)));
-  }
+  return storage_type(op, name, t.dtype);
 }
 
 int64_t rows_of(std::string_view op, std::string_view name, const Tensor& t, int64_t width) {

@@ -37,8 +37,8 @@ void CudaBackend::cast(const Tensor& dst, const Tensor& src) {
   constexpr std::string_view op = "cast";
   expect_gpu(op, "src", src);
   expect_numel(op, "dst", dst, src.numel());
-  const auto dst_type = float_type(op, "dst", dst.dtype);
-  const auto src_type = float_type(op, "src", src.dtype);
+  const auto dst_type = storage_type(op, "dst", dst.dtype);
+  const auto src_type = storage_type(op, "src", src.dtype);
   activate(*impl_, op);
   check_cuda(
       kernels::launch_cast(dst.data, dst_type, src.data, src_type, src.numel(), impl_->stream), op,
@@ -48,7 +48,7 @@ void CudaBackend::cast(const Tensor& dst, const Tensor& src) {
 void CudaBackend::fill(const Tensor& dst, double value) {
   constexpr std::string_view op = "fill";
   expect_gpu(op, "dst", dst);
-  const auto type = float_type(op, "dst", dst.dtype);
+  const auto type = storage_type(op, "dst", dst.dtype);
   activate(*impl_, op);
   check_cuda(
       kernels::launch_fill(dst.data, type, static_cast<float>(value), dst.numel(), impl_->stream),
@@ -60,9 +60,9 @@ void CudaBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
   expect_gpu(op, "out", out);
   expect_numel(op, "a", a, out.numel());
   expect_numel(op, "b", b, out.numel());
-  const auto out_type = float_type(op, "out", out.dtype);
-  const auto a_type = float_type(op, "a", a.dtype);
-  const auto b_type = float_type(op, "b", b.dtype);
+  const auto out_type = storage_type(op, "out", out.dtype);
+  const auto a_type = storage_type(op, "a", a.dtype);
+  const auto b_type = storage_type(op, "b", b.dtype);
   activate(*impl_, op);
   check_cuda(kernels::launch_add(out.data, out_type, a.data, a_type, b.data, b_type, out.numel(),
                                  impl_->stream),
@@ -73,8 +73,8 @@ void CudaBackend::accumulate(const Tensor& dst, const Tensor& src) {
   constexpr std::string_view op = "accumulate";
   expect_gpu(op, "dst", dst);
   expect_numel(op, "src", src, dst.numel());
-  const auto dst_type = float_type(op, "dst", dst.dtype);
-  const auto src_type = float_type(op, "src", src.dtype);
+  const auto dst_type = storage_type(op, "dst", dst.dtype);
+  const auto src_type = storage_type(op, "src", src.dtype);
   activate(*impl_, op);
   check_cuda(kernels::launch_accumulate(dst.data, dst_type, src.data, src_type, dst.numel(),
                                         impl_->stream),
@@ -84,7 +84,7 @@ void CudaBackend::accumulate(const Tensor& dst, const Tensor& src) {
 void CudaBackend::scale(const Tensor& dst, double factor) {
   constexpr std::string_view op = "scale";
   expect_gpu(op, "dst", dst);
-  const auto type = float_type(op, "dst", dst.dtype);
+  const auto type = storage_type(op, "dst", dst.dtype);
   activate(*impl_, op);
   check_cuda(
       kernels::launch_scale(dst.data, type, static_cast<float>(factor), dst.numel(), impl_->stream),
@@ -96,7 +96,7 @@ namespace {
 double reduce(CudaBackend::Impl& impl, const Tensor& src, kernels::ReduceKind kind,
               std::string_view op) {
   expect_gpu(op, "src", src);
-  const auto type = float_type(op, "src", src.dtype);
+  const auto type = storage_type(op, "src", src.dtype);
   activate(impl, op);
   const size_t partial_bytes = kernels::reduce_scratch_bytes(src.numel());
   auto* scratch = static_cast<char*>(impl.scratch_for(kPartialsOffset + partial_bytes));
@@ -124,7 +124,7 @@ double CudaBackend::sum_squares(const Tensor& src) {
 bool CudaBackend::all_finite(const Tensor& src) {
   constexpr std::string_view op = "all_finite";
   expect_gpu(op, "src", src);
-  const auto type = float_type(op, "src", src.dtype);
+  const auto type = storage_type(op, "src", src.dtype);
   activate(*impl_, op);
   auto* flag = static_cast<int*>(impl_->scratch_for(sizeof(int)));
   check_cuda(kernels::launch_all_finite(src.data, type, src.numel(), flag, impl_->stream), op,
@@ -140,7 +140,7 @@ void CudaBackend::adamw(const Tensor& param, const Tensor& master, const Tensor&
                         const Tensor& m, const Tensor& v, const AdamW& hyper) {
   constexpr std::string_view op = "adamw";
   expect_gpu(op, "param", param);
-  const auto param_type = float_type(op, "param", param.dtype);
+  const auto param_type = storage_type(op, "param", param.dtype);
   const int64_t count = param.numel();
   expect_dtype(op, "grad", grad, DType::f32);
   expect_numel(op, "grad", grad, count);

@@ -24,15 +24,6 @@ namespace trainctl::backend::cpu {
 
 namespace {
 
-void check_shape(std::string_view op, const AttentionShape& s) {
-  if (s.B <= 0 || s.T <= 0 || s.H <= 0 || s.KV <= 0 || s.D <= 0)
-    fail(op, fmt::format("B={}, T={}, H={}, KV={}, D={} must all be positive", s.B, s.T, s.H, s.KV,
-                         s.D));
-  if (s.H % s.KV != 0)
-    fail(op,
-         fmt::format("H={} query heads are not a multiple of KV={} key/value heads", s.H, s.KV));
-}
-
 inline constexpr int64_t kQueryBlock = 64;
 
 // A compute-type view of a storage matrix [rows, cols]: the storage itself when S is already the
@@ -89,7 +80,7 @@ void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const T
                                    const AttentionShape& shape) {
   const ScopedOp timed(timer_, OpFamily::attention);
   constexpr std::string_view op = "attention_forward";
-  check_shape(op, shape);
+  kArgs.attention(op, shape);
   const auto [B, T, H, KV, D] = shape;
   const int64_t W = shape.qkv_width();
   expect_present(op, "qkv", qkv);
@@ -132,7 +123,7 @@ void CpuBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, cons
                                     const AttentionShape& shape) {
   const ScopedOp timed(timer_, OpFamily::attention);
   constexpr std::string_view op = "attention_backward";
-  check_shape(op, shape);
+  kArgs.attention(op, shape);
   const auto [B, T, H, KV, D] = shape;
   const int64_t W = shape.qkv_width();
   expect_present(op, "qkv", qkv);

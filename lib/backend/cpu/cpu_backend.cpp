@@ -21,8 +21,10 @@ namespace cpu {
 
 // ---- checks -------------------------------------------------------------------------------------
 
+const ArgCheck kArgs{"cpu backend", Device::cpu, "is not in host memory"};
+
 void fail(std::string_view op, const std::string& message) {
-  throw std::invalid_argument(fmt::format("cpu backend {}: {}", op, message));
+  kArgs.fail(op, message);
 }
 
 void fail_unsupported_dtype(std::string_view op, std::string_view name, DType dtype) {
@@ -31,30 +33,19 @@ void fail_unsupported_dtype(std::string_view op, std::string_view name, DType dt
 }
 
 void expect_present(std::string_view op, std::string_view name, const Tensor& t) {
-  if (t.empty()) fail(op, fmt::format("{} is empty (null data) but is required", name));
-  if (t.device != Device::cpu) fail(op, fmt::format("{} is not in host memory", name));
+  kArgs.present(op, name, t);
 }
 
 void expect_dtype(std::string_view op, std::string_view name, const Tensor& t, DType expected) {
-  expect_present(op, name, t);
-  if (t.dtype != expected)
-    fail(op, fmt::format("{} has dtype {}, expected {}", name, tensor::dtype_name(t.dtype),
-                         tensor::dtype_name(expected)));
+  kArgs.dtype(op, name, t, expected);
 }
 
 void expect_numel(std::string_view op, std::string_view name, const Tensor& t, int64_t expected) {
-  expect_present(op, name, t);
-  if (t.numel() != expected)
-    fail(op, fmt::format("{} has shape {} ({} elements), expected {} elements", name,
-                         t.shape.to_string(), t.numel(), expected));
+  kArgs.numel(op, name, t, expected);
 }
 
 int64_t rows_of(std::string_view op, std::string_view name, const Tensor& t, int64_t width) {
-  expect_present(op, name, t);
-  if (width <= 0 || t.numel() % width != 0)
-    fail(op, fmt::format("{} has shape {}, which is not a whole number of rows of {}", name,
-                         t.shape.to_string(), width));
-  return t.numel() / width;
+  return kArgs.rows(op, name, t, width);
 }
 
 void* ScratchPool::raw(size_t slot, size_t bytes) {

@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/arg_check.hpp"
 #include "backend/backend.hpp"
 #include "backend/cpu/op_timing.hpp"
 #include "tensor/tensor.hpp"
@@ -37,6 +38,9 @@ struct Tag {
   using type = S;
 };
 
+// The Backend contract's argument checks with this backend's messages; the functions below are
+// shorthands for it.
+extern const ArgCheck kArgs;
 [[noreturn]] void fail(std::string_view op, const std::string& message);
 [[noreturn]] void fail_unsupported_dtype(std::string_view op, std::string_view name, DType dtype);
 

@@ -29,39 +29,6 @@ template void blas_gemm<double>(bool, bool, int64_t, int64_t, int64_t, double, c
 
 namespace {
 
-void check_gemm(const GemmArgs& g) {
-  constexpr std::string_view op = "gemm";
-  expect_present(op, "a", g.a);
-  expect_present(op, "b", g.b);
-  expect_present(op, "c", g.c);
-  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0)
-    fail(op,
-         fmt::format("m={}, n={}, k={}, batch={} must all be positive", g.m, g.n, g.k, g.batch));
-  if (g.b.dtype != g.a.dtype)
-    fail(op, fmt::format("a is {} but b is {}: a and b must share one dtype",
-                         tensor::dtype_name(g.a.dtype), tensor::dtype_name(g.b.dtype)));
-  if (g.c.dtype != g.a.dtype && g.c.dtype != grad_dtype(g.a.dtype))
-    fail(op, fmt::format("c is {} for {} inputs: expected {} or {}", tensor::dtype_name(g.c.dtype),
-                         tensor::dtype_name(g.a.dtype), tensor::dtype_name(g.a.dtype),
-                         tensor::dtype_name(grad_dtype(g.a.dtype))));
-  const auto need = [&](std::string_view name, const Tensor& t, int64_t size, int64_t stride) {
-    const int64_t last = (g.batch - 1) * stride + size;
-    if (t.numel() < last)
-      fail(op, fmt::format("{} has {} elements but batch {} with stride {} needs {}", name,
-                           t.numel(), g.batch, stride, last));
-  };
-  need("a", g.a, g.m * g.k, g.stride_a);
-  need("b", g.b, g.k * g.n, g.stride_b);
-  need("c", g.c, g.m * g.n, g.stride_c);
-  if (!g.bias.empty()) {
-    expect_numel(op, "bias", g.bias, g.n);
-    if (g.bias.dtype != g.c.dtype && g.bias.dtype != g.a.dtype)
-      fail(op, fmt::format("bias is {}: expected the dtype of c ({}) or of a ({})",
-                           tensor::dtype_name(g.bias.dtype), tensor::dtype_name(g.c.dtype),
-                           tensor::dtype_name(g.a.dtype)));
-  }
-}
-
 // c[m, n] (compute type T) += bias[n] on every row.
 template <class T>
 void add_bias(T* c, int64_t m, int64_t n, const Tensor& bias) {
@@ -83,7 +50,7 @@ void widen(float* dst, const S* src, int64_t count) {
 
 void CpuBackend::gemm(const GemmArgs& g) {
   const ScopedOp timed(timer_, OpFamily::gemm);
-  check_gemm(g);
+  kArgs.gemm(g);
   if (timer_.enabled)
     timer_.stats.gemm_flops += 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) *
                                static_cast<double>(g.k) * static_cast<double>(g.batch);

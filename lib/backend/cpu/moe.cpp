@@ -21,32 +21,6 @@ namespace trainctl::backend::cpu {
 
 namespace {
 
-struct RouterDims {
-  int64_t N, E, K;
-};
-
-RouterDims check_router(std::string_view op, const RouterArgs& r) {
-  expect_present(op, "logits", r.logits);
-  if (r.logits.shape.rank != 2)
-    fail(op, fmt::format("logits must be [N, E], got {}", r.logits.shape.to_string()));
-  const int64_t N = r.logits.shape[0], E = r.logits.shape[1], K = r.top_k;
-  if (K < 1 || K > E) fail(op, fmt::format("top_k={} must be in [1, E={}]", K, E));
-  const DType a = stats_dtype(r.logits.dtype);
-  expect_dtype(op, "probs", r.probs, a);
-  expect_numel(op, "probs", r.probs, N * E);
-  expect_dtype(op, "expert_idx", r.expert_idx, DType::i32);
-  expect_numel(op, "expert_idx", r.expert_idx, N * K);
-  expect_dtype(op, "gates", r.gates, a);
-  expect_numel(op, "gates", r.gates, N * K);
-  expect_dtype(op, "slot", r.slot, DType::i32);
-  expect_numel(op, "slot", r.slot, N * K);
-  expect_dtype(op, "counts", r.counts, DType::i32);
-  expect_numel(op, "counts", r.counts, E);
-  expect_dtype(op, "load", r.load, a);
-  expect_numel(op, "load", r.load, E);
-  return {N, E, K};
-}
-
 // Row-major softmax of one row in compute type; returns the log-sum-exp.
 template <class S, class A>
 A softmax_row(A* probs, const S* logits, int64_t E) {
@@ -62,28 +36,17 @@ A softmax_row(A* probs, const S* logits, int64_t E) {
   return lse;
 }
 
-struct PermuteDims {
-  int64_t N, K, C, R;
-};
-
-// tokens [N, C], expert rows [R, C], slot [N, K] i32 with entries in [-1, R).
-PermuteDims check_permute(std::string_view op, std::string_view token_name, const Tensor& tokens,
-                          std::string_view expert_name, const Tensor& experts, const Tensor& slot) {
-  expect_present(op, token_name, tokens);
-  expect_dtype(op, expert_name, experts, tokens.dtype);
-  expect_dtype(op, "slot", slot, DType::i32);
-  if (tokens.shape.rank != 2)
-    fail(op, fmt::format("{} must be [N, C], got {}", token_name, tokens.shape.to_string()));
-  const int64_t N = tokens.shape[0], C = tokens.shape[1];
-  const int64_t K = N ? slot.numel() / N : 0;
-  if (N <= 0 || slot.numel() != N * K)
-    fail(op, fmt::format("slot {} is not [N={}, k]", slot.shape.to_string(), N));
-  const int64_t R = rows_of(op, expert_name, experts, C);
+// The contract's checks, then the slot values, which only a host backend can read.
+ArgCheck::PermuteDims check_permute(std::string_view op, std::string_view token_name,
+                                    const Tensor& tokens, std::string_view expert_name,
+                                    const Tensor& experts, const Tensor& slot) {
+  const ArgCheck::PermuteDims dims =
+      kArgs.permute(op, token_name, tokens, expert_name, experts, slot);
   const int32_t* s = slot.as<int32_t>();
-  for (int64_t i = 0; i < N * K; ++i)
-    if (s[i] < -1 || s[i] >= R)
-      fail(op, fmt::format("slot[{}] = {} is outside the {} expert rows", i, s[i], R));
-  return {N, K, C, R};
+  for (int64_t i = 0; i < dims.N * dims.K; ++i)
+    if (s[i] < -1 || s[i] >= dims.R)
+      fail(op, fmt::format("slot[{}] = {} is outside the {} expert rows", i, s[i], dims.R));
+  return dims;
 }
 
 }  // namespace
@@ -91,7 +54,7 @@ PermuteDims check_permute(std::string_view op, std::string_view token_name, cons
 RouterLosses CpuBackend::moe_router_forward(const RouterArgs& r) {
   const ScopedOp timed(timer_, OpFamily::moe);
   constexpr std::string_view op = "moe_router_forward";
-  const auto [N, E, K] = check_router(op, r);
+  const auto [N, E, K] = kArgs.router(op, r);
   const int64_t capacity = r.capacity > 0 ? r.capacity : N;
   return dispatch_float(r.logits.dtype, op, "logits", [&]<class S>(Tag<S>) {
     using A = compute_t<S>;
@@ -147,7 +110,7 @@ void CpuBackend::moe_router_backward(const Tensor& dlogits, const Tensor& dgates
                                      double grad_scale) {
   const ScopedOp timed(timer_, OpFamily::moe);
   constexpr std::string_view op = "moe_router_backward";
-  const auto [N, E, K] = check_router(op, r);
+  const auto [N, E, K] = kArgs.router(op, r);
   expect_dtype(op, "dlogits", dlogits, r.logits.dtype);
   expect_numel(op, "dlogits", dlogits, N * E);
   expect_dtype(op, "dgates", dgates, stats_dtype(r.logits.dtype));

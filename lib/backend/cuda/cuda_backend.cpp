@@ -58,30 +58,27 @@ void check_cublas(cublasStatus_t status, std::string_view op, std::string_view w
                                        cublasLtGetStatusName(status), static_cast<int>(status)));
 }
 
+const ArgCheck kArgs{"cuda backend", Device::cuda,
+                     "is in host memory; the cuda backend takes tensors from its own allocate()"};
+
 void fail(std::string_view op, const std::string& message) {
-  throw std::invalid_argument(fmt::format("cuda backend {}: {}", op, message));
+  kArgs.fail(op, message);
 }
 
 void expect_gpu(std::string_view op, std::string_view name, const Tensor& t) {
-  if (t.empty()) fail(op, fmt::format("{} is empty (null data) but is required", name));
-  if (t.device != Device::cuda)
-    fail(op, fmt::format("{} is in host memory; the cuda backend takes tensors from its own "
-                         "allocate()",
-                         name));
+  kArgs.present(op, name, t);
 }
 
 void expect_numel(std::string_view op, std::string_view name, const Tensor& t, int64_t expected) {
-  expect_gpu(op, name, t);
-  if (t.numel() != expected)
-    fail(op, fmt::format("{} has shape {} ({} elements), expected {} elements", name,
-                         t.shape.to_string(), t.numel(), expected));
+  kArgs.numel(op, name, t, expected);
 }
 
 void expect_dtype(std::string_view op, std::string_view name, const Tensor& t, DType expected) {
-  expect_gpu(op, name, t);
-  if (t.dtype != expected)
-    fail(op, fmt::format("{} has dtype {}, expected {}", name, tensor::dtype_name(t.dtype),
-                         tensor::dtype_name(expected)));
+  kArgs.dtype(op, name, t, expected);
+}
+
+int64_t rows_of(std::string_view op, std::string_view name, const Tensor& t, int64_t width) {
+  return kArgs.rows(op, name, t, width);
 }
 
 kernels::Storage storage_type(std::string_view op, std::string_view name, DType dtype) {
@@ -411,41 +408,14 @@ void CudaBackend::copy_from_host(const Tensor& dst, const void* src) {
 
 namespace {
 
+// The contract's checks, then what cuBLASLt adds: a dtype it computes on, 32-bit sizes.
 void check_gemm(const GemmArgs& g) {
   constexpr std::string_view op = "gemm";
-  expect_gpu(op, "a", g.a);
-  expect_gpu(op, "b", g.b);
-  expect_gpu(op, "c", g.c);
-  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0)
-    fail(op,
-         fmt::format("m={}, n={}, k={}, batch={} must all be positive", g.m, g.n, g.k, g.batch));
+  kArgs.gemm(g);
   (void)storage_type(op, "a", g.a.dtype);
-  if (g.b.dtype != g.a.dtype)
-    fail(op, fmt::format("a is {} but b is {}: a and b must share one dtype",
-                         tensor::dtype_name(g.a.dtype), tensor::dtype_name(g.b.dtype)));
-  if (g.c.dtype != g.a.dtype && g.c.dtype != grad_dtype(g.a.dtype))
-    fail(op, fmt::format("c is {} for {} inputs: expected {} or {}", tensor::dtype_name(g.c.dtype),
-                         tensor::dtype_name(g.a.dtype), tensor::dtype_name(g.a.dtype),
-                         tensor::dtype_name(grad_dtype(g.a.dtype))));
   if (g.m > INT32_MAX || g.n > INT32_MAX || g.k > INT32_MAX || g.batch > INT32_MAX)
     fail(op, fmt::format("m={}, n={}, k={}, batch={}: each must fit in 32 bits", g.m, g.n, g.k,
                          g.batch));
-  const auto need = [&](std::string_view name, const Tensor& t, int64_t size, int64_t stride) {
-    const int64_t last = (g.batch - 1) * stride + size;
-    if (t.numel() < last)
-      fail(op, fmt::format("{} has {} elements but batch {} with stride {} needs {}", name,
-                           t.numel(), g.batch, stride, last));
-  };
-  need("a", g.a, g.m * g.k, g.stride_a);
-  need("b", g.b, g.k * g.n, g.stride_b);
-  need("c", g.c, g.m * g.n, g.stride_c);
-  if (!g.bias.empty()) {
-    expect_numel(op, "bias", g.bias, g.n);
-    if (g.bias.dtype != g.c.dtype && g.bias.dtype != g.a.dtype)
-      fail(op, fmt::format("bias is {}: expected the dtype of c ({}) or of a ({})",
-                           tensor::dtype_name(g.bias.dtype), tensor::dtype_name(g.c.dtype),
-                           tensor::dtype_name(g.a.dtype)));
-  }
 }
 
 }  // namespace

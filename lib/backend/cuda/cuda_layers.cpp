@@ -42,14 +42,6 @@ Storage storage_of(std::string_view op, std::string_view name, const Tensor& t) 
   return storage_type(op, name, t.dtype);
 }
 
-int64_t rows_of(std::string_view op, std::string_view name, const Tensor& t, int64_t width) {
-  expect_gpu(op, name, t);
-  if (width <= 0 || t.numel() % width != 0)
-    fail(op, fmt::format("{} has shape {}, which is not a whole number of rows of {}", name,
-                         t.shape.to_string(), width));
-  return t.numel() / width;
-}
-
 // A: f32 for every storage type the cuda backend takes.
 void expect_stats(std::string_view op, std::string_view name, const Tensor& t, int64_t numel) {
   expect_dtype(op, name, t, DType::f32);
@@ -237,13 +229,9 @@ void CudaBackend::rope(const Tensor& out, const Tensor& x, int64_t T, int64_t ro
 
 namespace {
 
+// The contract's checks, then the kernels' limits.
 void check_attention(std::string_view op, const AttentionShape& a) {
-  if (a.B <= 0 || a.T <= 0 || a.H <= 0 || a.KV <= 0 || a.D <= 0)
-    fail(op, fmt::format("B={}, T={}, H={}, KV={}, D={} must all be positive", a.B, a.T, a.H, a.KV,
-                         a.D));
-  if (a.H % a.KV != 0)
-    fail(op,
-         fmt::format("H={} query heads are not a multiple of KV={} key/value heads", a.H, a.KV));
+  kArgs.attention(op, a);
   if (!kernels::attention_supported_head_size(a.D))
     fail(op, fmt::format("head size D={} has no CUDA attention kernel (32, 64 and 128 do): "
                          "choose hidden / heads among them, or run on the cpu backend",
@@ -432,45 +420,10 @@ void CudaBackend::cross_entropy_backward_shard(const Tensor& dlogits, const Tens
 
 namespace {
 
-struct RouterDims {
-  int64_t N, E, K;
-};
-
-RouterDims check_router(std::string_view op, const RouterArgs& r) {
-  expect_gpu(op, "logits", r.logits);
-  if (r.logits.shape.rank != 2)
-    fail(op, fmt::format("logits must be [N, E], got {}", r.logits.shape.to_string()));
-  const int64_t N = r.logits.shape[0], E = r.logits.shape[1], K = r.top_k;
-  if (N <= 0) fail(op, "logits has no rows");
-  if (K < 1 || K > E) fail(op, fmt::format("top_k={} must be in [1, E={}]", K, E));
-  expect_stats(op, "probs", r.probs, N * E);
-  expect_dtype(op, "expert_idx", r.expert_idx, DType::i32);
-  expect_numel(op, "expert_idx", r.expert_idx, N * K);
-  expect_stats(op, "gates", r.gates, N * K);
-  expect_dtype(op, "slot", r.slot, DType::i32);
-  expect_numel(op, "slot", r.slot, N * K);
-  expect_dtype(op, "counts", r.counts, DType::i32);
-  expect_numel(op, "counts", r.counts, E);
-  expect_stats(op, "load", r.load, E);
-  return {N, E, K};
-}
-
-struct PermuteDims {
-  int64_t N, K, C, R;
-};
-
-PermuteDims check_permute(std::string_view op, std::string_view token_name, const Tensor& tokens,
-                          std::string_view expert_name, const Tensor& experts, const Tensor& slot) {
-  expect_gpu(op, token_name, tokens);
-  expect_dtype(op, expert_name, experts, tokens.dtype);
-  expect_dtype(op, "slot", slot, DType::i32);
-  if (tokens.shape.rank != 2)
-    fail(op, fmt::format("{} must be [N, C], got {}", token_name, tokens.shape.to_string()));
-  const int64_t N = tokens.shape[0], C = tokens.shape[1];
-  const int64_t K = N ? slot.numel() / N : 0;
-  if (N <= 0 || slot.numel() != N * K)
-    fail(op, fmt::format("slot {} is not [N={}, k]", slot.shape.to_string(), N));
-  return {N, K, C, rows_of(op, expert_name, experts, C)};
+ArgCheck::RouterDims check_router(std::string_view op, const RouterArgs& r) {
+  const ArgCheck::RouterDims dims = kArgs.router(op, r);
+  if (dims.N <= 0) fail(op, "logits has no rows");
+  return dims;
 }
 
 }  // namespace
@@ -529,7 +482,7 @@ void CudaBackend::moe_router_backward(const Tensor& dlogits, const Tensor& dgate
 void CudaBackend::moe_permute(const Tensor& expert_in, const Tensor& x, const Tensor& slot) {
   constexpr std::string_view op = "moe_permute";
   const Storage s = storage_of(op, "x", x);
-  const auto [N, K, C, R] = check_permute(op, "x", x, "expert_in", expert_in, slot);
+  const auto [N, K, C, R] = kArgs.permute(op, "x", x, "expert_in", expert_in, slot);
   activate(*impl_, op);
   check_cuda(
       kernels::launch_moe_permute(s, expert_in.data, x.data, i32(slot), N, K, C, R, impl_->stream),
@@ -540,7 +493,7 @@ void CudaBackend::moe_permute_backward(const Tensor& dx, const Tensor& dexpert_i
                                        const Tensor& slot) {
   constexpr std::string_view op = "moe_permute_backward";
   const Storage s = storage_of(op, "dx", dx);
-  const auto [N, K, C, R] = check_permute(op, "dx", dx, "dexpert_in", dexpert_in, slot);
+  const auto [N, K, C, R] = kArgs.permute(op, "dx", dx, "dexpert_in", dexpert_in, slot);
   activate(*impl_, op);
   check_cuda(kernels::launch_moe_permute_backward(s, dx.data, dexpert_in.data, i32(slot), N, K, C,
                                                   R, impl_->stream),
@@ -551,7 +504,7 @@ void CudaBackend::moe_unpermute(const Tensor& out, const Tensor& expert_out, con
                                 const Tensor& slot) {
   constexpr std::string_view op = "moe_unpermute";
   const Storage s = storage_of(op, "out", out);
-  const auto [N, K, C, R] = check_permute(op, "out", out, "expert_out", expert_out, slot);
+  const auto [N, K, C, R] = kArgs.permute(op, "out", out, "expert_out", expert_out, slot);
   expect_stats(op, "gates", gates, N * K);
   activate(*impl_, op);
   check_cuda(kernels::launch_moe_unpermute(s, out.data, expert_out.data, f32(gates), i32(slot), N,
@@ -564,7 +517,7 @@ void CudaBackend::moe_unpermute_backward(const Tensor& dexpert_out, const Tensor
                                          const Tensor& gates, const Tensor& slot) {
   constexpr std::string_view op = "moe_unpermute_backward";
   const Storage s = storage_of(op, "dout", dout);
-  const auto [N, K, C, R] = check_permute(op, "dout", dout, "expert_out", expert_out, slot);
+  const auto [N, K, C, R] = kArgs.permute(op, "dout", dout, "expert_out", expert_out, slot);
   expect_dtype(op, "dexpert_out", dexpert_out, dout.dtype);
   expect_numel(op, "dexpert_out", dexpert_out, R * C);
   expect_stats(op, "gates", gates, N * K);

@@ -1,0 +1,122 @@
+#include "backend/arg_check.hpp"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+namespace trainctl::backend {
+
+void ArgCheck::fail(std::string_view op, const std::string& message) const {
+  throw std::invalid_argument(fmt::format("{} {}: {}", backend_, op, message));
+}
+
+void ArgCheck::present(std::string_view op, std::string_view name, const Tensor& t) const {
+  if (t.empty()) fail(op, fmt::format("{} is empty (null data) but is required", name));
+  if (t.device != device_) fail(op, fmt::format("{} {}", name, misplaced_));
+}
+
+void ArgCheck::dtype(std::string_view op, std::string_view name, const Tensor& t,
+                     DType expected) const {
+  present(op, name, t);
+  if (t.dtype != expected)
+    fail(op, fmt::format("{} has dtype {}, expected {}", name, tensor::dtype_name(t.dtype),
+                         tensor::dtype_name(expected)));
+}
+
+void ArgCheck::numel(std::string_view op, std::string_view name, const Tensor& t,
+                     int64_t expected) const {
+  present(op, name, t);
+  if (t.numel() != expected)
+    fail(op, fmt::format("{} has shape {} ({} elements), expected {} elements", name,
+                         t.shape.to_string(), t.numel(), expected));
+}
+
+int64_t ArgCheck::rows(std::string_view op, std::string_view name, const Tensor& t,
+                       int64_t width) const {
+  present(op, name, t);
+  if (width <= 0 || t.numel() % width != 0)
+    fail(op, fmt::format("{} has shape {}, which is not a whole number of rows of {}", name,
+                         t.shape.to_string(), width));
+  return t.numel() / width;
+}
+
+void ArgCheck::gemm(const GemmArgs& g) const {
+  constexpr std::string_view op = "gemm";
+  present(op, "a", g.a);
+  present(op, "b", g.b);
+  present(op, "c", g.c);
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0)
+    fail(op,
+         fmt::format("m={}, n={}, k={}, batch={} must all be positive", g.m, g.n, g.k, g.batch));
+  if (g.b.dtype != g.a.dtype)
+    fail(op, fmt::format("a is {} but b is {}: a and b must share one dtype",
+                         tensor::dtype_name(g.a.dtype), tensor::dtype_name(g.b.dtype)));
+  if (g.c.dtype != g.a.dtype && g.c.dtype != grad_dtype(g.a.dtype))
+    fail(op, fmt::format("c is {} for {} inputs: expected {} or {}", tensor::dtype_name(g.c.dtype),
+                         tensor::dtype_name(g.a.dtype), tensor::dtype_name(g.a.dtype),
+                         tensor::dtype_name(grad_dtype(g.a.dtype))));
+  const auto need = [&](std::string_view name, const Tensor& t, int64_t size, int64_t stride) {
+    const int64_t last = (g.batch - 1) * stride + size;
+    if (t.numel() < last)
+      fail(op, fmt::format("{} has {} elements but batch {} with stride {} needs {}", name,
+                           t.numel(), g.batch, stride, last));
+  };
+  need("a", g.a, g.m * g.k, g.stride_a);
+  need("b", g.b, g.k * g.n, g.stride_b);
+  need("c", g.c, g.m * g.n, g.stride_c);
+  if (!g.bias.empty()) {
+    numel(op, "bias", g.bias, g.n);
+    if (g.bias.dtype != g.c.dtype && g.bias.dtype != g.a.dtype)
+      fail(op, fmt::format("bias is {}: expected the dtype of c ({}) or of a ({})",
+                           tensor::dtype_name(g.bias.dtype), tensor::dtype_name(g.c.dtype),
+                           tensor::dtype_name(g.a.dtype)));
+  }
+}
+
+void ArgCheck::attention(std::string_view op, const AttentionShape& s) const {
+  if (s.B <= 0 || s.T <= 0 || s.H <= 0 || s.KV <= 0 || s.D <= 0)
+    fail(op, fmt::format("B={}, T={}, H={}, KV={}, D={} must all be positive", s.B, s.T, s.H, s.KV,
+                         s.D));
+  if (s.H % s.KV != 0)
+    fail(op,
+         fmt::format("H={} query heads are not a multiple of KV={} key/value heads", s.H, s.KV));
+}
+
+ArgCheck::RouterDims ArgCheck::router(std::string_view op, const RouterArgs& r) const {
+  present(op, "logits", r.logits);
+  if (r.logits.shape.rank != 2)
+    fail(op, fmt::format("logits must be [N, E], got {}", r.logits.shape.to_string()));
+  const int64_t N = r.logits.shape[0], E = r.logits.shape[1], K = r.top_k;
+  if (K < 1 || K > E) fail(op, fmt::format("top_k={} must be in [1, E={}]", K, E));
+  const DType a = stats_dtype(r.logits.dtype);
+  dtype(op, "probs", r.probs, a);
+  numel(op, "probs", r.probs, N * E);
+  dtype(op, "expert_idx", r.expert_idx, DType::i32);
+  numel(op, "expert_idx", r.expert_idx, N * K);
+  dtype(op, "gates", r.gates, a);
+  numel(op, "gates", r.gates, N * K);
+  dtype(op, "slot", r.slot, DType::i32);
+  numel(op, "slot", r.slot, N * K);
+  dtype(op, "counts", r.counts, DType::i32);
+  numel(op, "counts", r.counts, E);
+  dtype(op, "load", r.load, a);
+  numel(op, "load", r.load, E);
+  return {N, E, K};
+}
+
+ArgCheck::PermuteDims ArgCheck::permute(std::string_view op, std::string_view token_name,
+                                        const Tensor& tokens, std::string_view expert_name,
+                                        const Tensor& experts, const Tensor& slot) const {
+  present(op, token_name, tokens);
+  dtype(op, expert_name, experts, tokens.dtype);
+  dtype(op, "slot", slot, DType::i32);
+  if (tokens.shape.rank != 2)
+    fail(op, fmt::format("{} must be [N, C], got {}", token_name, tokens.shape.to_string()));
+  const int64_t N = tokens.shape[0], C = tokens.shape[1];
+  const int64_t K = N ? slot.numel() / N : 0;
+  if (N <= 0 || slot.numel() != N * K)
+    fail(op, fmt::format("slot {} is not [N={}, k]", slot.shape.to_string(), N));
+  return {N, K, C, rows(op, expert_name, experts, C)};
+}
+
+}  // namespace trainctl::backend

@@ -1,0 +1,57 @@
+// The argument checks of the Backend contract (backend.hpp), written once for every backend: the
+// shapes, dtypes and sizes an op requires, whatever memory its tensors live in. A backend adds only
+// what it alone can or must check (the CPU backend reads token ids and slots; the CUDA backend
+// checks kernel limits). Every failure throws std::invalid_argument "<backend> <op>: <what>".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "backend/backend.hpp"
+
+namespace trainctl::backend {
+
+class ArgCheck {
+ public:
+  // backend: the message prefix ("cpu backend"); device: where the backend's tensors live;
+  // misplaced: what a tensor elsewhere is told ("is not in host memory").
+  constexpr ArgCheck(std::string_view backend, Device device, std::string_view misplaced)
+      : backend_(backend), device_(device), misplaced_(misplaced) {}
+
+  [[noreturn]] void fail(std::string_view op, const std::string& message) const;
+  // t has data and lives on this backend's device.
+  void present(std::string_view op, std::string_view name, const Tensor& t) const;
+  void dtype(std::string_view op, std::string_view name, const Tensor& t, DType expected) const;
+  void numel(std::string_view op, std::string_view name, const Tensor& t, int64_t expected) const;
+  // Rows of a [rows, width] matrix given its row width; fails when numel is not a multiple.
+  int64_t rows(std::string_view op, std::string_view name, const Tensor& t, int64_t width) const;
+
+  // GemmArgs: operands present, sizes positive, a and b one dtype, c that dtype or G, every batch
+  // inside its tensor, bias [n] of c's or a's dtype.
+  void gemm(const GemmArgs& g) const;
+  // Positive sizes, H a multiple of KV.
+  void attention(std::string_view op, const AttentionShape& s) const;
+
+  struct RouterDims {
+    int64_t N, E, K;
+  };
+  // logits [N, E]; probs, gates, load in stats_dtype(logits); expert_idx, slot, counts i32.
+  RouterDims router(std::string_view op, const RouterArgs& r) const;
+
+  struct PermuteDims {
+    int64_t N, K, C, R;
+  };
+  // tokens [N, C], expert rows [R, C] of the tokens' dtype, slot [N, K] i32 (its values are the
+  // caller's to check where it can read them).
+  PermuteDims permute(std::string_view op, std::string_view token_name, const Tensor& tokens,
+                      std::string_view expert_name, const Tensor& experts,
+                      const Tensor& slot) const;
+
+ private:
+  std::string_view backend_;
+  Device device_;
+  std::string_view misplaced_;
+};
+
+}  // namespace trainctl::backend

@@ -51,6 +51,10 @@ Mesh Mesh::create(Store& store, int world_size, int rank, const Layout& layout,
   mesh.dp_ = join(store, "dp", mesh.groups_.dp, rank, shared, mesh.clock_);
   mesh.pp_ = join(store, "pp", mesh.groups_.pp, rank, shared, mesh.clock_);
   mesh.dp_ep_ = join(store, "dp_ep", mesh.groups_.dp_ep, rank, shared, mesh.clock_);
+  // A rank can finish its side of a group's connections while a peer is still completing its
+  // own; were the first to leave then exit (a short job, a test), the peer's rendezvous would fail
+  // with "connection closed by peer". Nobody leaves creation before every group is connected.
+  mesh.world_->barrier();
   return mesh;
 }
 

@@ -34,6 +34,7 @@ class Mesh {
   // rendezvouses under its own prefix "mesh/<kind>/<first member>/", so the disjoint groups of one
   // kind connect in parallel and no rank waits on a group it is not in. Size-1 groups cost nothing
   // with Gloo; with NCCL they are one-rank NCCL communicators (device buffers need device copies).
+  // Ends with a barrier on the world group: no rank returns before every group is connected.
   static Mesh create(Store& store, int world_size, int rank, const Layout& layout,
                      const MeshOptions& options = {});
 

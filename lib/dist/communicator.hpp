@@ -53,14 +53,13 @@ class Communicator {
   // allowed. A wrong number of counts is a usage error; counts that differ between ranks cannot
   // be seen locally, and Gloo aborts the process that receives more bytes than it expected, so
   // derive them on every rank from the same layout.
-  // The base versions are correct but move more data (an all_reduce of the whole input; an
-  // all_gather padded to the largest part); implementations override them.
   virtual void reduce_scatter_sum_v(const void* input, void* output, std::span<const size_t> counts,
-                                    DType dtype, std::chrono::milliseconds timeout = kGroupTimeout);
+                                    DType dtype,
+                                    std::chrono::milliseconds timeout = kGroupTimeout) = 0;
   // Uneven all_gather: output holds size() chunks packed in rank order, chunk r of bytes[r] bytes
   // from rank r; input is this rank's bytes[rank()] bytes. Every rank passes the same bytes.
   virtual void all_gather_v(const void* input, void* output, std::span<const size_t> bytes,
-                            std::chrono::milliseconds timeout = kGroupTimeout);
+                            std::chrono::milliseconds timeout = kGroupTimeout) = 0;
   // output[size*bytes]: chunk r is rank r's input[bytes].
   virtual void all_gather(const void* input, void* output, size_t bytes,
                           std::chrono::milliseconds timeout = kGroupTimeout) = 0;
@@ -95,5 +94,15 @@ class Communicator {
 
 // "all_reduce on group dp (4 ranks, rank 1)": the prefix every error of a group starts with.
 std::string describe_call(const std::string& op, const Communicator& communicator);
+
+// The usage checks every implementation makes before any traffic; each throws DistError
+// (Kind::usage) starting with describe_call(op, communicator).
+// dtype is one a reduction can sum: f32, f64, bf16, f16.
+void check_sum_dtype(const char* op, const Communicator& communicator, DType dtype);
+// One entry of `what` per rank of the group.
+void check_counts(const char* op, const Communicator& communicator, std::span<const size_t> counts,
+                  const char* what);
+// peer is a member of the group (and, unless self_ok, not this rank).
+void check_peer(const char* op, const Communicator& communicator, int peer, bool self_ok = false);
 
 }  // namespace trainctl::dist

@@ -172,7 +172,7 @@ class GlooCommunicator final : public Communicator {
   milliseconds timeout() const override { return timeout_; }
 
   void all_reduce_sum(void* data, size_t count, DType dtype, milliseconds timeout) override {
-    check_sum_dtype("all_reduce", dtype);
+    check_sum_dtype("all_reduce", *this, dtype);
     if (count == 0) return;
     if (dtype == DType::bf16 || dtype == DType::f16) {
       auto* wide = reinterpret_cast<float*>(scratch(count * sizeof(float)));
@@ -198,7 +198,7 @@ class GlooCommunicator final : public Communicator {
 
   void reduce_scatter_sum(const void* input, void* output, size_t count, DType dtype,
                           milliseconds timeout) override {
-    check_sum_dtype("reduce_scatter", dtype);
+    check_sum_dtype("reduce_scatter", *this, dtype);
     if (count == 0) return;
     const size_t chunk_bytes = count * tensor::dtype_size(dtype);
     char* received = scratch(chunk_bytes * static_cast<size_t>(size_));
@@ -210,8 +210,8 @@ class GlooCommunicator final : public Communicator {
   // like reduce_scatter_sum's: the same local sum then gives the same bits for equal counts.
   void reduce_scatter_sum_v(const void* input, void* output, std::span<const size_t> counts,
                             DType dtype, milliseconds timeout) override {
-    check_sum_dtype("reduce_scatter_v", dtype);
-    check_counts("reduce_scatter_v", counts, "element counts");
+    check_sum_dtype("reduce_scatter_v", *this, dtype);
+    check_counts("reduce_scatter_v", *this, counts, "element counts");
     size_t total = 0;
     for (size_t c : counts)
       total += c;
@@ -237,7 +237,7 @@ class GlooCommunicator final : public Communicator {
 
   void all_gather_v(const void* input, void* output, std::span<const size_t> bytes,
                     milliseconds timeout) override {
-    check_counts("all_gather_v", bytes, "byte counts");
+    check_counts("all_gather_v", *this, bytes, "byte counts");
     size_t total = 0;
     for (size_t b : bytes)
       total += b;
@@ -295,7 +295,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   void send(const void* data, size_t bytes, int peer, uint32_t tag, milliseconds timeout) override {
-    check_peer("send", peer);
+    check_peer("send", *this, peer);
     if (bytes == 0) return;
     run(
         "send", timeout,
@@ -308,7 +308,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   void recv(void* data, size_t bytes, int peer, uint32_t tag, milliseconds timeout) override {
-    check_peer("recv", peer);
+    check_peer("recv", *this, peer);
     if (bytes == 0) return;
     run(
         "recv", timeout,
@@ -321,7 +321,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   void broadcast(void* data, size_t bytes, int root, milliseconds timeout) override {
-    check_peer("broadcast", root, /*self_ok=*/true);
+    check_peer("broadcast", *this, root, /*self_ok=*/true);
     if (bytes == 0) return;
     run("broadcast", timeout, [&](milliseconds t) {
       gloo::BroadcastOptions opts(context_);
@@ -363,33 +363,6 @@ class GlooCommunicator final : public Communicator {
       scratch_.resize(bytes);
     }
     return scratch_.data();
-  }
-
-  void check_counts(const char* op, std::span<const size_t> counts, const char* what) const {
-    if (counts.size() == static_cast<size_t>(size_)) return;
-    throw DistError(DistError::Kind::usage,
-                    describe_call(op, *this) + ": got " + std::to_string(counts.size()) + " " +
-                        what + "; pass one per rank (" + std::to_string(size_) + ")",
-                    op);
-  }
-
-  void check_sum_dtype(const char* op, DType dtype) const {
-    if (dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 || dtype == DType::f16)
-      return;
-    throw DistError(DistError::Kind::usage,
-                    describe_call(op, *this) + ": cannot sum " +
-                        std::string(tensor::dtype_name(dtype)) + "; use f32, f64, bf16 or f16",
-                    op);
-  }
-
-  void check_peer(const char* op, int peer, bool self_ok = false) const {
-    if (peer >= 0 && peer < size_ && (self_ok || peer != rank_)) return;
-    throw DistError(DistError::Kind::usage,
-                    describe_call(op, *this) + ": peer " + std::to_string(peer) +
-                        (peer == rank_ ? " is this rank" : " is not a member") +
-                        "; use a rank in 0.." + std::to_string(size_ - 1) +
-                        (self_ok ? "" : " other than this one"),
-                    op, peer);
   }
 
   // Runs one Gloo call; turns any Gloo failure into a DistError that names the peer when it can.

@@ -1,7 +1,6 @@
-// The one-rank communicator (tp=1, pp=1, ... groups) and describe_call().
-#include <algorithm>
+// The one-rank communicator (tp=1, pp=1, ... groups), describe_call() and the usage checks every
+// communicator makes before any traffic.
 #include <cstring>
-#include <vector>
 
 #include "dist/error.hpp"
 #include "dist/gloo_communicator.hpp"
@@ -14,45 +13,33 @@ std::string describe_call(const std::string& op, const Communicator& communicato
          std::to_string(communicator.rank()) + ")";
 }
 
-void Communicator::reduce_scatter_sum_v(const void* input, void* output,
-                                        std::span<const size_t> counts, DType dtype,
-                                        std::chrono::milliseconds timeout) {
-  if (counts.size() != static_cast<size_t>(size()))
-    throw DistError(DistError::Kind::usage,
-                    describe_call("reduce_scatter_v", *this) + ": got " +
-                        std::to_string(counts.size()) + " element counts; pass one per rank (" +
-                        std::to_string(size()) + ")",
-                    "reduce_scatter_v");
-  size_t total = 0, before = 0;
-  for (size_t r = 0; r < counts.size(); ++r) {
-    if (r == static_cast<size_t>(rank())) before = total;
-    total += counts[r];
-  }
-  const size_t item = tensor::dtype_size(dtype);
-  std::vector<char> whole(total * item);
-  std::memcpy(whole.data(), input, whole.size());
-  all_reduce_sum(whole.data(), total, dtype, timeout);
-  std::memcpy(output, whole.data() + before * item, counts[static_cast<size_t>(rank())] * item);
+void check_sum_dtype(const char* op, const Communicator& communicator, DType dtype) {
+  if (dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 || dtype == DType::f16)
+    return;
+  throw DistError(DistError::Kind::usage,
+                  describe_call(op, communicator) + ": cannot sum " +
+                      std::string(tensor::dtype_name(dtype)) + "; use f32, f64, bf16 or f16",
+                  op);
 }
 
-void Communicator::all_gather_v(const void* input, void* output, std::span<const size_t> bytes,
-                                std::chrono::milliseconds timeout) {
-  if (bytes.size() != static_cast<size_t>(size()))
-    throw DistError(DistError::Kind::usage,
-                    describe_call("all_gather_v", *this) + ": got " + std::to_string(bytes.size()) +
-                        " byte counts; pass one per rank (" + std::to_string(size()) + ")",
-                    "all_gather_v");
-  size_t largest = 0;
-  for (size_t b : bytes)
-    largest = std::max(largest, b);
-  std::vector<char> mine(largest), all(largest * bytes.size());
-  std::memcpy(mine.data(), input, bytes[static_cast<size_t>(rank())]);
-  all_gather(mine.data(), all.data(), largest, timeout);
-  char* out = static_cast<char*>(output);
-  for (size_t r = 0; r < bytes.size(); ++r) {
-    std::memcpy(out, all.data() + r * largest, bytes[r]);
-    out += bytes[r];
-  }
+void check_counts(const char* op, const Communicator& communicator, std::span<const size_t> counts,
+                  const char* what) {
+  if (counts.size() == static_cast<size_t>(communicator.size())) return;
+  throw DistError(DistError::Kind::usage,
+                  describe_call(op, communicator) + ": got " + std::to_string(counts.size()) + " " +
+                      what + "; pass one per rank (" + std::to_string(communicator.size()) + ")",
+                  op);
+}
+
+void check_peer(const char* op, const Communicator& communicator, int peer, bool self_ok) {
+  const int rank = communicator.rank(), size = communicator.size();
+  if (peer >= 0 && peer < size && (self_ok || peer != rank)) return;
+  throw DistError(DistError::Kind::usage,
+                  describe_call(op, communicator) + ": peer " + std::to_string(peer) +
+                      (peer == rank ? " is this rank" : " is not a member") +
+                      "; use a rank in 0.." + std::to_string(size - 1) +
+                      (self_ok ? "" : " other than this one"),
+                  op, peer);
 }
 
 namespace {
@@ -68,16 +55,16 @@ class LocalCommunicator final : public Communicator {
   std::chrono::milliseconds timeout() const override { return timeout_; }
 
   void all_reduce_sum(void*, size_t, DType dtype, std::chrono::milliseconds) override {
-    check_sum_dtype("all_reduce", dtype);
+    check_sum_dtype("all_reduce", *this, dtype);
   }
   void reduce_scatter_sum(const void* input, void* output, size_t count, DType dtype,
                           std::chrono::milliseconds) override {
-    check_sum_dtype("reduce_scatter", dtype);
+    check_sum_dtype("reduce_scatter", *this, dtype);
     copy(input, output, count * tensor::dtype_size(dtype));
   }
   void reduce_scatter_sum_v(const void* input, void* output, std::span<const size_t> counts,
                             DType dtype, std::chrono::milliseconds) override {
-    check_sum_dtype("reduce_scatter_v", dtype);
+    check_sum_dtype("reduce_scatter_v", *this, dtype);
     check_one_count("reduce_scatter_v", counts, "element counts");
     copy(input, output, counts[0] * tensor::dtype_size(dtype));
   }
@@ -118,14 +105,6 @@ class LocalCommunicator final : public Communicator {
  private:
   static void copy(const void* input, void* output, size_t bytes) {
     if (bytes > 0 && input != output) std::memmove(output, input, bytes);
-  }
-  void check_sum_dtype(const char* op, DType dtype) const {
-    if (dtype == DType::f32 || dtype == DType::f64 || dtype == DType::bf16 || dtype == DType::f16)
-      return;
-    throw DistError(DistError::Kind::usage,
-                    describe_call(op, *this) + ": cannot sum " +
-                        std::string(tensor::dtype_name(dtype)) + "; use f32, f64, bf16 or f16",
-                    op);
   }
   void check_one_count(const char* op, std::span<const size_t> counts, const char* what) const {
     if (counts.size() == 1) return;

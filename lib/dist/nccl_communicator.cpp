@@ -134,7 +134,7 @@ class NcclCommunicator final : public Communicator {
   void reduce_scatter_sum_v(const void* input, void* output, std::span<const size_t> counts,
                             DType dtype, milliseconds timeout) override {
     const ncclDataType_t type = sum_type("reduce_scatter_v", dtype);
-    check_counts("reduce_scatter_v", counts, "element counts");
+    check_counts("reduce_scatter_v", *this, counts, "element counts");
     bool equal = true;
     size_t total = 0;
     for (size_t c : counts) {
@@ -165,7 +165,7 @@ class NcclCommunicator final : public Communicator {
 
   void all_gather_v(const void* input, void* output, std::span<const size_t> bytes,
                     milliseconds timeout) override {
-    check_counts("all_gather_v", bytes, "byte counts");
+    check_counts("all_gather_v", *this, bytes, "byte counts");
     size_t total = 0;
     for (size_t b : bytes)
       total += b;
@@ -218,7 +218,7 @@ class NcclCommunicator final : public Communicator {
   // issued, so the tag is not checked and callers must issue them in the same order on both sides.
   void send(const void* data, size_t bytes, int peer, uint32_t /*tag*/,
             milliseconds timeout) override {
-    check_peer("send", peer);
+    check_peer("send", *this, peer);
     if (bytes == 0) return;
     run(
         "send", timeout, [&] { return ncclSend(data, bytes, ncclUint8, peer, comm_, stream_); },
@@ -226,7 +226,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void recv(void* data, size_t bytes, int peer, uint32_t /*tag*/, milliseconds timeout) override {
-    check_peer("recv", peer);
+    check_peer("recv", *this, peer);
     if (bytes == 0) return;
     run(
         "recv", timeout, [&] { return ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_); },
@@ -234,7 +234,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   void broadcast(void* data, size_t bytes, int root, milliseconds timeout) override {
-    check_peer("broadcast", root, /*self_ok=*/true);
+    check_peer("broadcast", *this, root, /*self_ok=*/true);
     if (bytes == 0) return;
     run("broadcast", timeout,
         [&] { return ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_); });
@@ -342,24 +342,6 @@ class NcclCommunicator final : public Communicator {
                             std::string(tensor::dtype_name(dtype)) + "; use f32, f64, bf16 or f16",
                         op);
     }
-  }
-
-  void check_counts(const char* op, std::span<const size_t> counts, const char* what) const {
-    if (counts.size() == static_cast<size_t>(size_)) return;
-    throw DistError(DistError::Kind::usage,
-                    describe_call(op, *this) + ": got " + std::to_string(counts.size()) + " " +
-                        what + "; pass one per rank (" + std::to_string(size_) + ")",
-                    op);
-  }
-
-  void check_peer(const char* op, int peer, bool self_ok = false) const {
-    if (peer >= 0 && peer < size_ && (self_ok || peer != rank_)) return;
-    throw DistError(DistError::Kind::usage,
-                    describe_call(op, *this) + ": peer " + std::to_string(peer) +
-                        (peer == rank_ ? " is this rank" : " is not a member") +
-                        "; use a rank in 0.." + std::to_string(size_ - 1) +
-                        (self_ok ? "" : " other than this one"),
-                    op, peer);
   }
 
   std::string name_;

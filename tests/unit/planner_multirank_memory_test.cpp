@@ -20,6 +20,7 @@
 #include "dist/communicator.hpp"
 #include "model/model.hpp"
 #include "planner/planner.hpp"
+#include "shape_only_communicator.hpp"
 
 namespace {
 
@@ -28,38 +29,7 @@ using recipe::Arch;
 using recipe::Compute;
 using recipe::Recompute;
 
-// A group of `size` ranks that only knows its shape: building a model asks no more.
-class ShapeOnlyCommunicator final : public dist::Communicator {
- public:
-  ShapeOnlyCommunicator(std::string name, int rank, int size)
-      : name_(std::move(name)), rank_(rank), size_(size) {}
-  const std::string& name() const override { return name_; }
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(1); }
-  void all_reduce_sum(void*, size_t, tensor::DType, std::chrono::milliseconds) override { fail(); }
-  void reduce_scatter_sum(const void*, void*, size_t, tensor::DType,
-                          std::chrono::milliseconds) override {
-    fail();
-  }
-  void all_gather(const void*, void*, size_t, std::chrono::milliseconds) override { fail(); }
-  void all_to_all(const void*, void*, size_t, std::chrono::milliseconds) override { fail(); }
-  void all_to_allv(const void*, std::span<const size_t>, void*, std::span<const size_t>,
-                   std::chrono::milliseconds) override {
-    fail();
-  }
-  void send(const void*, size_t, int, uint32_t, std::chrono::milliseconds) override { fail(); }
-  void recv(void*, size_t, int, uint32_t, std::chrono::milliseconds) override { fail(); }
-  void broadcast(void*, size_t, int, std::chrono::milliseconds) override { fail(); }
-  void barrier(std::chrono::milliseconds) override { fail(); }
-
- private:
-  [[noreturn]] static void fail() {
-    throw std::logic_error("building a model must not communicate");
-  }
-  std::string name_;
-  int rank_, size_;
-};
+using test_util::ShapeOnlyCommunicator;
 
 struct ModelCase {
   const char* name;

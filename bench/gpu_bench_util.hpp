@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -21,6 +22,7 @@
 #include "backend/backend.hpp"
 #include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/cuda_backend_impl.hpp"
+#include "backend/cuda/device.hpp"
 #include "tensor/dtype.hpp"
 
 namespace trainctl::gpu_bench {
@@ -45,6 +47,15 @@ inline double datasheet_bf16_flops(const std::string& device_name) {
   if (device_name.find("H100") != std::string::npos) return 756.0e12;  // PCIe
   if (device_name.find("A100") != std::string::npos) return 312.0e12;
   return 0;
+}
+
+// True, after one line "<program>: no GPU <device> here (<why>) - skipped", when this machine has
+// no GPU `device`: the benchmarks then exit 77, as tests/gpu does.
+inline bool no_gpu(const char* program, int device) {
+  const backend::DeviceReport report = backend::detect_gpus();
+  if (device >= 0 && device < static_cast<int>(report.gpus.size())) return false;
+  std::printf("%s: no GPU %d here (%s) - skipped\n", program, device, report.status.c_str());
+  return true;
 }
 
 inline std::string device_name(int device) {

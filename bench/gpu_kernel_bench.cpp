@@ -352,12 +352,7 @@ void run_cases(Bench& b, backend::Backend& be, int64_t B, const std::string& fil
 int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count <= o.device) {
-      cudaGetLastError();
-      std::printf("gpu_kernel_bench: no GPU %d here - skipped\n", o.device);
-      return 77;
-    }
+    if (gpu_bench::no_gpu("gpu_kernel_bench", o.device)) return 77;
     backend::cuda::CudaBackend be({o.device, o.deterministic});
     const std::string gpu = gpu_bench::device_name(o.device);
     const gpu_bench::Ceilings ceilings = gpu_bench::measure_ceilings(be, o.gemm_size);

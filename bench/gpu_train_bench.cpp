@@ -158,12 +158,7 @@ Result run_training(const Options& o, backend::cuda::CudaBackend& be) {
 int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count <= o.device) {
-      cudaGetLastError();
-      std::printf("gpu_train_bench: no GPU %d here - skipped\n", o.device);
-      return 77;
-    }
+    if (gpu_bench::no_gpu("gpu_train_bench", o.device)) return 77;
     backend::cuda::CudaBackend be({o.device, o.deterministic});
     const std::string gpu = gpu_bench::device_name(o.device);
     const model::ModelConfig cfg = bench_model(o.model);

@@ -1,11 +1,12 @@
 #include "dist/peers.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <fstream>
 #include <sstream>
+#include <string>
 
 namespace trainctl::dist::detail {
 
@@ -30,8 +31,17 @@ PeerState probe(const PeerInfo& peer) {
   if (peer.pid <= 0 || peer.host != this_process().host) return PeerState::unknown;
   if (::kill(peer.pid, 0) != 0) return errno == ESRCH ? PeerState::gone : PeerState::unknown;
   // /proc/<pid>/stat: "pid (comm) S ..."; comm may hold spaces, so the state follows the last ')'.
-  std::ifstream in("/proc/" + std::to_string(peer.pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Plain read(2): the peer may exit between kill() and here, and reading a vanished process's
+  // stat fails with ESRCH, which a std::ifstream turns into an exception out of its buffer.
+  const std::string path = "/proc/" + std::to_string(peer.pid) + "/stat";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT || errno == ESRCH ? PeerState::gone : PeerState::unknown;
+  char buffer[4096];
+  const ssize_t got = ::read(fd, buffer, sizeof buffer);
+  const int read_errno = errno;
+  ::close(fd);
+  if (got < 0) return read_errno == ESRCH ? PeerState::gone : PeerState::unknown;
+  const std::string stat(buffer, static_cast<size_t>(got));
   const size_t paren = stat.rfind(')');
   if (paren == std::string::npos || paren + 2 >= stat.size()) return PeerState::unknown;
   switch (stat[paren + 2]) {

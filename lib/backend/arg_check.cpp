@@ -1,8 +1,9 @@
 #include "backend/arg_check.hpp"
 
-#include <fmt/format.h>
-
 #include <stdexcept>
+#include <utility>
+
+#include <fmt/format.h>
 
 namespace trainctl::backend {
 
@@ -64,12 +65,43 @@ void ArgCheck::gemm(const GemmArgs& g) const {
   need("a", g.a, g.m * g.k, g.stride_a);
   need("b", g.b, g.k * g.n, g.stride_b);
   need("c", g.c, g.m * g.n, g.stride_c);
+  if (g.fp8_a || g.fp8_b) {
+    for (const auto& [name, format] : {std::pair{"fp8_a", g.fp8_a}, std::pair{"fp8_b", g.fp8_b}})
+      if (format && *format != DType::e4m3 && *format != DType::e5m2)
+        fail(op, fmt::format("{} is {}: an fp8 operand is e4m3 or e5m2", name,
+                             tensor::dtype_name(*format)));
+    if (g.a.dtype == DType::f64) fail(op, "fp8 operands need f32, bf16 or f16 inputs, not f64");
+    if (g.batch != 1) fail(op, fmt::format("fp8 operands need batch 1, got {}", g.batch));
+    if (g.epilogue != Epilogue::none) fail(op, "fp8 operands need epilogue none");
+  }
+  if (g.epilogue == Epilogue::gelu) {
+    present(op, "pre_gelu", g.pre_gelu);
+    dtype(op, "pre_gelu", g.pre_gelu, g.c.dtype);
+    numel(op, "pre_gelu", g.pre_gelu, g.m * g.n);
+    if (g.batch != 1 || g.beta != 0)
+      fail(op, fmt::format("epilogue gelu needs batch 1 and beta 0, got batch {} and beta {}",
+                           g.batch, g.beta));
+    if (g.c.data == g.pre_gelu.data) fail(op, "epilogue gelu: c and pre_gelu must not alias");
+  }
   if (!g.bias.empty()) {
     numel(op, "bias", g.bias, g.n);
     if (g.bias.dtype != g.c.dtype && g.bias.dtype != g.a.dtype)
       fail(op, fmt::format("bias is {}: expected the dtype of c ({}) or of a ({})",
                            tensor::dtype_name(g.bias.dtype), tensor::dtype_name(g.c.dtype),
                            tensor::dtype_name(g.a.dtype)));
+  }
+}
+
+void ArgCheck::adamw_ranges(std::string_view op, int64_t count,
+                            std::span<const Backend::AdamWRange> ranges) const {
+  int64_t previous_end = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const Backend::AdamWRange& r = ranges[i];
+    if (r.begin < previous_end || r.end < r.begin || r.end > count)
+      fail(op, fmt::format("range {} is [{}, {}): ranges must be ascending, disjoint and inside "
+                           "the {} elements (the previous one ends at {})",
+                           i, r.begin, r.end, count, previous_end));
+    previous_end = r.end;
   }
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -28,8 +29,12 @@ class ArgCheck {
   int64_t rows(std::string_view op, std::string_view name, const Tensor& t, int64_t width) const;
 
   // GemmArgs: operands present, sizes positive, a and b one dtype, c that dtype or G, every batch
-  // inside its tensor, bias [n] of c's or a's dtype.
+  // inside its tensor, bias [n] of c's or a's dtype; fp8 operands and the gelu epilogue as the
+  // contract restricts them.
   void gemm(const GemmArgs& g) const;
+  // AdamW ranges over tensors of `count` elements: ascending, disjoint, inside.
+  void adamw_ranges(std::string_view op, int64_t count,
+                    std::span<const Backend::AdamWRange> ranges) const;
   // Positive sizes, H a multiple of KV.
   void attention(std::string_view op, const AttentionShape& s) const;
 

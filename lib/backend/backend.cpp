@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "tensor/fp8_scale.hpp"
+
 namespace trainctl::backend {
 
 DType grad_dtype(DType storage) {
@@ -12,6 +14,23 @@ DType grad_dtype(DType storage) {
 
 DType stats_dtype(DType storage) {
   return storage == DType::f64 ? DType::f64 : DType::f32;
+}
+
+float fp8_scale(DType format, float amax) {
+  switch (format) {
+    case DType::e4m3:
+      return tensor::fp8_scale_for(tensor::kE4M3Max, amax);
+    case DType::e5m2:
+      return tensor::fp8_scale_for(tensor::kE5M2Max, amax);
+    default:
+      throw std::invalid_argument("fp8_scale: the format must be e4m3 or e5m2");
+  }
+}
+
+void Backend::adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
+                    const Tensor& v, const AdamW& hyper) {
+  const AdamWRange whole{0, param.numel(), true};
+  adamw(param, master, grad, m, v, std::span<const AdamWRange>(&whole, 1), hyper);
 }
 
 bool Capabilities::supports(DType storage) const {
@@ -25,8 +44,7 @@ bool Capabilities::supports(DType storage) const {
     case DType::f16:
       return f16;
     case DType::e4m3:
-    case DType::e5m2:
-      return fp8;
+    case DType::e5m2:  // operands of fp8 GEMMs (the fp8 flag), never parameters or activations
     case DType::i32:
     case DType::u16:
       return false;  // not a storage type for parameters and activations

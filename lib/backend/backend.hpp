@@ -20,6 +20,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -42,7 +44,7 @@ struct Capabilities {
   bool f32 = true;
   bool bf16 = false;
   bool f16 = false;
-  bool fp8 = false;
+  bool fp8 = false;  // GemmArgs fp8 operands (on the CPU: the same values, computed in fp32)
   bool supports(DType storage) const;
 };
 
@@ -74,6 +76,21 @@ class Allocation {
 // A and B share one dtype; C may be that dtype or G (weight gradients accumulate into f32 with
 // beta = 1). `bias` (optional, [n], dtype of C or S) is added to every row after the product.
 // batch > 1 runs `batch` independent products at element strides stride_a/b/c.
+//
+// Epilogue gelu: c = gelu(alpha op(A) op(B) + beta c + bias) (the tanh GELU of gelu_forward),
+// and `pre_gelu` ([m, n], dtype of C) receives the value before the GELU. Bit-identical to the
+// gemm followed by gelu_forward on the CPU; cuBLASLt's GELU_AUX_BIAS epilogue on the GPU.
+//
+// fp8 operands (Hopper's e4m3/e5m2 tensor cores; the CPU backend computes the same values): an
+// operand whose fp8_a / fp8_b names e4m3 or e5m2 is quantized per tensor ("current scaling")
+// before the product, and the product is scaled back:
+//   p = fp8_scale(format, amax), amax = max |x| over the operand's m*k (k*n) elements
+//   q = x * p rounded to nearest even in the format (saturating)
+//   C = alpha * (op(qA) op(qB)) / (pA * pB) + beta * C + bias,  accumulated in fp32.
+// A non-finite element makes p NaN, hence every output NaN (the trainer's overflow check sees
+// it). fp8 operands need batch == 1 and epilogue none.
+enum class Epilogue : uint8_t { none, gelu };
+
 struct GemmArgs {
   Tensor a, b, c;
   bool trans_a = false;
@@ -84,7 +101,16 @@ struct GemmArgs {
   Tensor bias;
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  Epilogue epilogue = Epilogue::none;
+  Tensor pre_gelu = {};                         // epilogue gelu: out, [m, n]
+  std::optional<DType> fp8_a = {}, fp8_b = {};  // e4m3 | e5m2: quantize that operand (see above)
 };
+
+// The per-tensor scale of an fp8 operand whose largest magnitude is `amax`: the largest power
+// of two p with amax * p <= max_finite(format), clamped to [2^-126, 2^126]; 1 when amax is 0;
+// NaN when amax is not finite. A power of two, so x * p and the scaling back are exact.
+// format: e4m3 (max 448) or e5m2 (max 57344). Every backend computes exactly this value.
+float fp8_scale(DType format, float amax);
 
 // Attention geometry: B sequences of T tokens, H query heads, KV key/value heads, head size D.
 struct AttentionShape {
@@ -246,8 +272,18 @@ class Backend {
     double lr, beta1, beta2, eps, weight_decay, grad_scale;
     int64_t step;
   };
+  // Multi-tensor form: one call (one launch on a GPU) over many parameters. Every tensor is 1-D
+  // over the same elements; `ranges` (disjoint, element indices into them) select what is
+  // updated, each with or without weight decay (hyper.weight_decay applies where decay is set).
+  struct AdamWRange {
+    int64_t begin = 0, end = 0;
+    bool decay = true;
+  };
   virtual void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
-                     const Tensor& v, const AdamW& hyper) = 0;
+                     const Tensor& v, std::span<const AdamWRange> ranges, const AdamW& hyper) = 0;
+  // One range: the whole tensors, decayed by hyper.weight_decay.
+  void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
+             const Tensor& v, const AdamW& hyper);
 };
 
 // The CPU backend (lib/backend/cpu): OpenBLAS GEMMs (its thread count: OPENBLAS_NUM_THREADS) and

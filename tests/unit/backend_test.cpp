@@ -23,10 +23,11 @@ TEST_CASE("grad and stats dtypes follow the storage type") {
   }
 }
 
-TEST_CASE("cpu capabilities cover the four float storage types and not fp8") {
+TEST_CASE("cpu capabilities: the four float storage types, fp8 GEMM operands, no fp8 storage") {
   const auto caps = cpu().capabilities();
   for (DType d : kFloatTypes)
     CHECK(caps.supports(d));
+  CHECK(caps.fp8);
   CHECK_FALSE(caps.supports(DType::e4m3));
   CHECK_FALSE(caps.supports(DType::i32));
   CHECK(cpu().name() == "cpu");

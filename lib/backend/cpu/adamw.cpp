@@ -1,12 +1,15 @@
-// AdamW (Loshchilov & Hutter; PyTorch's torch.optim.AdamW form) on one contiguous range:
+// AdamW (Loshchilov & Hutter; PyTorch's torch.optim.AdamW form) over ranges of flat buffers:
 //   g = grad * grad_scale
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   w = w (1 - lr wd);      w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 // w is the master copy (G dtype: f32, or f64 for f64 storage) when given, and param = round(w);
 // without a master the storage param itself is w. Computed in compute_t<S>.
-// Speed: one contiguous pass per case (with / without master) over restrict pointers, with the
-// bias corrections folded into constants, so the loop vectorises (sqrt and divide included).
+// wd is hyper.weight_decay in ranges marked decay, else 0.
+// Speed: one contiguous pass per range and case (with / without master) over restrict pointers,
+// with the bias corrections folded into constants, so the loop vectorises (sqrt and divide
+// included).
 #include <cmath>
+#include <span>
 #include <string_view>
 
 #include <fmt/format.h>
@@ -16,7 +19,8 @@
 namespace trainctl::backend::cpu {
 
 void CpuBackend::adamw(const Tensor& param, const Tensor& master, const Tensor& grad,
-                       const Tensor& m, const Tensor& v, const AdamW& hyper) {
+                       const Tensor& m, const Tensor& v, std::span<const AdamWRange> ranges,
+                       const AdamW& hyper) {
   const ScopedOp timed(timer_, OpFamily::optimizer);
   constexpr std::string_view op = "adamw";
   expect_present(op, "param", param);
@@ -32,13 +36,13 @@ void CpuBackend::adamw(const Tensor& param, const Tensor& master, const Tensor& 
     expect_dtype(op, "master", master, g_type);
     expect_numel(op, "master", master, count);
   }
+  kArgs.adamw_ranges(op, count, ranges);
   if (hyper.step < 1) fail(op, fmt::format("step={} must count from 1", hyper.step));
   dispatch_float(param.dtype, op, "param", [&]<class S>(Tag<S>) {
     using C = compute_t<S>;
     const C lr = static_cast<C>(hyper.lr);
     const C b1 = static_cast<C>(hyper.beta1), b2 = static_cast<C>(hyper.beta2);
     const C eps = static_cast<C>(hyper.eps);
-    const C decay = static_cast<C>(1.0 - hyper.lr * hyper.weight_decay);
     const C gs = static_cast<C>(hyper.grad_scale);
     const auto t = static_cast<double>(hyper.step);
     const C correction1 = static_cast<C>(1.0 - std::pow(hyper.beta1, t));
@@ -49,25 +53,28 @@ void CpuBackend::adamw(const Tensor& param, const Tensor& master, const Tensor& 
     C* __restrict mm = m.as<C>();
     C* __restrict vv = v.as<C>();
     S* __restrict p = param.as<S>();
-    // w_new = w * decay - step_size * m / (sqrt(v / correction2) + eps)
-    const auto update = [&](int64_t i, C w) {
-      const C gi = g[i] * gs;
-      const C mi = b1 * mm[i] + (C(1) - b1) * gi;
-      const C vi = b2 * vv[i] + (C(1) - b2) * gi * gi;
-      mm[i] = mi;
-      vv[i] = vi;
-      return w * decay - step_size * mi / (std::sqrt(vi * inv_correction2) + eps);
-    };
-    if (!master.empty()) {
-      C* __restrict w = master.as<C>();
-      for (int64_t i = 0; i < count; ++i) {
-        const C value = update(i, w[i]);
-        w[i] = value;
-        p[i] = tensor::store<S>(value);
+    for (const AdamWRange& range : ranges) {
+      const C decay = static_cast<C>(1.0 - hyper.lr * (range.decay ? hyper.weight_decay : 0.0));
+      // w_new = w * decay - step_size * m / (sqrt(v / correction2) + eps)
+      const auto update = [&](int64_t i, C w) {
+        const C gi = g[i] * gs;
+        const C mi = b1 * mm[i] + (C(1) - b1) * gi;
+        const C vi = b2 * vv[i] + (C(1) - b2) * gi * gi;
+        mm[i] = mi;
+        vv[i] = vi;
+        return w * decay - step_size * mi / (std::sqrt(vi * inv_correction2) + eps);
+      };
+      if (!master.empty()) {
+        C* __restrict w = master.as<C>();
+        for (int64_t i = range.begin; i < range.end; ++i) {
+          const C value = update(i, w[i]);
+          w[i] = value;
+          p[i] = tensor::store<S>(value);
+        }
+      } else {
+        for (int64_t i = range.begin; i < range.end; ++i)
+          p[i] = tensor::store<S>(update(i, tensor::load(p[i])));
       }
-    } else {
-      for (int64_t i = 0; i < count; ++i)
-        p[i] = tensor::store<S>(update(i, tensor::load(p[i])));
     }
   });
 }

@@ -201,8 +201,9 @@ class CpuBackend final : public Backend {
                               const Tensor& expert_out, const Tensor& gates,
                               const Tensor& slot) override;
 
+  using Backend::adamw;
   void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
-             const Tensor& v, const AdamW& hyper) override;
+             const Tensor& v, std::span<const AdamWRange> ranges, const AdamW& hyper) override;
 
  private:
   ScratchPool scratch_;

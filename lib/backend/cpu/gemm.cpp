@@ -1,6 +1,12 @@
 // GEMM on OpenBLAS. f64 -> dgemm, f32 -> sgemm; bf16/f16 inputs are widened to f32 scratch (kept
 // by the backend, so warm calls do not allocate), multiplied with sgemm, and rounded once into C
 // when C is narrow. The bias epilogue is added in the compute type before that single rounding.
+// fp8 operands (backend.hpp) are quantized in that f32 scratch: the products of fp8 values are
+// exact in f32, so this computes what fp8 tensor cores compute, up to the order of the sums.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 #include <cblas.h>
 #include <fmt/format.h>
 
@@ -46,27 +52,63 @@ void widen(float* dst, const S* src, int64_t count) {
     dst[i] = tensor::load(src[i]);
 }
 
+// An fp8 operand, in place: x -> round_format(x * p) with the per-tensor scale p of the operand's
+// values (fp8_scale). Returns p, so the product can be scaled back by 1 / p.
+float quantize_fp8(float* x, int64_t count, DType format) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < count; ++i) {
+    if (!std::isfinite(x[i])) finite = false;
+    amax = std::max(amax, std::fabs(x[i]));
+  }
+  const float p = fp8_scale(format, finite ? amax : std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < count; ++i)
+    x[i] = tensor::round_to(format, x[i] * p);
+  return p;
+}
+
 }  // namespace
 
 void CpuBackend::gemm(const GemmArgs& g) {
-  const ScopedOp timed(timer_, OpFamily::gemm);
   kArgs.gemm(g);
+  if (g.epilogue == Epilogue::gelu) {
+    // The GEMM into pre_gelu, then the GELU: the same two roundings as the unfused ops.
+    GemmArgs plain = g;
+    plain.c = g.pre_gelu;
+    plain.epilogue = Epilogue::none;
+    plain.pre_gelu = {};
+    gemm(plain);
+    gelu_forward(g.c, g.pre_gelu);
+    return;
+  }
+  const ScopedOp timed(timer_, OpFamily::gemm);
   if (timer_.enabled)
     timer_.stats.gemm_flops += 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) *
                                static_cast<double>(g.k) * static_cast<double>(g.batch);
   const int64_t lda = g.trans_a ? g.m : g.k;
   const int64_t ldb = g.trans_b ? g.k : g.n;
+  const bool fp8 = g.fp8_a.has_value() || g.fp8_b.has_value();
   dispatch_float(g.a.dtype, "gemm", "a", [&]<class S>(Tag<S>) {
-    if constexpr (std::is_same_v<S, double> || std::is_same_v<S, float>) {
+    if constexpr (std::is_same_v<S, double>) {
+      // c has the dtype of a here: grad_dtype(f64) = f64.
+      for (int64_t p = 0; p < g.batch; ++p) {
+        double* c = g.c.as<double>() + p * g.stride_c;
+        blas_gemm<double>(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha,
+                          g.a.as<double>() + p * g.stride_a, lda, g.b.as<double>() + p * g.stride_b,
+                          ldb, g.beta, c, g.n);
+        if (!g.bias.empty()) add_bias(c, g.m, g.n, g.bias);
+      }
+    } else if (std::is_same_v<S, float> && !fp8) {
       // c has the dtype of a here: grad_dtype(f32) = f32, grad_dtype(f64) = f64.
       for (int64_t p = 0; p < g.batch; ++p) {
-        S* c = g.c.as<S>() + p * g.stride_c;
-        blas_gemm<S>(g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<S>(g.alpha),
-                     g.a.as<S>() + p * g.stride_a, lda, g.b.as<S>() + p * g.stride_b, ldb,
-                     static_cast<S>(g.beta), c, g.n);
+        float* c = g.c.as<float>() + p * g.stride_c;
+        blas_gemm<float>(g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<float>(g.alpha),
+                         g.a.as<float>() + p * g.stride_a, lda, g.b.as<float>() + p * g.stride_b,
+                         ldb, static_cast<float>(g.beta), c, g.n);
         if (!g.bias.empty()) add_bias(c, g.m, g.n, g.bias);
       }
     } else {
+      // Narrow inputs (and fp8 operands of any width) are widened to f32 scratch first.
       float* a32 = scratch_.get<float>(kSlotGemmA, static_cast<size_t>(g.m * g.k));
       float* b32 = scratch_.get<float>(kSlotGemmB, static_cast<size_t>(g.k * g.n));
       const bool narrow_c = g.c.dtype != DType::f32;
@@ -75,17 +117,21 @@ void CpuBackend::gemm(const GemmArgs& g) {
       for (int64_t p = 0; p < g.batch; ++p) {
         widen(a32, g.a.as<S>() + p * g.stride_a, g.m * g.k);
         widen(b32, g.b.as<S>() + p * g.stride_b, g.k * g.n);
+        // fp8: the product of the quantized values, scaled back by powers of two (exact).
+        float alpha = static_cast<float>(g.alpha);
+        if (g.fp8_a) alpha /= quantize_fp8(a32, g.m * g.k, *g.fp8_a);
+        if (g.fp8_b) alpha /= quantize_fp8(b32, g.k * g.n, *g.fp8_b);
         if (!narrow_c) {
           float* c = g.c.as<float>() + p * g.stride_c;
-          blas_gemm<float>(g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<float>(g.alpha), a32,
-                           lda, b32, ldb, static_cast<float>(g.beta), c, g.n);
+          blas_gemm<float>(g.trans_a, g.trans_b, g.m, g.n, g.k, alpha, a32, lda, b32, ldb,
+                           static_cast<float>(g.beta), c, g.n);
           if (!g.bias.empty()) add_bias(c, g.m, g.n, g.bias);
           continue;
         }
         S* c = g.c.as<S>() + p * g.stride_c;
         if (g.beta != 0) widen(c32, c, g.m * g.n);
-        blas_gemm<float>(g.trans_a, g.trans_b, g.m, g.n, g.k, static_cast<float>(g.alpha), a32, lda,
-                         b32, ldb, static_cast<float>(g.beta), c32, g.n);
+        blas_gemm<float>(g.trans_a, g.trans_b, g.m, g.n, g.k, alpha, a32, lda, b32, ldb,
+                         static_cast<float>(g.beta), c32, g.n);
         if (!g.bias.empty()) add_bias(c32, g.m, g.n, g.bias);
         for (int64_t i = 0; i < g.m * g.n; ++i)
           c[i] = tensor::store<S>(c32[i]);

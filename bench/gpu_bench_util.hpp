@@ -139,6 +139,7 @@ inline void fill_random(backend::Backend& be, const tensor::Tensor& t, uint64_t 
 struct Ceilings {
   double copy_bytes_per_s = 0;  // device-to-device copy, bytes read + bytes written
   double gemm_flops = 0;        // bf16 GEMM (fp32 accumulation) through Backend::gemm
+  double fp8_gemm_flops = 0;    // e4m3 x e4m3 -> bf16, quantization included
   int64_t gemm_size = 0;
 };
 
@@ -155,8 +156,10 @@ inline double measure_copy_bandwidth(backend::cuda::CudaBackend& be) {
   return 2.0 * static_cast<double>(bytes) / (ms * 1e-3);
 }
 
-// C = A B^T with bf16 A, B, C of size x size (cuBLASLt, fp32 accumulation), random data.
-inline double measure_gemm_flops(backend::cuda::CudaBackend& be, int64_t size) {
+// C = A B^T with bf16 A, B, C of size x size (cuBLASLt, fp32 accumulation), random data. fp8:
+// both operands e4m3 (GemmArgs fp8_a/fp8_b), so the rate includes the backend's per-call amax and
+// quantization of A and B ("current scaling"), as a training step pays it.
+inline double measure_gemm_flops(backend::cuda::CudaBackend& be, int64_t size, bool fp8 = false) {
   const int64_t n = size * size;
   backend::Allocation a = be.allocate(static_cast<size_t>(n) * 2),
                       b = be.allocate(static_cast<size_t>(n) * 2),
@@ -169,6 +172,7 @@ inline double measure_gemm_flops(backend::cuda::CudaBackend& be, int64_t size) {
   fill_random(be, g.b, 12);
   g.trans_b = true;
   g.m = g.n = g.k = size;
+  if (fp8) g.fp8_a = g.fp8_b = tensor::DType::e4m3;
   const double ms = median_ms(
       stream_of(be), [&](int) { be.gemm(g); }, 3, 7, 3);
   return 2.0 * static_cast<double>(size) * size * size / (ms * 1e-3);
@@ -178,6 +182,7 @@ inline Ceilings measure_ceilings(backend::cuda::CudaBackend& be, int64_t gemm_si
   Ceilings c;
   c.copy_bytes_per_s = measure_copy_bandwidth(be);
   c.gemm_flops = measure_gemm_flops(be, gemm_size);
+  c.fp8_gemm_flops = measure_gemm_flops(be, gemm_size, true);
   c.gemm_size = gemm_size;
   return c;
 }

@@ -359,10 +359,11 @@ int main(int argc, char** argv) {
     fmt::print(
         "gpu_kernel_bench on {}: GPT-2 124M shapes, micro-batch {} x seq {} = {} tokens, bf16 "
         "storage, {} mode\nceilings measured now: device-to-device copy {:.0f} GB/s (read + "
-        "write), bf16 GEMM {}^3 {:.0f} TFLOP/s\n\n",
+        "write), bf16 GEMM {}^3 {:.0f} TFLOP/s, fp8 GEMM (e4m3 x e4m3 -> bf16, quantization "
+        "included) {:.0f} TFLOP/s\n\n",
         gpu, o.micro_batch, kSeq, o.micro_batch * kSeq,
         o.deterministic ? "deterministic" : "non-deterministic", ceilings.copy_bytes_per_s / 1e9,
-        ceilings.gemm_size, ceilings.gemm_flops / 1e12);
+        ceilings.gemm_size, ceilings.gemm_flops / 1e12, ceilings.fp8_gemm_flops / 1e12);
     fmt::print("| family | op | ms | MB moved | rate | of ceiling |\n|---|---|---|---|---|---|\n");
     Bench bench(be, ceilings);
     run_cases(bench, be, o.micro_batch, o.filter);

@@ -15,24 +15,42 @@ constexpr int kThreadsPerBlock = 256;
 constexpr int kBlocksPerSm = 8;
 
 // Updates m and v in place and returns the new weight.
-__device__ __forceinline__ float adamw_update(float w, float g, float& m, float& v,
+__device__ __forceinline__ float adamw_update(float w, float g, float& m, float& v, float decay,
                                               const AdamWConstants& k) {
   const float gi = __fmul_rn(g, k.grad_scale);
   m = __fadd_rn(__fmul_rn(k.beta1, m), __fmul_rn(k.one_minus_beta1, gi));
   v = __fadd_rn(__fmul_rn(k.beta2, v), __fmul_rn(__fmul_rn(k.one_minus_beta2, gi), gi));
   const float denominator = __fadd_rn(__fsqrt_rn(__fmul_rn(v, k.inv_correction2)), k.eps);
-  return __fsub_rn(__fmul_rn(w, k.decay), __fdiv_rn(__fmul_rn(k.step_size, m), denominator));
+  return __fsub_rn(__fmul_rn(w, decay), __fdiv_rn(__fmul_rn(k.step_size, m), denominator));
 }
 
+// The ranges of one launch, passed by value (kernel arguments live in constant memory).
+struct SpanTable {
+  int64_t begin[kAdamWRangesPerLaunch];
+  int64_t end[kAdamWRangesPerLaunch];
+  float decay[kAdamWRangesPerLaunch];
+  bool vectorised[kAdamWRangesPerLaunch];
+};
+
+// blockIdx.y picks the range; the blocks along x stride over it.
 template <class P>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     adamw_kernel(P* __restrict__ param, float* __restrict__ master, const float* __restrict__ grad,
-                 float* __restrict__ m, float* __restrict__ v, int64_t n, bool vectorised,
-                 AdamWConstants k) {
+                 float* __restrict__ m, float* __restrict__ v, const SpanTable spans,
+                 const AdamWConstants k) {
+  const int s = static_cast<int>(blockIdx.y);
+  const int64_t begin = spans.begin[s];
+  const int64_t n = spans.end[s] - begin;
+  const float decay = spans.decay[s];
+  param += begin;
+  if (master != nullptr) master += begin;
+  grad += begin;
+  m += begin;
+  v += begin;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   int64_t scalar_begin = 0;
-  if (vectorised) {
+  if (spans.vectorised[s]) {
     const int64_t num_vectors = n / kVectorElements;
     for (int64_t vec = thread; vec < num_vectors; vec += stride) {
       const int64_t base = vec * kVectorElements;
@@ -47,7 +65,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       load_vector(v + base, vv);
 #pragma unroll
       for (int e = 0; e < kVectorElements; ++e)
-        w[e] = adamw_update(w[e], g[e], mm[e], vv[e], k);
+        w[e] = adamw_update(w[e], g[e], mm[e], vv[e], decay, k);
       store_vector(m + base, mm);
       store_vector(v + base, vv);
       if (master != nullptr) store_vector(master + base, w);
@@ -59,7 +77,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     float mi = m[i];
     float vi = v[i];
     const float w0 = master != nullptr ? master[i] : load_float(param[i]);
-    const float w = adamw_update(w0, grad[i], mi, vi, k);
+    const float w = adamw_update(w0, grad[i], mi, vi, decay, k);
     m[i] = mi;
     v[i] = vi;
     if (master != nullptr) master[i] = w;
@@ -72,39 +90,64 @@ bool aligned_16(const void* pointer) {
 }
 
 template <class P>
-cudaError_t run(P* param, float* master, const float* grad, float* m, float* v, int64_t n,
-                const AdamWConstants& constants, cudaStream_t stream) {
-  const bool vectorised = aligned_16(param) && aligned_16(grad) && aligned_16(m) && aligned_16(v) &&
-                          (master == nullptr || aligned_16(master));
+cudaError_t run(P* param, float* master, const float* grad, float* m, float* v,
+                const AdamWSpan* spans, int64_t num_spans, const AdamWConstants& constants,
+                cudaStream_t stream) {
   int device = 0;
   int num_sms = 0;
   TRAINCTL_CUDA_RETURN(cudaGetDevice(&device));
   TRAINCTL_CUDA_RETURN(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t items = vectorised ? std::max<int64_t>(n / kVectorElements, 1) : n;
-  const int64_t wanted = (items + kThreadsPerBlock - 1) / kThreadsPerBlock;
   const int64_t most = static_cast<int64_t>(std::max(num_sms, 1)) * kBlocksPerSm;
-  const auto blocks = static_cast<unsigned>(std::clamp<int64_t>(wanted, 1, most));
-  adamw_kernel<P><<<blocks, kThreadsPerBlock, 0, stream>>>(param, master, grad, m, v, n, vectorised,
-                                                           constants);
-  return cudaGetLastError();
+  for (int64_t first = 0; first < num_spans; first += kAdamWRangesPerLaunch) {
+    const int64_t count = std::min<int64_t>(num_spans - first, kAdamWRangesPerLaunch);
+    SpanTable table{};
+    int64_t items = 1;
+    for (int64_t s = 0; s < count; ++s) {
+      const AdamWSpan& span = spans[first + s];
+      const int64_t b = span.begin;
+      const bool vectorised = aligned_16(param + b) && aligned_16(grad + b) && aligned_16(m + b) &&
+                              aligned_16(v + b) && (master == nullptr || aligned_16(master + b));
+      table.begin[s] = b;
+      table.end[s] = span.end;
+      table.decay[s] = span.decay;
+      table.vectorised[s] = vectorised;
+      const int64_t n = span.end - b;
+      items = std::max(items, vectorised ? std::max<int64_t>(n / kVectorElements, 1) : n);
+    }
+    const int64_t wanted = (items + kThreadsPerBlock - 1) / kThreadsPerBlock;
+    const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>(wanted, 1, most)),
+                    static_cast<unsigned>(count));
+    adamw_kernel<P>
+        <<<grid, kThreadsPerBlock, 0, stream>>>(param, master, grad, m, v, table, constants);
+    TRAINCTL_CUDA_RETURN(cudaGetLastError());
+  }
+  return cudaSuccess;
 }
 
 }  // namespace
 
 cudaError_t launch_adamw(void* param, Storage param_type, float* master, const float* grad,
-                         float* m, float* v, int64_t n, const AdamWConstants& constants,
-                         cudaStream_t stream) {
-  if (n < 0) return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
+                         float* m, float* v, const AdamWSpan* spans, int64_t num_spans,
+                         const AdamWConstants& constants, cudaStream_t stream) {
+  if (num_spans < 0 || (num_spans > 0 && spans == nullptr)) return cudaErrorInvalidValue;
+  int64_t previous_end = 0;
+  for (int64_t s = 0; s < num_spans; ++s) {
+    if (spans[s].begin < previous_end || spans[s].end < spans[s].begin)
+      return cudaErrorInvalidValue;
+    previous_end = spans[s].end;
+  }
+  if (previous_end == 0) return cudaSuccess;
   if (param == nullptr || grad == nullptr || m == nullptr || v == nullptr)
     return cudaErrorInvalidValue;
   switch (param_type) {
     case Storage::f32:
-      return run(static_cast<float*>(param), master, grad, m, v, n, constants, stream);
+      return run(static_cast<float*>(param), master, grad, m, v, spans, num_spans, constants,
+                 stream);
     case Storage::bf16:
-      return run(static_cast<Bf16*>(param), master, grad, m, v, n, constants, stream);
+      return run(static_cast<Bf16*>(param), master, grad, m, v, spans, num_spans, constants,
+                 stream);
     case Storage::f16:
-      return run(static_cast<F16*>(param), master, grad, m, v, n, constants, stream);
+      return run(static_cast<F16*>(param), master, grad, m, v, spans, num_spans, constants, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -1,4 +1,6 @@
-// AdamW on the GPU: one contiguous parameter range, fp32 moments, optional fp32 master weights.
+// AdamW on the GPU over many parameter ranges of flat buffers in one launch (multi-tensor, as
+// apex's multi_tensor_apply: the ranges travel by value in the kernel's arguments), fp32 moments,
+// optional fp32 master weights.
 //
 // Contract: the same arithmetic as lib/backend/cpu/adamw.cpp, operation for operation, in fp32
 // with every step correctly rounded (no FMA contraction; IEEE division and square root), so the
@@ -9,8 +11,11 @@
 //   w = w * decay - step_size * m / (sqrt(v * inv_correction2) + eps)
 // w is master[i] when master is not null (and param[i] = round(w)), else param[i] itself
 // (loaded to fp32, updated, rounded once). param is f32, bf16 or f16; grad, m, v, master f32.
-// Asynchronous on `stream`; returns cudaErrorInvalidValue for bad arguments, else the launch
-// status. Vectorised (8 elements per thread step) when every pointer is 16-byte aligned.
+// decay is per range (AdamWRange::decay: 1 - lr * weight_decay, or 1 without decay).
+// Asynchronous on `stream`; returns cudaErrorInvalidValue for bad arguments (ranges not ascending
+// and disjoint, a null pointer), else the launch status. One launch per kAdamWRangesPerLaunch
+// ranges; a range is vectorised (8 elements per thread step) when every pointer at its start is
+// 16-byte aligned.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,14 +30,21 @@ struct AdamWConstants {
   float beta1 = 0, beta2 = 0;
   float one_minus_beta1 = 0, one_minus_beta2 = 0;
   float eps = 0;
-  float decay = 0;            // 1 - lr * weight_decay
   float grad_scale = 1;       //
   float step_size = 0;        // lr / (1 - beta1^step)
   float inv_correction2 = 0;  // 1 / (1 - beta2^step)
 };
 
+struct AdamWSpan {
+  int64_t begin = 0, end = 0;  // element indices into every buffer
+  float decay = 1;             // 1 - lr * weight_decay (rounded to f32 as the CPU does), or 1
+};
+
+inline constexpr int kAdamWRangesPerLaunch = 96;
+
+// Updates elements [span.begin, span.end) of every span; spans ascending and disjoint.
 cudaError_t launch_adamw(void* param, Storage param_type, float* master, const float* grad,
-                         float* m, float* v, int64_t n, const AdamWConstants& constants,
-                         cudaStream_t stream);
+                         float* m, float* v, const AdamWSpan* spans, int64_t num_spans,
+                         const AdamWConstants& constants, cudaStream_t stream);
 
 }  // namespace trainctl::kernels

@@ -13,6 +13,7 @@ function(trainctl_backend_add_cuda target)
       ${here}/device.cpp
       ${here}/cast_check.cpp
       ${here}/cuda_backend.cpp
+      ${here}/cuda_gemm.cpp
       ${here}/cuda_ops.cpp)
     # The layer ops (norms, attention, embedding, loss, MoE) live in their own file.
     if(EXISTS ${here}/cuda_layers.cpp)

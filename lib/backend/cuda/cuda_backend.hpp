@@ -1,5 +1,5 @@
 // The CUDA backend: every Backend op on one GPU, numerically checked against the CPU backend by
-// tests/gpu. GEMMs go through cuBLASLt (cuda_backend.cpp), everything else through the kernels of
+// tests/gpu. GEMMs go through cuBLASLt (cuda_gemm.cpp), everything else through the kernels of
 // kernels/ (launch wrappers in cuda_ops.cpp for elementwise/reductions/optimizer/casts and in
 // cuda_layers.cpp for norms, activations, RoPE, attention, embedding, loss and MoE).
 //
@@ -15,7 +15,9 @@
 // Impl::scratch, which grows only outside the step loop (reserve_scratch).
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <span>
 
 #include "backend/backend.hpp"
 
@@ -100,13 +102,28 @@ class CudaBackend final : public Backend {
   void moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dgates, const Tensor& dout,
                               const Tensor& expert_out, const Tensor& gates,
                               const Tensor& slot) override;
+  using Backend::adamw;  // the one-range convenience form
   void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
-             const Tensor& v, const AdamW& hyper) override;
+             const Tensor& v, std::span<const AdamWRange> ranges, const AdamW& hyper) override;
+
+  // How many GEMMs took each path since construction (cuda_gemm.cpp): fp8 operands on fp8
+  // tensor cores, or emulated on the input dtype's GEMM (same values: dequantized operands);
+  // the GELU epilogue fused into cuBLASLt, or the GEMM followed by gelu_forward.
+  struct GemmPaths {
+    int64_t fp8_tensor_core = 0;
+    int64_t fp8_emulated = 0;
+    int64_t gelu_fused = 0;
+    int64_t gelu_unfused = 0;
+  };
+  GemmPaths gemm_paths() const;
 
   struct Impl;  // cuda_backend_impl.hpp: stream, cuBLASLt handle, workspace, scratch
   Impl& impl() { return *impl_; }
 
  private:
+  void gemm_fp8(const GemmArgs& g);
+  void gemm_gelu(const GemmArgs& g);
+
   std::unique_ptr<Impl> impl_;
 };
 

@@ -24,13 +24,16 @@ struct CudaBackend::Impl {
   void* scratch = nullptr;  // see scratch_for()
   size_t scratch_bytes = 0;
   int sm_count = 0;
-  struct GemmPlans;                 // cuBLASLt plans per GEMM shape (cuda_backend.cpp)
-  GemmPlans* gemm_plans = nullptr;  // owned: freed by ~CudaBackend
+  struct GemmPlans;                 // cuBLASLt plans per GEMM shape, path counts (cuda_gemm.cpp)
+  GemmPlans* gemm_plans = nullptr;  // owned: create_gemm_plans / destroy_gemm_plans
 
   // Device scratch of at least `bytes` (grows with cudaFree/cudaMalloc after synchronising the
   // stream; the model's first step sizes it, later steps reuse it). Valid until the next call.
   void* scratch_for(size_t bytes);
 };
+
+CudaBackend::Impl::GemmPlans* create_gemm_plans();
+void destroy_gemm_plans(CudaBackend::Impl::GemmPlans* plans);  // null: nothing
 
 // Throws std::runtime_error "<op>: <what> failed: <cudaGetErrorString> (<code>)" unless ok.
 void check_cuda(cudaError_t status, std::string_view op, std::string_view what);

@@ -10,7 +10,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "backend/cuda/cuda_args.hpp"
 #include "backend/cuda/cuda_backend.hpp"
@@ -137,7 +139,8 @@ bool CudaBackend::all_finite(const Tensor& src) {
 }
 
 void CudaBackend::adamw(const Tensor& param, const Tensor& master, const Tensor& grad,
-                        const Tensor& m, const Tensor& v, const AdamW& hyper) {
+                        const Tensor& m, const Tensor& v, std::span<const AdamWRange> ranges,
+                        const AdamW& hyper) {
   constexpr std::string_view op = "adamw";
   expect_gpu(op, "param", param);
   const auto param_type = storage_type(op, "param", param.dtype);
@@ -152,6 +155,7 @@ void CudaBackend::adamw(const Tensor& param, const Tensor& master, const Tensor&
     expect_dtype(op, "master", master, DType::f32);
     expect_numel(op, "master", master, count);
   }
+  kArgs.adamw_ranges(op, count, ranges);
   if (hyper.step < 1) fail(op, fmt::format("step={} must count from 1", hyper.step));
   // The same expressions, in the same types, as lib/backend/cpu/adamw.cpp: the kernel then
   // reproduces the CPU backend's bits.
@@ -162,18 +166,36 @@ void CudaBackend::adamw(const Tensor& param, const Tensor& master, const Tensor&
   k.one_minus_beta1 = 1.0f - k.beta1;
   k.one_minus_beta2 = 1.0f - k.beta2;
   k.eps = static_cast<float>(hyper.eps);
-  k.decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay);
   k.grad_scale = static_cast<float>(hyper.grad_scale);
   const auto t = static_cast<double>(hyper.step);
   const auto correction1 = static_cast<float>(1.0 - std::pow(hyper.beta1, t));
   const auto correction2 = static_cast<float>(1.0 - std::pow(hyper.beta2, t));
   k.step_size = lr / correction1;
   k.inv_correction2 = 1.0f / correction2;
+  const auto decay_of = [&](bool decay) {
+    return static_cast<float>(1.0 - hyper.lr * (decay ? hyper.weight_decay : 0.0));
+  };
+  // Touching ranges with the same decay merge into one (a model's parameters usually come in a
+  // few long runs), so most steps are one launch of a few spans.
+  std::vector<kernels::AdamWSpan> spans;
+  spans.reserve(ranges.size());
+  bool last_decay = false;
+  for (const AdamWRange& r : ranges) {
+    if (r.end == r.begin) continue;
+    if (!spans.empty() && spans.back().end == r.begin && last_decay == r.decay) {
+      spans.back().end = r.end;
+    } else {
+      spans.push_back({r.begin, r.end, decay_of(r.decay)});
+    }
+    last_decay = r.decay;
+  }
+  if (spans.empty()) return;
   activate(*impl_, op);
-  check_cuda(kernels::launch_adamw(param.data, param_type,
-                                   master.empty() ? nullptr : master.as<float>(), grad.as<float>(),
-                                   m.as<float>(), v.as<float>(), count, k, impl_->stream),
-             op, "the AdamW kernel");
+  check_cuda(
+      kernels::launch_adamw(param.data, param_type, master.empty() ? nullptr : master.as<float>(),
+                            grad.as<float>(), m.as<float>(), v.as<float>(), spans.data(),
+                            static_cast<int64_t>(spans.size()), k, impl_->stream),
+      op, "the AdamW kernel");
 }
 
 }  // namespace trainctl::backend::cuda

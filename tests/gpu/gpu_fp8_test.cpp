@@ -1,0 +1,476 @@
+// The CUDA backend's fp8 GEMMs, GELU epilogue and multi-tensor AdamW against the CPU backend
+// (tests/gpu/gpu_compare.hpp).
+//
+// What "agree" means:
+//   fp8 GEMM: both backends quantize to the same fp8 values (same scales, same rounding: the
+//     scale and quantize kernels are checked bit for bit against the host below), so only the
+//     summation order differs: bf16 output 1e-2 relative, f32 output 1e-5 of the largest |C|.
+//     Shapes are chosen to take the fp8 tensor-core path (m, n, k multiples of 16) and the
+//     emulated path (not multiples of 16, or e5m2 x e5m2); gemm_paths() proves which ran.
+//   GELU epilogue: c and pre_gelu within the dtype tolerance of the CPU's gemm + gelu_forward.
+//   AdamW: identical bits (the same fp32 operations), ranges with and without decay, gaps
+//     between ranges left untouched.
+// Determinism: each GPU op twice on the same inputs gives identical bits.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpu_compare.hpp"
+#include "tensor/dtype.hpp"
+
+#ifndef GPU_COMPARE_SELF_TEST
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_backend.hpp"
+#include "kernels/check.cuh"
+#include "kernels/fp8.cuh"
+#endif
+
+using gpu_compare::Harness;
+using gpu_compare::Tolerance;
+using gpu_compare::Twin;
+using trainctl::backend::Backend;
+using trainctl::backend::Epilogue;
+using trainctl::backend::GemmArgs;
+using trainctl::tensor::DType;
+using trainctl::tensor::dtype_name;
+
+namespace {
+
+// Which GEMM of a linear layer y = x W^T (x [N, in], W [out, in]).
+enum class Form { forward, dx, dw };
+
+struct Fp8Case {
+  Form form = Form::forward;
+  int64_t N = 0, in = 0, out = 0;
+  DType fmt_a = DType::e4m3, fmt_b = DType::e4m3;
+  bool bias = false;
+  bool tensor_cores = false;  // the path this case must take
+
+  std::string describe() const {
+    const char* names[] = {"forward x W^T", "dX = dY W", "dW += dY^T X"};
+    return std::string(names[static_cast<int>(form)]) + " N " + std::to_string(N) + " in " +
+           std::to_string(in) + " out " + std::to_string(out) + " " +
+           std::string(dtype_name(fmt_a)) + " x " + std::string(dtype_name(fmt_b)) +
+           (bias ? " bias" : "") + (tensor_cores ? " (fp8 tensor cores)" : " (emulated)");
+  }
+};
+
+// The GemmArgs of a case (operands taken from one side); c gets m*n elements.
+struct Fp8Operands {
+  Twin a, b, c, bias;
+  GemmArgs args(bool gpu) const {
+    GemmArgs g;
+    g.a = gpu ? a.gpu : a.cpu;
+    g.b = gpu ? b.gpu : b.cpu;
+    g.c = gpu ? c.gpu : c.cpu;
+    if (!bias.cpu.empty()) g.bias = gpu ? bias.gpu : bias.cpu;
+    return g;
+  }
+};
+
+GemmArgs shape_args(const Fp8Case& f, GemmArgs g) {
+  switch (f.form) {
+    case Form::forward:  // a = x [N, in], b = W [out, in]^T
+      g.m = f.N, g.n = f.out, g.k = f.in, g.trans_b = true;
+      break;
+    case Form::dx:  // a = dY [N, out], b = W [out, in]
+      g.m = f.N, g.n = f.in, g.k = f.out;
+      break;
+    case Form::dw:  // a = dY [N, out]^T, b = x [N, in]; f32 dW accumulates
+      g.m = f.out, g.n = f.in, g.k = f.N, g.trans_a = true, g.beta = 1.0;
+      break;
+  }
+  g.fp8_a = f.fmt_a;
+  g.fp8_b = f.fmt_b;
+  return g;
+}
+
+Fp8Operands make_operands(Harness& h, const Fp8Case& f) {
+  Fp8Operands o;
+  const GemmArgs s = shape_args(f, {});
+  o.a = h.random(DType::bf16, {s.m * s.k});
+  o.b = h.random(DType::bf16, {s.k * s.n});
+  // The dW form accumulates into an f32 gradient that already holds something.
+  o.c = f.form == Form::dw ? h.random(DType::f32, {s.m * s.n}) : h.output(DType::bf16, {s.m * s.n});
+  if (f.form != Form::dw) h.poison(o.c);
+  if (f.bias) o.bias = h.random(DType::bf16, {s.n});
+  return o;
+}
+
+#ifndef GPU_COMPARE_SELF_TEST
+trainctl::backend::cuda::CudaBackend::GemmPaths paths_of(Backend& gpu) {
+  return dynamic_cast<trainctl::backend::cuda::CudaBackend&>(gpu).gemm_paths();
+}
+#endif
+
+void expect_fp8_close(Harness& h, const Fp8Case& f, const Twin& c) {
+  Tolerance tolerance;
+  if (c.dtype() == DType::f32) {
+    double largest = 0;
+    for (const double value : h.values(c.cpu))
+      largest = std::max(largest, std::fabs(value));
+    tolerance.rtol = 1e-5;
+    tolerance.atol = 1e-5 * largest;
+  } else {
+    tolerance.rtol = 1e-2;
+  }
+  const auto result = h.compare(c, tolerance);
+  INFO(f.describe() << ": " << result.report << " [seed " << h.seed() << "]");
+  CHECK(result.ok);
+}
+
+std::vector<Fp8Case> fp8_cases() {
+  std::vector<Fp8Case> cases;
+  const std::pair<DType, DType> formats[] = {{DType::e4m3, DType::e4m3},
+                                             {DType::e5m2, DType::e4m3}};
+  for (const auto& [fa, fb] : formats) {
+    for (const Form form : {Form::forward, Form::dx, Form::dw}) {
+      const bool bias = form == Form::forward;
+      cases.push_back({form, 256, 192, 128, fa, fb, bias, true});
+      cases.push_back({form, 1024, 768, 512, fa, fb, bias, true});
+      // MoE-style expert block with a row count that is not a multiple of 16.
+      cases.push_back({form, 100, 48, 40, fa, fb, bias, false});
+      cases.push_back({form, 37, 64, 32, fa, fb, bias, false});
+    }
+  }
+  // e5m2 x e5m2 has no fp8 kernel on Hopper: emulated even at a friendly shape.
+  cases.push_back({Form::forward, 128, 64, 32, DType::e5m2, DType::e5m2, true, false});
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("cuda fp8 gemm matches the CPU for the forward, dX and dW forms on both paths") {
+  Harness h;
+  for (const Fp8Case& f : fp8_cases()) {
+    Fp8Operands o = make_operands(h, f);
+#ifndef GPU_COMPARE_SELF_TEST
+    const auto before = paths_of(h.gpu());
+#endif
+    h.cpu().gemm(shape_args(f, o.args(false)));
+    h.gpu().gemm(shape_args(f, o.args(true)));
+#ifndef GPU_COMPARE_SELF_TEST
+    const auto after = paths_of(h.gpu());
+    INFO(f.describe());
+    CHECK(after.fp8_tensor_core - before.fp8_tensor_core == (f.tensor_cores ? 1 : 0));
+    CHECK(after.fp8_emulated - before.fp8_emulated == (f.tensor_cores ? 0 : 1));
+#endif
+    expect_fp8_close(h, f, o.c);
+  }
+}
+
+TEST_CASE("cuda fp8 gemm repeats bit for bit on both paths") {
+  Harness h;
+  for (const Fp8Case& f :
+       {Fp8Case{Form::dx, 512, 256, 384, DType::e5m2, DType::e4m3, false, true},
+        Fp8Case{Form::dw, 512, 256, 384, DType::e4m3, DType::e4m3, false, true},
+        Fp8Case{Form::dx, 100, 56, 40, DType::e5m2, DType::e4m3, false, false}}) {
+    Fp8Operands o = make_operands(h, f);
+    const Twin start = h.output(o.c.dtype(), {o.c.numel()});
+    h.gpu().cast(start.gpu, o.c.gpu);
+    h.gpu().gemm(shape_args(f, o.args(true)));
+    const auto first = h.bytes(o.c.gpu);
+    h.gpu().cast(o.c.gpu, start.gpu);
+    h.gpu().gemm(shape_args(f, o.args(true)));
+    INFO(f.describe());
+    CHECK(h.bytes(o.c.gpu) == first);
+    CHECK(h.gpu().all_finite(o.c.gpu));
+  }
+}
+
+TEST_CASE("cuda fp8 gemm: a NaN or inf in an operand makes every output NaN") {
+  Harness h;
+  for (const bool tensor_cores : {true, false}) {
+    for (const bool in_a : {true, false}) {
+      for (const double bad : {std::nan(""), static_cast<double>(INFINITY)}) {
+        const Fp8Case f{
+            Form::forward, tensor_cores ? 64 : 60, 64, 32, DType::e4m3, DType::e4m3, false,
+            tensor_cores};
+        Fp8Operands o = make_operands(h, f);
+        const Twin& operand = in_a ? o.a : o.b;
+        std::vector<double> values = h.values(operand.cpu);
+        values[values.size() / 3] = bad;
+        h.upload(operand, values);
+        h.cpu().gemm(shape_args(f, o.args(false)));
+        h.gpu().gemm(shape_args(f, o.args(true)));
+        INFO(f.describe() << ", " << bad << " in " << (in_a ? "a" : "b"));
+        size_t gpu_nan = 0, cpu_nan = 0;
+        for (const double value : h.values(o.c.gpu))
+          gpu_nan += std::isnan(value) ? 1u : 0u;
+        for (const double value : h.values(o.c.cpu))
+          cpu_nan += std::isnan(value) ? 1u : 0u;
+        CHECK(gpu_nan == static_cast<size_t>(o.c.numel()));
+        CHECK(cpu_nan == static_cast<size_t>(o.c.numel()));
+      }
+    }
+  }
+}
+
+#ifndef GPU_COMPARE_SELF_TEST
+namespace {
+
+// Device memory for one kernel-level test; frees itself.
+class DeviceBytes {
+ public:
+  explicit DeviceBytes(size_t bytes) { TRAINCTL_CUDA_CHECK(cudaMalloc(&data_, bytes)); }
+  ~DeviceBytes() { (void)cudaFree(data_); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+  void* get() const { return data_; }
+
+ private:
+  void* data_ = nullptr;
+};
+
+}  // namespace
+
+TEST_CASE("cuda fp8 scales and quantized values equal the host's bit for bit") {
+  namespace kernels = trainctl::kernels;
+  namespace tensor = trainctl::tensor;
+  std::mt19937_64 rng(0xf8);
+  const float inf = std::numeric_limits<float>::infinity();
+  // Magnitude ranges: ordinary, huge (scale clamps at 2^-126 only beyond f32), tiny (subnormal
+  // f32 inputs, scale clamped at 2^126), exactly the format's max, all zero.
+  struct Range {
+    float low, high;
+  };
+  const Range ranges[] = {{0.05f, 1.0f},    {1e3f, 3e4f},     {1e30f, 3e38f},
+                          {1e-40f, 1e-38f}, {448.0f, 448.0f}, {0.0f, 0.0f}};
+  for (const DType format : {DType::e4m3, DType::e5m2}) {
+    for (const Range& range : ranges) {
+      for (const int64_t n : {int64_t{1}, int64_t{33}, int64_t{5000}, int64_t{300001}}) {
+        std::uniform_real_distribution<float> magnitude(range.low, range.high);
+        std::vector<float> x(static_cast<size_t>(n));
+        float amax = 0;
+        for (float& v : x) {
+          v = magnitude(rng) * ((rng() & 1u) ? -1.0f : 1.0f);
+          amax = std::max(amax, std::fabs(v));
+        }
+        const float p = trainctl::backend::fp8_scale(format, amax);
+        const auto fmt =
+            format == DType::e4m3 ? kernels::Fp8Format::e4m3 : kernels::Fp8Format::e5m2;
+        DeviceBytes src(x.size() * sizeof(float));
+        DeviceBytes scale(2 * sizeof(float));
+        const size_t scratch_bytes = kernels::fp8_amax_scratch_bytes(n);
+        DeviceBytes scratch(scratch_bytes);
+        DeviceBytes quantized(x.size());
+        TRAINCTL_CUDA_CHECK(
+            cudaMemcpy(src.get(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+        TRAINCTL_CUDA_CHECK(kernels::launch_fp8_scale(src.get(), kernels::Storage::f32, n, fmt,
+                                                      static_cast<float*>(scale.get()),
+                                                      scratch.get(), scratch_bytes, nullptr));
+        TRAINCTL_CUDA_CHECK(kernels::launch_fp8_quantize(
+            static_cast<uint8_t*>(quantized.get()), src.get(), kernels::Storage::f32, 1, n, false,
+            fmt, static_cast<const float*>(scale.get()), nullptr));
+        float device_scale[2] = {0, 0};
+        std::vector<uint8_t> q(x.size());
+        TRAINCTL_CUDA_CHECK(
+            cudaMemcpy(device_scale, scale.get(), sizeof(device_scale), cudaMemcpyDeviceToHost));
+        TRAINCTL_CUDA_CHECK(
+            cudaMemcpy(q.data(), quantized.get(), q.size(), cudaMemcpyDeviceToHost));
+        INFO(dtype_name(format) << " amax " << amax << " n " << n);
+        CHECK(device_scale[0] == p);
+        CHECK(device_scale[1] == 1.0f / p);
+        size_t differing = 0;
+        for (size_t i = 0; i < x.size(); ++i) {
+          const uint8_t host = format == DType::e4m3 ? tensor::to_e4m3(x[i] * p).bits
+                                                     : tensor::to_e5m2(x[i] * p).bits;
+          differing += host != q[i] ? 1u : 0u;
+        }
+        CHECK(differing == 0);
+      }
+    }
+    // A non-finite element: the scale is NaN.
+    for (const float bad : {std::nanf(""), inf, -inf}) {
+      std::vector<float> x(1000, 0.5f);
+      x[517] = bad;
+      DeviceBytes src(x.size() * sizeof(float));
+      DeviceBytes scale(2 * sizeof(float));
+      const size_t scratch_bytes = kernels::fp8_amax_scratch_bytes(1000);
+      DeviceBytes scratch(scratch_bytes);
+      TRAINCTL_CUDA_CHECK(
+          cudaMemcpy(src.get(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+      TRAINCTL_CUDA_CHECK(kernels::launch_fp8_scale(
+          src.get(), kernels::Storage::f32, 1000,
+          format == DType::e4m3 ? kernels::Fp8Format::e4m3 : kernels::Fp8Format::e5m2,
+          static_cast<float*>(scale.get()), scratch.get(), scratch_bytes, nullptr));
+      float device_scale[2] = {0, 0};
+      TRAINCTL_CUDA_CHECK(
+          cudaMemcpy(device_scale, scale.get(), sizeof(device_scale), cudaMemcpyDeviceToHost));
+      INFO(dtype_name(format) << " with " << bad);
+      CHECK(std::isnan(device_scale[0]));
+      CHECK(std::isnan(device_scale[1]));
+    }
+  }
+}
+
+TEST_CASE("cuda fp8 transposing quantize writes the transpose") {
+  namespace kernels = trainctl::kernels;
+  namespace tensor = trainctl::tensor;
+  // src [cols, rows] -> out [rows, cols], at sizes around the 32 x 32 tile.
+  for (const auto& [rows, cols] :
+       {std::pair<int64_t, int64_t>{1, 1}, {31, 33}, {64, 96}, {100, 40}, {513, 77}}) {
+    std::vector<float> x(static_cast<size_t>(rows * cols));
+    for (size_t i = 0; i < x.size(); ++i)
+      x[i] = static_cast<float>(static_cast<int64_t>(i % 401) - 200) / 16.0f;
+    DeviceBytes src(x.size() * sizeof(float));
+    DeviceBytes out(x.size());
+    DeviceBytes scale(2 * sizeof(float));
+    const float scales[2] = {1.0f, 1.0f};
+    TRAINCTL_CUDA_CHECK(
+        cudaMemcpy(src.get(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    TRAINCTL_CUDA_CHECK(cudaMemcpy(scale.get(), scales, sizeof(scales), cudaMemcpyHostToDevice));
+    TRAINCTL_CUDA_CHECK(kernels::launch_fp8_quantize(
+        static_cast<uint8_t*>(out.get()), src.get(), kernels::Storage::f32, rows, cols, true,
+        kernels::Fp8Format::e4m3, static_cast<const float*>(scale.get()), nullptr));
+    std::vector<uint8_t> q(x.size());
+    TRAINCTL_CUDA_CHECK(cudaMemcpy(q.data(), out.get(), q.size(), cudaMemcpyDeviceToHost));
+    size_t differing = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        differing += q[static_cast<size_t>(r * cols + c)] !=
+                             tensor::to_e4m3(x[static_cast<size_t>(c * rows + r)]).bits
+                         ? 1u
+                         : 0u;
+    INFO("rows " << rows << " cols " << cols);
+    CHECK(differing == 0);
+  }
+}
+#endif
+
+TEST_CASE("cuda gemm with the GELU epilogue matches the CPU's gemm + gelu_forward") {
+  Harness h;
+  struct GeluCase {
+    int64_t m, n, k;
+    DType dtype;
+    bool bias;
+    bool fused;  // the path it must take
+  };
+  const GeluCase cases[] = {
+      {256, 768, 128, DType::bf16, true, true}, {64, 256, 96, DType::bf16, false, true},
+      {128, 512, 64, DType::f32, true, true},   {100, 100, 40, DType::bf16, true, false},
+      {33, 52, 17, DType::f32, false, false},
+  };
+  for (const GeluCase& gc : cases) {
+    Twin a = h.random(gc.dtype, {gc.m * gc.k}, 0, 0.05, 2.0);
+    Twin b = h.random(gc.dtype, {gc.n * gc.k}, 0, 0.05, 2.0);
+    Twin c = h.output(gc.dtype, {gc.m * gc.n});
+    Twin pre = h.output(gc.dtype, {gc.m * gc.n});
+    Twin bias;
+    if (gc.bias) bias = h.random(gc.dtype, {gc.n});
+    h.poison(c);
+    h.poison(pre);
+#ifndef GPU_COMPARE_SELF_TEST
+    const auto before = paths_of(h.gpu());
+#endif
+    for (const bool gpu : {false, true}) {
+      GemmArgs g;
+      g.a = gpu ? a.gpu : a.cpu;
+      g.b = gpu ? b.gpu : b.cpu;
+      g.c = gpu ? c.gpu : c.cpu;
+      g.pre_gelu = gpu ? pre.gpu : pre.cpu;
+      if (gc.bias) g.bias = gpu ? bias.gpu : bias.cpu;
+      g.m = gc.m, g.n = gc.n, g.k = gc.k, g.trans_b = true;
+      g.epilogue = Epilogue::gelu;
+      (gpu ? h.gpu() : h.cpu()).gemm(g);
+    }
+    INFO("m " << gc.m << " n " << gc.n << " k " << gc.k << " " << dtype_name(gc.dtype)
+              << (gc.bias ? " bias" : ""));
+#ifndef GPU_COMPARE_SELF_TEST
+    const auto after = paths_of(h.gpu());
+    CHECK(after.gelu_fused - before.gelu_fused == (gc.fused ? 1 : 0));
+    CHECK(after.gelu_unfused - before.gelu_unfused == (gc.fused ? 0 : 1));
+#endif
+    GPU_EXPECT_CLOSE(h, pre, "pre_gelu");
+    GPU_EXPECT_CLOSE(h, c, "c");
+  }
+}
+
+TEST_CASE("cuda multi-tensor adamw matches the CPU bit for bit over many ranges") {
+  Harness h;
+  Backend::AdamW hyper{};
+  hyper.lr = 3e-3;
+  hyper.beta1 = 0.9;
+  hyper.beta2 = 0.95;
+  hyper.eps = 1e-8;
+  hyper.weight_decay = 0.1;
+  hyper.grad_scale = 0.37;
+  // A few ranges with gaps (never touched) and odd starts (scalar path), and 250 small ranges
+  // (several launches of the kernel's range table).
+  std::vector<Backend::AdamWRange> few = {
+      {0, 1000, true},    {1000, 1003, false}, {1003, 5000, true},   {5003, 9001, false},
+      {9001, 9002, true}, {9010, 20000, true}, {20000, 20001, false}};
+  std::vector<Backend::AdamWRange> many;
+  for (int64_t i = 0; i < 250; ++i)
+    many.push_back({i * 80 + (i % 3), i * 80 + 77, i % 4 != 0});
+  struct Setup {
+    DType param;
+    bool master;
+  };
+  for (const Setup setup : {Setup{DType::bf16, true}, Setup{DType::f32, false},
+                            Setup{DType::f16, true}, Setup{DType::bf16, false}}) {
+    for (const auto* ranges : {&few, &many}) {
+      const int64_t n = 20001;
+      Twin param = h.random(setup.param, {n});
+      Twin master = h.output(DType::f32, {n});
+      if (setup.master) {
+        h.cpu().cast(master.cpu, param.cpu);
+        h.gpu().cast(master.gpu, param.gpu);
+      }
+      Twin grad = h.random(DType::f32, {n}, 0, 1e-4, 3.0);
+      Twin m = h.output(DType::f32, {n});
+      Twin v = h.output(DType::f32, {n});
+      const trainctl::tensor::Tensor none;
+      for (int64_t step = 1; step <= 3; ++step) {
+        hyper.step = step;
+        h.fill_random(grad, 1e-4, 3.0);
+        h.cpu().adamw(param.cpu, setup.master ? master.cpu : none, grad.cpu, m.cpu, v.cpu, *ranges,
+                      hyper);
+        h.gpu().adamw(param.gpu, setup.master ? master.gpu : none, grad.gpu, m.gpu, v.gpu, *ranges,
+                      hyper);
+      }
+      INFO(dtype_name(setup.param) << (setup.master ? " with" : " without") << " master, "
+                                   << ranges->size() << " ranges, 3 steps");
+      GPU_EXPECT_IDENTICAL(h, param, "param");
+      GPU_EXPECT_IDENTICAL(h, m, "m");
+      GPU_EXPECT_IDENTICAL(h, v, "v");
+      if (setup.master) GPU_EXPECT_IDENTICAL(h, master, "master");
+    }
+  }
+}
+
+TEST_CASE("cuda multi-tensor adamw repeats bit for bit and rejects bad ranges") {
+  Harness h;
+  Backend::AdamW hyper{1e-3, 0.9, 0.95, 1e-8, 0.1, 1.0, 1};
+  const int64_t n = 4099;
+  const std::vector<Backend::AdamWRange> ranges = {{0, 2000, true}, {2000, 4099, false}};
+  Twin param0 = h.random(DType::bf16, {n});
+  Twin grad = h.random(DType::f32, {n});
+  std::vector<std::vector<unsigned char>> results;
+  for (int run = 0; run < 2; ++run) {
+    Twin param = h.output(DType::bf16, {n});
+    Twin master = h.output(DType::f32, {n});
+    Twin m = h.output(DType::f32, {n});
+    Twin v = h.output(DType::f32, {n});
+    h.gpu().cast(param.gpu, param0.gpu);
+    h.gpu().cast(master.gpu, param0.gpu);
+    h.gpu().adamw(param.gpu, master.gpu, grad.gpu, m.gpu, v.gpu, ranges, hyper);
+    results.push_back(h.bytes(master.gpu));
+  }
+  CHECK(results[0] == results[1]);
+  Twin m = h.output(DType::f32, {n});
+  Twin v = h.output(DType::f32, {n});
+  const std::vector<Backend::AdamWRange> overlapping = {{0, 100, true}, {50, 200, true}};
+  const std::vector<Backend::AdamWRange> outside = {{0, n + 1, true}};
+  const trainctl::tensor::Tensor none;
+  CHECK_THROWS_WITH(h.gpu().adamw(grad.gpu, none, grad.gpu, m.gpu, v.gpu, overlapping, hyper),
+                    Catch::Contains("range 1"));
+  CHECK_THROWS_WITH(h.gpu().adamw(grad.gpu, none, grad.gpu, m.gpu, v.gpu, outside, hyper),
+                    Catch::Contains("range 0"));
+}

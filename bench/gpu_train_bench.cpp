@@ -5,7 +5,7 @@
 // (forward + backward; recompute is off, so no extra forward is counted or done).
 //
 //   gpu_train_bench [--model gpt2|llama1b] [--steps N] [--warmup N] [--micro-batch B]
-//                   [--device D] [--nondeterministic] [--gemm-size S]
+//                   [--device D] [--nondeterministic] [--gemm-size S] [--fp8 hybrid|e4m3]
 //
 // gpt2: GPT-2 124M (llm.c's settings: 12 layers, hidden 768, 12 heads, seq 1024, vocab 50257, tied
 // head), default micro-batch 16. llama1b: 16 layers, hidden 2048, 16 heads (8 kv), ffn 5632, seq
@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -38,7 +39,19 @@ struct Options {
   int device = 0;
   bool deterministic = true;
   int64_t gemm_size = 8192;
+  model::Fp8Mode fp8 = model::Fp8Mode::none;  // --fp8 hybrid|e4m3: the blocks' linear layers
 };
+
+std::string_view fp8_name(model::Fp8Mode mode) {
+  switch (mode) {
+    case model::Fp8Mode::e4m3:
+      return "e4m3";
+    case model::Fp8Mode::hybrid:
+      return "hybrid";
+    default:
+      return "none";
+  }
+}
 
 int non_negative(const std::string& flag, const char* text) {
   char* end = nullptr;
@@ -71,12 +84,23 @@ Options parse(int argc, char** argv) {
       o.micro_batch = non_negative(flag, value);
     } else if (flag == "--device") {
       o.device = non_negative(flag, value);
+    } else if (flag == "--fp8") {
+      const std::string mode = value;
+      if (mode == "hybrid") {
+        o.fp8 = model::Fp8Mode::hybrid;
+      } else if (mode == "e4m3") {
+        o.fp8 = model::Fp8Mode::e4m3;
+      } else if (mode == "none") {
+        o.fp8 = model::Fp8Mode::none;
+      } else {
+        throw std::invalid_argument(fmt::format("--fp8 is hybrid, e4m3 or none, got '{}'", mode));
+      }
     } else if (flag == "--gemm-size") {
       o.gemm_size = std::max(256, non_negative(flag, value));
     } else {
       throw std::invalid_argument(
           fmt::format("unknown flag '{}' (known: --model --steps --warmup --micro-batch --device "
-                      "--nondeterministic --gemm-size)",
+                      "--nondeterministic --gemm-size --fp8)",
                       flag));
     }
   }
@@ -84,7 +108,7 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-model::ModelConfig bench_model(const std::string& name) {
+model::ModelConfig bench_model(const std::string& name, model::Fp8Mode fp8) {
   model::ModelConfig c;
   if (name == "gpt2") {
     c = model::gpt_preset();
@@ -105,6 +129,7 @@ model::ModelConfig bench_model(const std::string& name) {
     c.seq_len = 2048;
   }
   c.storage = tensor::DType::bf16;
+  c.fp8 = fp8;
   c.check();
   return c;
 }
@@ -115,7 +140,7 @@ struct Result {
 };
 
 Result run_training(const Options& o, backend::cuda::CudaBackend& be) {
-  const model::ModelConfig cfg = bench_model(o.model);
+  const model::ModelConfig cfg = bench_model(o.model, o.fp8);
   model::Transformer model(cfg, be, o.micro_batch);
   model.params().initialize(1234);
   const int total_steps = o.warmup + o.steps;
@@ -161,30 +186,36 @@ int main(int argc, char** argv) {
     if (gpu_bench::no_gpu("gpu_train_bench", o.device)) return 77;
     backend::cuda::CudaBackend be({o.device, o.deterministic});
     const std::string gpu = gpu_bench::device_name(o.device);
-    const model::ModelConfig cfg = bench_model(o.model);
+    const model::ModelConfig cfg = bench_model(o.model, o.fp8);
     fmt::print(
-        "gpu_train_bench: {} on {}: {}; bf16 storage, fp32 master weights and AdamW; micro-batch "
-        "{} ({} tokens/step), {} warm-up + {} timed steps, {} mode\n",
-        o.model, gpu, model::describe(cfg), o.micro_batch, o.micro_batch * cfg.seq_len, o.warmup,
-        o.steps, o.deterministic ? "deterministic" : "non-deterministic");
+        "gpu_train_bench: {} on {}: {}; bf16 storage, fp8 GEMMs {}, fp32 master weights and "
+        "AdamW; micro-batch {} ({} tokens/step), {} warm-up + {} timed steps, {} mode\n",
+        o.model, gpu, model::describe(cfg), fp8_name(o.fp8), o.micro_batch,
+        o.micro_batch * cfg.seq_len, o.warmup, o.steps,
+        o.deterministic ? "deterministic" : "non-deterministic");
     const Result r = run_training(o, be);
     const double gemm = gpu_bench::measure_gemm_flops(be, o.gemm_size);
+    const double fp8_gemm = gpu_bench::measure_gemm_flops(be, o.gemm_size, true);
     const double peak = gpu_bench::datasheet_bf16_flops(gpu);
     fmt::print(
-        "\n| impl | model | params | micro-batch x seq | tokens/s | ms/step | model TFLOP/s | MFU "
-        "(datasheet {}) | MFU (measured GEMM {:.0f} TFLOP/s) | last loss |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n",
-        peak > 0 ? fmt::format("{:.0f} TFLOP/s", peak / 1e12) : std::string("unknown"),
-        gemm / 1e12);
+        "\n| impl | model | fp8 | params | micro-batch x seq | tokens/s | ms/step | model TFLOP/s "
+        "| MFU "
+        "(datasheet {}) | MFU (measured GEMM {:.0f} TFLOP/s) | MFU (measured fp8 GEMM {:.0f} "
+        "TFLOP/s) | last loss |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        peak > 0 ? fmt::format("{:.0f} TFLOP/s", peak / 1e12) : std::string("unknown"), gemm / 1e12,
+        fp8_gemm / 1e12);
     fmt::print(
-        "| trainctl | {} | {:.1f}M | {} x {} | {:.0f} | {:.2f} | {:.1f} | {} | {:.1f}% | {:.4f} "
-        "|\n",
-        o.model, r.params / 1e6, o.micro_batch, cfg.seq_len, r.tokens_per_s, r.ms_per_step,
-        r.model_flops_per_s / 1e12,
+        "| trainctl | {} | {} | {:.1f}M | {} x {} | {:.0f} | {:.2f} | {:.1f} | {} | {:.1f}% | "
+        "{:.1f}% | {:.4f} |\n",
+        o.model, fp8_name(o.fp8), r.params / 1e6, o.micro_batch, cfg.seq_len, r.tokens_per_s,
+        r.ms_per_step, r.model_flops_per_s / 1e12,
         peak > 0 ? fmt::format("{:.1f}%", 100.0 * r.model_flops_per_s / peak) : std::string("n/a"),
-        100.0 * r.model_flops_per_s / gemm, r.last_loss);
-    fmt::print("(GEMM ceiling: {0}x{0}x{0} bf16 through Backend::gemm on random data)\n",
-               o.gemm_size);
+        100.0 * r.model_flops_per_s / gemm, 100.0 * r.model_flops_per_s / fp8_gemm, r.last_loss);
+    fmt::print(
+        "(GEMM ceilings: {0}x{0}x{0} through Backend::gemm on random data: bf16, and e4m3 x e4m3 "
+        "-> bf16 with the per-call quantization included)\n",
+        o.gemm_size);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpu_train_bench: %s\n", e.what());

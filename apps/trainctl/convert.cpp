@@ -42,6 +42,17 @@ model::ModelConfig to_model_config(const recipe::Recipe& r) {
   c.moe = {r.moe.experts,     r.moe.top_k, r.moe.capacity_factor,  r.moe.aux_loss_coef,
            r.moe.z_loss_coef, r.moe.every, r.moe.expert_ffn_hidden};
   c.storage = storage_type(r.precision.compute);
+  switch (r.precision.fp8) {
+    case recipe::Fp8::none:
+      c.fp8 = model::Fp8Mode::none;
+      break;
+    case recipe::Fp8::e4m3:
+      c.fp8 = model::Fp8Mode::e4m3;
+      break;
+    case recipe::Fp8::hybrid:
+      c.fp8 = model::Fp8Mode::hybrid;
+      break;
+  }
   switch (r.parallel.recompute) {
     case recipe::Recompute::none:
       c.recompute = model::RecomputeMode::none;
@@ -127,6 +138,7 @@ train::TrainConfig to_train_config(const recipe::Recipe& r) {
   c.eval_every_steps = r.logging.eval_every_steps;
   c.eval_batches = r.logging.eval_batches;
   c.zero = r.parallel.zero;
+  c.overlap_grad_sync = r.parallel.overlap_grad_sync;
   return c;
 }
 

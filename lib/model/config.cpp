@@ -17,6 +17,8 @@ void ModelConfig::check() const {
          " != 0");
   if (position == PositionKind::rope && head_dim() % 2 != 0)
     fail("rope needs an even head dim, got " + std::to_string(head_dim()));
+  if (fp8 != Fp8Mode::none && storage != tensor::DType::bf16)
+    fail("fp8 GEMMs need bf16 storage, got " + std::string(tensor::dtype_name(storage)));
   if (moe.experts > 0) {
     if (moe.top_k < 1 || moe.top_k > moe.experts)
       fail("moe.top_k = " + std::to_string(moe.top_k) +
@@ -51,6 +53,7 @@ std::string describe(const ModelConfig& c) {
   if (c.moe.experts > 0)
     s += ", moe " + std::to_string(c.moe.experts) + "x top-" + std::to_string(c.moe.top_k) +
          " every " + std::to_string(c.moe.every);
+  if (c.fp8 != Fp8Mode::none) s += c.fp8 == Fp8Mode::hybrid ? ", fp8 hybrid" : ", fp8 e4m3";
   return s;
 }
 

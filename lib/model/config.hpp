@@ -13,6 +13,9 @@ enum class NormKind { layernorm, rmsnorm };
 enum class ActivationKind { gelu, swiglu };
 enum class PositionKind { learned, rope };
 enum class RecomputeMode { none, selective, full };
+// fp8 GEMMs in the blocks' linear layers (backend::GemmArgs fp8 operands): e4m3 for every operand,
+// or hybrid: e4m3 for inputs and weights, e5m2 for output gradients in backward.
+enum class Fp8Mode { none, e4m3, hybrid };
 
 struct MoeConfig {
   int experts = 0;  // 0: dense model
@@ -43,6 +46,7 @@ struct ModelConfig {
   MoeConfig moe;
   tensor::DType storage = tensor::DType::f32;  // parameters and activations
   RecomputeMode recompute = RecomputeMode::none;
+  Fp8Mode fp8 = Fp8Mode::none;  // needs storage bf16
 
   int head_dim() const { return hidden / heads; }
   bool is_moe_layer(int layer) const { return moe.experts > 0 && (layer + 1) % moe.every == 0; }

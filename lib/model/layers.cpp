@@ -1,6 +1,7 @@
 #include "model/layers.hpp"
 
 #include <cmath>
+#include <optional>
 
 namespace trainctl::model {
 
@@ -29,27 +30,53 @@ namespace {
 // A row-parallel layer: the local partial product, summed over tp, then the bias.
 void row_parallel_forward(Backend& be, const Linear& layer, const TensorParallel& tp,
                           const Tensor& y, const Tensor& x) {
-  Linear{layer.weight, Param{}}.forward(be, y, x);
+  Linear{layer.weight, Param{}, layer.fp8}.forward(be, y, x);
   tp.all_reduce(y);
   tp.add_bias(be, y, layer.bias.value);
 }
 bool tp_active(const TensorParallel* tp) {
   return tp != nullptr && tp->active();
 }
+
+// The fp8 formats of a Linear's operands: inputs and weights, and output gradients.
+std::optional<DType> fp8_input(Fp8Mode mode) {
+  if (mode == Fp8Mode::none) return std::nullopt;
+  return DType::e4m3;
+}
+std::optional<DType> fp8_grad(Fp8Mode mode) {
+  if (mode == Fp8Mode::none) return std::nullopt;
+  return mode == Fp8Mode::hybrid ? DType::e5m2 : DType::e4m3;
+}
 }  // namespace
 
 // ---- Linear ---------------------------------------------------------------------------------
 
-void Linear::forward(Backend& be, const Tensor& y, const Tensor& x) const {
+namespace {
+// y = x W^T + b as one GEMM.
+GemmArgs forward_args(const Linear& layer, const Tensor& y, const Tensor& x) {
   GemmArgs g;
   g.a = x;
-  g.b = weight.value;
+  g.b = layer.weight.value;
   g.c = y;
   g.trans_b = true;
   g.m = x.shape[0];
-  g.k = weight.value.shape[1];
-  g.n = weight.value.shape[0];
-  g.bias = bias.value;
+  g.k = layer.weight.value.shape[1];
+  g.n = layer.weight.value.shape[0];
+  g.bias = layer.bias.value;
+  return g;
+}
+}  // namespace
+
+void Linear::forward(Backend& be, const Tensor& y, const Tensor& x) const {
+  GemmArgs g = forward_args(*this, y, x);
+  g.fp8_a = g.fp8_b = fp8_input(fp8);
+  be.gemm(g);
+}
+
+void Linear::forward_gelu(Backend& be, const Tensor& y, const Tensor& pre, const Tensor& x) const {
+  GemmArgs g = forward_args(*this, y, x);
+  g.epilogue = backend::Epilogue::gelu;
+  g.pre_gelu = pre;
   be.gemm(g);
 }
 
@@ -63,6 +90,8 @@ void Linear::backward(Backend& be, const Tensor& dx, const Tensor& dy, const Ten
     g.m = rows;
     g.n = in;
     g.k = out;
+    g.fp8_a = fp8_grad(fp8);
+    g.fp8_b = fp8_input(fp8);
     be.gemm(g);
   }
   {  // dW[out, in] += dy^T x
@@ -75,6 +104,8 @@ void Linear::backward(Backend& be, const Tensor& dx, const Tensor& dy, const Ten
     g.n = in;
     g.k = rows;
     g.beta = 1.0;
+    g.fp8_a = fp8_grad(fp8);
+    g.fp8_b = fp8_input(fp8);
     be.gemm(g);
   }
   if (!bias.value.empty()) be.bias_backward(bias.grad, dy);
@@ -137,8 +168,12 @@ void Mlp::activate(Backend& be, const Saved& s) const {
 }
 
 void Mlp::forward(Backend& be, const Tensor& out, const Tensor& x, const Saved& s) const {
-  fc1.forward(be, s.fc1_out, x);
-  activate(be, s);
+  if (activation == ActivationKind::gelu && fc1.fp8 == Fp8Mode::none) {
+    fc1.forward_gelu(be, s.act_out, s.fc1_out, x);  // one GEMM with the GELU epilogue
+  } else {
+    fc1.forward(be, s.fc1_out, x);
+    activate(be, s);
+  }
   if (tp_active(tp))
     row_parallel_forward(be, fc2, *tp, out, s.act_out);
   else

@@ -33,10 +33,15 @@ struct TensorParallel {
 };
 
 // y[N, out] = x[N, in] W^T + b.   Optional bias: a Param whose value is empty.
+// fp8 (ModelConfig::fp8): the three GEMMs take fp8 operands with per-tensor scales (see
+// backend::GemmArgs): x and W in e4m3; dy in e4m3 (Fp8Mode::e4m3) or e5m2 (Fp8Mode::hybrid).
 struct Linear {
   Param weight;
   Param bias;
+  Fp8Mode fp8 = Fp8Mode::none;
   void forward(Backend& be, const Tensor& y, const Tensor& x) const;
+  // y = gelu(x W^T + b) in one GEMM (the GELU epilogue); pre receives x W^T + b. Not with fp8.
+  void forward_gelu(Backend& be, const Tensor& y, const Tensor& pre, const Tensor& x) const;
   // dx may be empty (no input gradient wanted).
   void backward(Backend& be, const Tensor& dx, const Tensor& dy, const Tensor& x) const;
 };

@@ -94,6 +94,11 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
   if (cluster.gpu.memory_gib <= 0)
     throw PlanError(fmt::format("cluster '{}': gpu memory_gib = {} must be positive", cluster.name,
                                 cluster.gpu.memory_gib));
+  if (r.precision.fp8 != recipe::Fp8::none && cluster.gpu.peak_tflops_fp8 <= 0)
+    throw PlanError(fmt::format(
+        "cluster '{}': its GPU has no fp8 tensor cores (peak_tflops_fp8 = 0) but the recipe asks "
+        "for precision.fp8: {}; use precision.fp8: none, or a cluster of Hopper GPUs",
+        cluster.name, recipe::EnumNames<recipe::Fp8>::names[static_cast<size_t>(r.precision.fp8)]));
   const double capacity = cluster.gpu.memory_gib * kGiB;
   const int world = plan.world;
   const std::vector<int> ep_choices =
@@ -113,6 +118,13 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
           smallest_replicas = std::min(smallest_replicas, dp * ep);
         if (!degree_rule.empty()) {
           plan.rejected.push_back({degrees, "does not divide: " + degree_rule});
+          continue;
+        }
+        if (r.precision.fp8 != recipe::Fp8::none && tp > 1) {
+          plan.rejected.push_back(
+              {degrees,
+               "not supported: precision.fp8 with tp > 1 (the per-tensor fp8 scales are "
+               "not reduced over tensor-parallel shards yet)"});
           continue;
         }
         const int per_replica = r.training.global_batch / (dp * ep);

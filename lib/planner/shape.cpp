@@ -56,9 +56,11 @@ ModelShape shape_of(const recipe::Recipe& r) {
   s.final_norm = norm;
   s.head = s.tied ? 0 : s.V * C;
 
-  s.attention_flops = 2.0 * C * s.W + 2.0 * s.H * s.D * C + 4.0 * s.T * s.H * s.D;
+  s.attention_linear_flops = 2.0 * C * s.W + 2.0 * s.H * s.D * C;
+  s.attention_flops = s.attention_linear_flops + 4.0 * s.T * s.H * s.D;
   s.dense_mlp_flops = 2.0 * C * s.F1 + 2.0 * s.F * C;
-  s.moe_flops = 2.0 * C * s.E + s.K * (2.0 * C * s.EF1 + 2.0 * s.EF * C);
+  s.moe_expert_flops = s.K * (2.0 * C * s.EF1 + 2.0 * s.EF * C);
+  s.moe_flops = 2.0 * C * s.E + s.moe_expert_flops;
   s.head_flops = 2.0 * C * s.V;
   return s;
 }

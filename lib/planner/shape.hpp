@@ -43,7 +43,10 @@ struct ModelShape {
   double attention_flops = 0;  // per layer: qkv, proj, scores and values
   double dense_mlp_flops = 0;  // per dense layer
   double moe_flops = 0;        // per MoE layer: router + top_k experts
-  double head_flops = 0;       // 2 C V
+  // The parts of the above that are linear layers (fp8-eligible): qkv and proj; the experts.
+  double attention_linear_flops = 0;
+  double moe_expert_flops = 0;
+  double head_flops = 0;  // 2 C V
   double forward_flops_per_token() const;
   // Slots per expert for `tokens` routed tokens (lib/model Moe::capacity).
   int64_t capacity(int64_t tokens) const;

@@ -74,6 +74,11 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
       options.compute_efficiency > 0 ? options.compute_efficiency : kDefaultComputeEfficiency;
   const double peak = std::max(peak_tflops(cluster, r.precision.compute), 1e-3) * 1e12;
   const double flops_per_s = peak * efficiency;
+  // With fp8 the blocks' linear layers (qkv, proj, fc1, fc2, experts) run on the fp8 tensor
+  // cores; attention's scores and values, the router and the head stay at the storage precision.
+  const bool fp8 = r.precision.fp8 != recipe::Fp8::none && cluster.gpu.peak_tflops_fp8 > 0;
+  const double linear_flops_per_s =
+      fp8 ? cluster.gpu.peak_tflops_fp8 * 1e12 * efficiency : flops_per_s;
   const bool full = lay.recompute == recipe::Recompute::full;
   const double passes = full ? 4.0 : 3.0;  // forward, backward (2x), recompute forward
   const double n = static_cast<double>(lay.micro_batch) * s.T;
@@ -99,9 +104,12 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
       moe += r.is_moe_layer(i) ? 1 : 0;
     const double layer_flops =
         layers * s.attention_flops + (layers - moe) * s.dense_mlp_flops + moe * s.moe_flops;
-    double flops = n * layer_flops * passes;
-    if (last) flops += n * s.head_flops * 3.0;  // the head is never recomputed
-    const double compute = flops / lay.tp / flops_per_s;
+    const double linear_flops = layers * s.attention_linear_flops +
+                                (layers - moe) * s.dense_mlp_flops + moe * s.moe_expert_flops;
+    double other_flops = n * (layer_flops - linear_flops) * passes;
+    if (last) other_flops += n * s.head_flops * 3.0;  // the head is never recomputed
+    const double compute =
+        (n * linear_flops * passes / linear_flops_per_s + other_flops / flops_per_s) / lay.tp;
     const double tp_comm =
         layers * collectives_per_layer * ring_seconds(hidden_bytes, lay.tp, tp_link, 2.0);
     const double ep_comm = moe * collectives_per_layer *

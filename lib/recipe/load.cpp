@@ -16,6 +16,13 @@
 namespace trainctl::recipe {
 namespace {
 
+// The parallel.* keys `parallel: auto` hands to the planner: the layout. The timeout and the
+// overlap of gradient reduction are not part of it.
+bool planner_chooses(std::string_view path) {
+  return path.starts_with("parallel.") && path != "parallel.timeout_s" &&
+         path != "parallel.overlap_grad_sync";
+}
+
 struct Entry {
   YAML::Node node;
   KeyOrigin origin;
@@ -233,8 +240,7 @@ void Loader::read_override(const std::string& arg) {
     // Replaces the file's parallel section (a later --set parallel.KEY still conflicts).
     parallel_auto_ = true;
     std::erase_if(entries_, [](const auto& entry) {
-      return entry.first.starts_with("parallel.") && entry.first != "parallel.timeout_s" &&
-             entry.second.origin.source == KeyOrigin::Source::file;
+      return planner_chooses(entry.first) && entry.second.origin.source == KeyOrigin::Source::file;
     });
     return;
   }
@@ -271,8 +277,7 @@ LoadedRecipe Loader::build() {
   recipe.parallel.automatic = parallel_auto_;
   if (parallel_auto_)
     for (const auto& [path, entry] : entries_)
-      // The timeout is not part of the layout the planner chooses.
-      if (path.starts_with("parallel.") && path != "parallel.timeout_s")
+      if (planner_chooses(path))
         problems.push_back(origins.problem(
             path,
             "`parallel: auto` lets the planner choose every parallel.* key; remove this key "

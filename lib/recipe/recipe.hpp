@@ -29,6 +29,7 @@ enum class Activation { gelu, swiglu };
 enum class Position { learned, rope };
 enum class Recompute { none, selective, full };
 enum class Compute { fp32, bf16, fp16, fp64 };  // fp64: CPU reference only
+enum class Fp8 { none, e4m3, hybrid };
 enum class LossScaleMode { dynamic, none, fixed };
 enum class OptimizerName { adamw };
 enum class Decay { cosine, linear, constant, wsd };
@@ -63,6 +64,10 @@ struct EnumNames<Recompute> {
 template <>
 struct EnumNames<Compute> {
   static constexpr std::array<std::string_view, 4> names{"fp32", "bf16", "fp16", "fp64"};
+};
+template <>
+struct EnumNames<Fp8> {
+  static constexpr std::array<std::string_view, 3> names{"none", "e4m3", "hybrid"};
 };
 template <>
 struct EnumNames<OptimizerName> {
@@ -130,6 +135,9 @@ struct ParallelConfig {
   std::vector<int> pp_layers;
   // Seconds a collective (and the rendezvous) may wait for a peer before the job fails.
   double timeout_s;
+  // Start each gradient bucket's reduction as soon as the last micro-batch's backward has
+  // produced it, overlapping communication with the rest of backward (results are identical).
+  bool overlap_grad_sync;
   // `parallel: auto` (YAML) or `--set parallel=auto`: the planner (lib/planner) chooses the keys
   // above and training.micro_batch; they hold their defaults until then. No parallel.* key may
   // be given with it.
@@ -146,6 +154,10 @@ struct LossScale {
 
 struct PrecisionConfig {
   Compute compute;
+  // fp8 GEMMs in the transformer blocks' linear layers (attention qkv/proj, MLP and expert
+  // fc1/fc2), per-tensor current scaling: e4m3 everywhere, or hybrid (e4m3 forward, e5m2 for
+  // output gradients in backward, as Transformer Engine's HYBRID). Needs compute bf16.
+  Fp8 fp8;
   LossScale loss_scale;
   double initial_loss_scale;
   int loss_scale_window;

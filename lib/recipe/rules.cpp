@@ -168,6 +168,25 @@ void check_schedule_and_data(const Recipe& r, RuleChecker& c) {
 
 // Checkpoints are committed by rank 0 from files every rank writes into the run directory: without
 // a shared file system rank 0 would wait for shards it can never see.
+// fp8 GEMMs take bf16 operands and write bf16 (Transformer Engine's arrangement). Their per-tensor
+// scales are computed from the whole operand, which under tensor parallel is spread over ranks:
+// until those maxima are reduced over tp, a tp layout would scale differently from one rank.
+void check_precision(const Recipe& r, RuleChecker& c) {
+  if (!c.usable({"precision.fp8", "precision.compute"}) || r.precision.fp8 == Fp8::none) return;
+  const std::string_view fp8 = EnumNames<Fp8>::names[static_cast<size_t>(r.precision.fp8)];
+  if (r.precision.compute != Compute::bf16)
+    c.fail({"precision.fp8", "precision.compute"},
+           fmt::format("precision.fp8: {} needs precision.compute: bf16 (got {}); set "
+                       "precision.compute: bf16 or precision.fp8: none",
+                       fp8, EnumNames<Compute>::names[static_cast<size_t>(r.precision.compute)]));
+  if (c.usable({"parallel.tp"}) && r.parallel.tp > 1)
+    c.fail({"precision.fp8", "parallel.tp"},
+           fmt::format("precision.fp8: {} with parallel.tp = {} is not supported yet (the "
+                       "per-tensor fp8 scales are not reduced over tensor-parallel shards); use "
+                       "parallel.tp: 1 or precision.fp8: none",
+                       fp8, r.parallel.tp));
+}
+
 void check_cluster(const Recipe& r, RuleChecker& c) {
   if (!c.usable({"cluster.shared_fs", "checkpoint.every_steps", "checkpoint.every_minutes"}) ||
       r.cluster.shared_fs)
@@ -191,6 +210,7 @@ std::vector<RuleViolation> check_rules(const Recipe& recipe,
   check_parallel(recipe, checker);
   check_moe(recipe, checker);
   check_schedule_and_data(recipe, checker);
+  check_precision(recipe, checker);
   check_cluster(recipe, checker);
   return std::move(checker.violations);
 }

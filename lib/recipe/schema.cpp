@@ -208,9 +208,15 @@ std::vector<KeySpec> build_schema() {
   t.push_back(row<B(parallel, timeout_s)>(
       "parallel.timeout_s", 60.0, above(0),
       "seconds a collective or the rendezvous waits for a peer before the job fails"));
+  t.push_back(row<B(parallel, overlap_grad_sync)>(
+      "parallel.overlap_grad_sync", true, none(),
+      "reduce each gradient bucket while backward still runs (results are identical)"));
   // precision
   t.push_back(row<B(precision, compute)>("precision.compute", Compute::bf16, none(),
                                          "compute dtype (fp64: CPU reference only)"));
+  t.push_back(row<B(precision, fp8)>(
+      "precision.fp8", Fp8::none, none(),
+      "fp8 GEMMs in the blocks' linear layers: e4m3, or hybrid (e5m2 gradients); needs bf16"));
   KeySpec loss_scale = row<B(precision, loss_scale)>(
       "precision.loss_scale", LossScale{LossScaleMode::dynamic, 0.0}, above(0),
       "loss scaling (used with fp16): dynamic, none or a static scale");

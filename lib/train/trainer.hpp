@@ -35,6 +35,9 @@ struct TrainConfig {
   // (the model must then be built with ModelParallel::zero_parts = dp).
   int64_t bucket_bytes = int64_t{25} << 20;
   int zero = 0;
+  // Start each bucket's reduction as soon as the last micro-batch's backward has produced it
+  // (bit-identical to reducing after backward).
+  bool overlap_grad_sync = true;
 
   // Micro-batches per optimizer step on one rank; with `data_ranks` ranks reading different data
   // (dp * ep) each takes global_batch / data_ranks sequences.

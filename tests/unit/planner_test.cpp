@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "planner/planner.hpp"
+#include "planner/shape.hpp"
 
 namespace {
 
@@ -239,4 +240,39 @@ TEST_CASE("a CPU machine plans a world of 1") {
   CHECK(l.ep == 1);
   CHECK(l.zero == 0);
   CHECK(r.training.global_batch % l.micro_batch == 0);
+}
+
+TEST_CASE("fp8: the linear layers run at the fp8 peak, tp stays 1, a GPU without fp8 says so") {
+  recipe::Recipe r = llama_7b();
+  topology::ClusterSpec c = h100(1);
+  c.gpu.peak_tflops_fp8 = 1979;
+  const planner::Layout l{1, 1, 8, 1, 1, 1, recipe::Recompute::none};
+  const planner::TimeEstimate bf16 = planner::estimate_time(r, c, l);
+  r.precision.fp8 = recipe::Fp8::hybrid;
+  const planner::TimeEstimate fp8 = planner::estimate_time(r, c, l);
+  // Linear layers are most of a 7B model's FLOPs: the fp8 peak for them, attention's T^2 part and
+  // the head at the bf16 peak, so the compute time falls by less than half.
+  const planner::ModelShape s = planner::shape_of(r);
+  const double linear = s.layers * (s.attention_linear_flops + s.dense_mlp_flops);
+  const double all = s.layers * (s.attention_flops + s.dense_mlp_flops) + s.head_flops;
+  const double speedup = c.gpu.peak_tflops_fp8 / c.gpu.peak_tflops_bf16;  // 2.0
+  const double expected = (all - linear + linear / speedup) / all;  // 3 passes of each
+  CHECK(fp8.compute_s / bf16.compute_s == Approx(expected).epsilon(1e-9));
+  CHECK(expected < 0.6);
+  CHECK(fp8.model_flops == bf16.model_flops);
+
+  const planner::Plan plan = planner::make_plan(r, c);
+  REQUIRE_FALSE(plan.ranked.empty());
+  for (const planner::Candidate& candidate : plan.ranked)
+    CHECK(candidate.layout.tp == 1);
+  bool rejected_tp = false;
+  for (const planner::Rejection& rejection : plan.rejected)
+    if (rejection.layout.tp > 1) {
+      CHECK_THAT(rejection.reason, Catch::Contains("precision.fp8 with tp > 1"));
+      rejected_tp = true;
+    }
+  CHECK(rejected_tp);
+
+  c.gpu.peak_tflops_fp8 = 0;  // an A100
+  CHECK_THROWS_WITH(planner::make_plan(r, c), Catch::Contains("has no fp8 tensor cores"));
 }

@@ -273,6 +273,17 @@ const std::vector<BadCase> kBadCases = {
      {},
      {"3:16: moe.experts % parallel.ep == 0 fails: 6 % 4 = 2 (each expert-parallel rank holds "
       "whole experts)"}},
+    {"fp8 needs bf16",
+     kOk + "precision: {compute: fp32, fp8: hybrid}\n",
+     {},
+     {"3:33: precision.fp8: hybrid needs precision.compute: bf16 (got fp32); set "
+      "precision.compute: bf16 or precision.fp8: none"}},
+    {"fp8 with tp",
+     kOk + "precision: {fp8: e4m3}\nparallel: {tp: 2}\n",
+     {},
+     {"3:18: precision.fp8: e4m3 with parallel.tp = 2 is not supported yet (the per-tensor fp8 "
+      "scales are not reduced over tensor-parallel shards); use parallel.tp: 1 or precision.fp8: "
+      "none"}},
     {"top_k > experts",
      kOk + "moe:\n  experts: 2\n  top_k: 3\n",
      {},

@@ -172,6 +172,8 @@ void join_ranks(const SessionInput& input, const train::TrainConfig& train_confi
     dist::MeshOptions mesh_options;
     mesh_options.timeout =
         std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s * 1000.0));
+    // The gradient reduction's second contexts (GradSync); ZeRO-1 reduces after backward.
+    mesh_options.background_groups = r.parallel.overlap_grad_sync && r.parallel.zero == 0;
     out.mesh.emplace(dist::Mesh::create(*out.rendezvous.store, rank_info.world_size, rank, layout,
                                         mesh_options));
     log.open(input.run_dir);

@@ -35,7 +35,10 @@ void Work::finish(std::exception_ptr error) {
 }
 
 BackgroundReducer::BackgroundReducer(std::unique_ptr<Communicator> communicator)
-    : communicator_(std::move(communicator)), worker_([this] { run(); }) {}
+    : owned_(std::move(communicator)), communicator_(owned_.get()), worker_([this] { run(); }) {}
+
+BackgroundReducer::BackgroundReducer(Communicator& communicator)
+    : communicator_(&communicator), worker_([this] { run(); }) {}
 
 BackgroundReducer::~BackgroundReducer() {
   {

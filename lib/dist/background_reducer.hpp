@@ -53,6 +53,9 @@ class Work {
 class BackgroundReducer {
  public:
   explicit BackgroundReducer(std::unique_ptr<Communicator> communicator);
+  // A communicator owned elsewhere (a Mesh's dp_bg): it must outlive the reducer, and nothing but
+  // the reducer's worker may call it while the reducer exists.
+  explicit BackgroundReducer(Communicator& communicator);
   ~BackgroundReducer();
   BackgroundReducer(const BackgroundReducer&) = delete;
   BackgroundReducer& operator=(const BackgroundReducer&) = delete;
@@ -66,7 +69,8 @@ class BackgroundReducer {
  private:
   void run();
 
-  std::unique_ptr<Communicator> communicator_;
+  std::unique_ptr<Communicator> owned_;
+  Communicator* communicator_;
   std::mutex mutex_;
   std::condition_variable queued_;
   std::deque<std::pair<std::function<void()>, std::shared_ptr<Work>>> queue_;

@@ -51,6 +51,15 @@ Mesh Mesh::create(Store& store, int world_size, int rank, const Layout& layout,
   mesh.dp_ = join(store, "dp", mesh.groups_.dp, rank, shared, mesh.clock_);
   mesh.pp_ = join(store, "pp", mesh.groups_.pp, rank, shared, mesh.clock_);
   mesh.dp_ep_ = join(store, "dp_ep", mesh.groups_.dp_ep, rank, shared, mesh.clock_);
+  mesh.background_clock_ = std::make_shared<CommClock>();
+  if (options.background_groups) {
+    // Every member of a group sees the same sizes and member lists, so all join or none does.
+    if (mesh.groups_.dp.size() > 1)
+      mesh.dp_bg_ = join(store, "dp_bg", mesh.groups_.dp, rank, shared, mesh.background_clock_);
+    if (mesh.groups_.dp_ep.size() > 1 && mesh.groups_.dp_ep != mesh.groups_.dp)
+      mesh.dp_ep_bg_ =
+          join(store, "dp_ep_bg", mesh.groups_.dp_ep, rank, shared, mesh.background_clock_);
+  }
   // A rank can finish its side of a group's connections while a peer is still completing its
   // own; were the first to leave then exit (a short job, a test), the peer's rendezvous would fail
   // with "connection closed by peer". Nobody leaves creation before every group is connected.
@@ -60,6 +69,10 @@ Mesh Mesh::create(Store& store, int world_size, int rank, const Layout& layout,
 
 double Mesh::comm_seconds() const {
   return clock_ ? clock_->seconds() : 0.0;
+}
+
+double Mesh::background_comm_seconds() const {
+  return background_clock_ ? background_clock_->seconds() : 0.0;
 }
 
 }  // namespace trainctl::dist

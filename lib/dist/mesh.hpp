@@ -24,6 +24,10 @@ struct MeshOptions {
   CommBackend backend = CommBackend::gloo;
   int cuda_device = 0;         // nccl: this rank's GPU (its local rank)
   bool deterministic = false;  // nccl: pin NCCL_ALGO=Ring, NCCL_PROTO=Simple (docs/dist.md)
+  // Also join dp_bg and dp_ep_bg: the dp and dp_ep members a second time, for the gradient
+  // reduction that a BackgroundReducer runs on its own thread while backward goes on (a context
+  // serves one thread at a time). Only groups of more than one rank are joined.
+  bool background_groups = false;
 };
 
 class Mesh {
@@ -48,6 +52,11 @@ class Mesh {
   Communicator& dp() const { return *dp_; }
   Communicator& pp() const { return *pp_; }
   Communicator& dp_ep() const { return *dp_ep_; }
+  // The background twins of dp and dp_ep (MeshOptions::background_groups), for one
+  // BackgroundReducer each; null when not joined or when the group has one rank. When dp and dp_ep
+  // have the same members (ep 1) both return the same communicator: one context, one worker.
+  Communicator* dp_bg() const { return dp_bg_.get(); }
+  Communicator* dp_ep_bg() const { return dp_ep_bg_ ? dp_ep_bg_.get() : dp_bg_.get(); }
 
   // Wall time this process has spent inside calls of any of its communicators (all groups), for
   // the share of step time spent communicating. Monotonic; callers take differences.
@@ -55,12 +64,17 @@ class Mesh {
   // only groups of more than one rank: a one-rank group's copies are not communication.
   // Thread-safe.
   double comm_seconds() const;
+  // The same for the background groups alone (busy time of the reducers' workers, which overlaps
+  // the training thread's work and is therefore not part of comm_seconds).
+  double background_comm_seconds() const;
 
  private:
   Layout layout_;
   RankGroups groups_;
   std::unique_ptr<Communicator> world_, tp_, ep_, dp_, pp_, dp_ep_;
+  std::unique_ptr<Communicator> dp_bg_, dp_ep_bg_;  // dp_ep_bg_ null when it would equal dp_bg_
   std::shared_ptr<CommClock> clock_;  // shared by the timed communicators of the groups above
+  std::shared_ptr<CommClock> background_clock_;  // the _bg groups'
 };
 
 }  // namespace trainctl::dist

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -56,6 +57,16 @@ class Transformer {
   // d objective. On a non-last stage, output_grad() must hold d objective / d stage_output(slot)
   // (already multiplied by grad_scale) first. Evaluation-only forwards need no backward.
   void backward(double grad_scale, int slot = 0);
+
+  // Called by backward() each time a group of parameter gradients is complete for this backward:
+  // the head and final norm (last stage), each block (last layer first), the embedding (first
+  // stage). `ranges` are [begin, end) element ranges of params().grads(); every parameter of the
+  // table is reported exactly once per backward, and backward writes no reported range again.
+  // The data-parallel reduction starts a bucket once all of it was reported (overlap); with
+  // gradient accumulation arm it only for the last backward of a step. Runs on the calling
+  // thread, in the same order on every rank of the same stage.
+  using GradsReadyHook = std::function<void(const std::vector<IndexRange>& ranges)>;
+  void set_grads_ready_hook(GradsReadyHook hook);  // an empty function disarms it
 
   // Pipeline boundaries, [micro_batch * seq_len, hidden] tensors in the storage type.
   Tensor stage_input(int slot);   // non-first stage: receive the previous stage's output here

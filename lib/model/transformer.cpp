@@ -231,18 +231,21 @@ void Transformer::Impl::backward(double grad_scale, int slot_index) {
     Linear{head, Param{}}.backward(be, d_lnf_out, dlogits, s.lnf_out);
     tp.all_reduce(d_lnf_out);  // the head is column-parallel over the vocabulary
     final_norm.backward(be, d_resid, d_lnf_out, s.resid.back(), s.lnf_s);
+    report_ready(head_ranges);
   } else {
     be.cast(d_resid, out_grad);
   }
   for (size_t i = blocks.size(); i-- > 0;) {
     block_recompute(blocks[i], s.acts[i]);
     block_backward(blocks[i], s.acts[i], grad_scale);
+    report_ready(block_ranges[i]);
   }
   if (par.first_stage()) {
     if (!tp_on())
       be.embedding_backward(wte.grad, wpe.grad, d_resid, s.tokens, T);
     else
       be.embedding_backward_shard(wte.grad, wpe.grad, d_resid, s.tokens, T, vocab_begin);
+    report_ready(embedding_ranges);
   } else {
     be.cast(in_grad, d_resid);
   }
@@ -279,6 +282,36 @@ ForwardResult Transformer::forward(const int32_t* tokens, const int32_t* targets
 }
 void Transformer::backward(double grad_scale, int slot) {
   impl_->backward(grad_scale, slot);
+}
+
+// Units by name: a tied head on one stage is embed.wte itself, complete only after the embedding
+// backward, so it belongs to the embedding; the last stage's tied copy is the head's.
+void Transformer::Impl::plan_grad_units() {
+  block_ranges.assign(blocks.size(), {});
+  auto add = [](std::vector<IndexRange>& ranges, const ParamSpec& spec) {
+    const IndexRange r{spec.offset, spec.offset + spec.shape.numel()};
+    if (!ranges.empty() && ranges.back().end == r.begin)
+      ranges.back().end = r.end;
+    else
+      ranges.push_back(r);
+  };
+  for (const ParamSpec& spec : store.table().specs()) {
+    const std::string& name = spec.name;
+    if (name.rfind("layers.", 0) == 0) {
+      const int layer = std::stoi(name.substr(7));
+      add(block_ranges.at(static_cast<size_t>(layer - stage.first)), spec);
+    } else if (name.rfind("embed.", 0) == 0 && !spec.tied_copy) {
+      add(embedding_ranges, spec);
+    } else {
+      add(head_ranges, spec);  // final_norm, lm_head, the tied copy
+    }
+  }
+  grad_units_planned = true;
+}
+
+void Transformer::set_grads_ready_hook(GradsReadyHook hook) {
+  if (hook && !impl_->grad_units_planned) impl_->plan_grad_units();
+  impl_->grads_ready = std::move(hook);
 }
 Tensor Transformer::stage_input(int slot) {
   if (impl_->par.first_stage())

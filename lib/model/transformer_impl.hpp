@@ -49,6 +49,7 @@ struct Slot {
 };
 
 struct Transformer::Impl {
+  using GradsReadyHook = Transformer::GradsReadyHook;
   ModelConfig cfg;
   Backend& be;
   ModelParallel par;
@@ -71,6 +72,17 @@ struct Transformer::Impl {
   Mlp::Scratch mlp_scratch;
   Moe::Scratch moe_scratch;
   int logits_slot = -1;  // whose logits `logits` holds (the last stage recomputes them if not)
+
+  // Transformer::set_grads_ready_hook: the hook and the grads() ranges each backward unit
+  // completes (filled on first arming).
+  GradsReadyHook grads_ready;
+  std::vector<IndexRange> head_ranges, embedding_ranges;
+  std::vector<std::vector<IndexRange>> block_ranges;  // per blocks[i]
+  bool grad_units_planned = false;
+  void plan_grad_units();
+  void report_ready(const std::vector<IndexRange>& ranges) const {
+    if (grads_ready && !ranges.empty()) grads_ready(ranges);
+  }
 
   // transformer.cpp, except where marked
   Impl(const ModelConfig& config, Backend& backend, int64_t micro_batch,

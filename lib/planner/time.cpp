@@ -146,9 +146,12 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   };
   t.dp_comm_s = sync(shared_bytes, lay.dp * lay.ep) + sync(expert_bytes, lay.dp);
   // Bucketed all-reduce starts as the last micro-batch's backward produces gradients, so it
-  // hides behind that backward (2 of the `passes` forward-equivalents of one stage time).
+  // hides behind that backward (2 of the `passes` forward-equivalents of one stage time). The
+  // engine does that for the all-reduce (parallel.overlap_grad_sync); ZeRO-1's reduce-scatter and
+  // all-gather run after backward.
   const double window = worst_compute * 2.0 / passes;
-  t.dp_exposed_s = std::max(0.0, t.dp_comm_s - window);
+  const bool overlapped = r.parallel.overlap_grad_sync && !lay.zero;
+  t.dp_exposed_s = overlapped ? std::max(0.0, t.dp_comm_s - window) : t.dp_comm_s;
 
   t.step_s = m * worst_stage + t.bubble_s + t.dp_exposed_s;
   const double tokens = static_cast<double>(r.training.global_batch) * s.T;

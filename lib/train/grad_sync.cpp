@@ -1,6 +1,7 @@
 #include "train/grad_sync.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
@@ -47,13 +48,14 @@ std::vector<GradBucket> plan_grad_buckets(const model::ParamTable& table, int64_
   std::optional<GradBucket> open;
   for (const ParamSpec* spec : in_buffer_order(table)) {
     const int64_t end = spec->offset + spec->shape.numel();
-    if (open && open->expert != spec->expert) {
+    if (open && (open->expert != spec->expert || spec->tied_copy)) {
       buckets.push_back(*open);
       open.reset();
     }
     if (!open) open = GradBucket{spec->offset, end, spec->expert};
     open->end = end;
-    if ((open->end - open->begin) * static_cast<int64_t>(element_bytes) >= bucket_bytes) {
+    if ((open->end - open->begin) * static_cast<int64_t>(element_bytes) >= bucket_bytes ||
+        spec->tied_copy) {
       buckets.push_back(*open);
       open.reset();
     }
@@ -81,7 +83,7 @@ std::vector<IndexRange> norm_ranges(const model::ParamTable& table, const NormOw
 }
 
 GradSync::GradSync(const dist::Mesh& mesh, backend::Backend& backend, model::Transformer& model,
-                   int64_t bucket_bytes, bool zero)
+                   int64_t bucket_bytes, bool zero, bool overlap)
     : mesh_(mesh), be_(backend), model_(model), zero_(zero) {
   const model::ParamStore& params = model.params();
   const size_t grad_bytes = tensor::dtype_size(params.grads().dtype);
@@ -116,6 +118,97 @@ GradSync::GradSync(const dist::Mesh& mesh, backend::Backend& backend, model::Tra
         scratch_elements = std::max(scratch_elements, spec.shape.numel());
   if (scratch_elements > 0)
     scratch_ = be_.allocate(static_cast<size_t>(scratch_elements) * grad_bytes);
+  if (overlap && !zero) plan_overlap();
+}
+
+GradSync::~GradSync() = default;
+
+void GradSync::plan_overlap() {
+  const dist::Communicator& dp = mesh_.dp();
+  const dist::Communicator& dp_ep = mesh_.dp_ep();
+  // Without the background twin of a group that has something to reduce, the blocking path.
+  if ((dp.size() > 1 && !mesh_.dp_bg()) || (dp_ep.size() > 1 && !mesh_.dp_ep_bg())) return;
+  if (mesh_.dp_bg()) dp_reducer_ = std::make_unique<dist::BackgroundReducer>(*mesh_.dp_bg());
+  if (mesh_.dp_ep_bg() && mesh_.dp_ep_bg() != mesh_.dp_bg())
+    dp_ep_reducer_ = std::make_unique<dist::BackgroundReducer>(*mesh_.dp_ep_bg());
+  dist::BackgroundReducer* non_expert = dp_ep_reducer_ ? dp_ep_reducer_.get() : dp_reducer_.get();
+  // The ranges the tied-embedding exchange adds to after backward: never started early.
+  std::vector<IndexRange> tied;
+  const model::ModelParallel& parallel = model_.parallel();
+  if (parallel.pp_size > 1 && model_.config().tied_embeddings)
+    for (const ParamSpec& spec : model_.params().table().specs())
+      if (spec.tied_copy || (spec.name == "embed.wte" && parallel.first_stage()))
+        tied.push_back({spec.offset, spec.offset + spec.shape.numel()});
+  for (const GradBucket& bucket : buckets_) {
+    if (bucket.expert)
+      reducer_of_.push_back(dp.size() > 1 ? dp_reducer_.get() : nullptr);
+    else
+      reducer_of_.push_back(dp_ep.size() > 1 ? non_expert : nullptr);
+    bool waits = false;
+    for (const IndexRange& r : tied)
+      waits = waits || (r.begin < bucket.end && bucket.begin < r.end);
+    after_exchange_.push_back(waits);
+  }
+  unreported_.assign(buckets_.size(), 0);
+  work_.assign(buckets_.size(), nullptr);
+  overlap_ = dp_reducer_ || dp_ep_reducer_;
+}
+
+void GradSync::arm() {
+  if (!overlap_) return;
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    unreported_[b] = buckets_[b].end - buckets_[b].begin;
+  armed_ = true;
+}
+
+void GradSync::grads_ready(const std::vector<IndexRange>& ranges) {
+  if (!armed_) return;
+  for (const IndexRange& range : ranges) {
+    // Buckets are sorted and disjoint: the first one ending after range.begin, then onwards.
+    size_t b = static_cast<size_t>(
+        std::upper_bound(buckets_.begin(), buckets_.end(), range.begin,
+                         [](int64_t at, const GradBucket& bucket) { return at < bucket.end; }) -
+        buckets_.begin());
+    for (; b < buckets_.size() && buckets_[b].begin < range.end; ++b) {
+      const int64_t covered =
+          std::min(range.end, buckets_[b].end) - std::max(range.begin, buckets_[b].begin);
+      if (covered <= 0) continue;
+      unreported_[b] -= covered;
+      if (unreported_[b] < 0)
+        throw std::logic_error("gradient range [" + std::to_string(range.begin) + ", " +
+                               std::to_string(range.end) + ") reported twice in one backward");
+      if (unreported_[b] == 0 && !after_exchange_[b] && reducer_of_[b] && !work_[b]) start(b);
+    }
+  }
+}
+
+void GradSync::start(size_t bucket) {
+  const GradBucket& b = buckets_[bucket];
+  const Tensor part = range_of(model_.params().grads(), b.begin, b.end);
+  work_[bucket] = reducer_of_[bucket]->start_all_reduce_sum(
+      part.data, static_cast<size_t>(part.numel()), part.dtype);
+  started_.push_back(bucket);
+}
+
+// In start order: every rank of a group queued its operations in the same order.
+void GradSync::wait_all() {
+  std::vector<std::shared_ptr<dist::Work>> works(buckets_.size());
+  works.swap(work_);
+  std::vector<size_t> order;
+  order.swap(started_);
+  const auto begin = std::chrono::steady_clock::now();
+  auto add_wait = [&] {
+    wait_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  };
+  try {
+    for (size_t bucket : order)
+      works[bucket]->wait();
+  } catch (...) {
+    add_wait();
+    throw;
+  }
+  add_wait();
 }
 
 void GradSync::exchange_tied_embedding() {
@@ -150,6 +243,14 @@ void GradSync::exchange_tied_embedding() {
 void GradSync::reduce_gradients() {
   exchange_tied_embedding();
   const Tensor grads = model_.params().grads();
+  if (overlap_) {
+    started_early_ = armed_ ? started_.size() : 0;
+    armed_ = false;
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      if (reducer_of_[b] && !work_[b]) start(b);
+    wait_all();
+    return;
+  }
   if (!zero_) {
     // On CPU each bucket's all-reduce blocks; a GPU backend can start bucket k while backward
     // still produces bucket k - 1 (buckets are in buffer order, backward runs in reverse).

@@ -7,18 +7,33 @@
 // all-gather of the updated values.
 //
 // Buckets: the all-reduce runs over consecutive ranges of the contiguous gradient buffer of about
-// bucket_bytes each, so a GPU backend can launch each bucket as soon as backward has produced it
-// (overlap). On CPU the Gloo calls block, so the buckets run one after the other after backward;
-// the structure is kept for that later overlap and to bound the size of one collective.
+// bucket_bytes each. Backward runs last layer first, so buckets complete from the end of the
+// buffer towards its start.
+//
+// Overlap (constructed with overlap on, no ZeRO): the trainer arms the sync before the step's last
+// backward on this stage and forwards the model's grads-ready reports (Transformer::
+// set_grads_ready_hook); each bucket's all-reduce starts on a BackgroundReducer (the Mesh's dp_bg
+// or dp_ep_bg, a second context of the same members) as soon as all of it was reported, in
+// completion order, which is the same on every rank of the group. reduce_gradients() then starts
+// the buckets not started yet and waits for all. The sums are those of the blocking path (same
+// buckets, same Gloo algorithm): bit-identical results. Buckets holding the tied embedding (pp > 1)
+// wait for the stage exchange after backward, and ZeRO-1's reduce-scatter stays after backward.
+// Between a bucket's start and its wait nothing on the training thread reads or writes that range:
+// backward only writes ranges not yet reported, the tied exchange only unstarted buckets, the norm
+// runs after the waits.
 //
 // Communication passes the buffers' raw pointers: host memory on the CPU backend (Gloo); a CUDA
-// backend pairs with an NCCL communicator, which takes device pointers.
+// backend pairs with an NCCL communicator, which takes device pointers. On a GPU the same
+// structure holds with an event: record it on the compute stream when a bucket completes and make
+// the communication stream wait on it before the bucket's NCCL all-reduce (docs/dist.md).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "dist/background_reducer.hpp"
 #include "dist/mesh.hpp"
 #include "model/model.hpp"
 
@@ -33,8 +48,9 @@ struct GradBucket {
 };
 
 // Consecutive parameters (in buffer order) of the same kind grouped until a bucket reaches
-// `bucket_bytes` (a single parameter larger than that is a bucket of its own). Covers the whole
-// buffer.
+// `bucket_bytes` (a single parameter larger than that is a bucket of its own). A tied copy of the
+// embedding is always a bucket of its own: it waits for the stage exchange, the rest need not.
+// Covers the whole buffer.
 std::vector<GradBucket> plan_grad_buckets(const model::ParamTable& table, int64_t bucket_bytes,
                                           size_t element_bytes);
 
@@ -55,12 +71,24 @@ std::vector<model::IndexRange> norm_ranges(const model::ParamTable& table,
 
 class GradSync {
  public:
-  // `model` must be built with this rank's ModelParallel; zero: ZeRO-1 (ep must be 1).
+  // `model` must be built with this rank's ModelParallel; zero: ZeRO-1 (ep must be 1). overlap:
+  // reduce buckets during backward (see the top of this file); it needs the Mesh's background
+  // groups (MeshOptions::background_groups) for each data-parallel group of more than one rank,
+  // and is off with ZeRO-1 or without them (overlaps() says which).
   GradSync(const dist::Mesh& mesh, backend::Backend& backend, model::Transformer& model,
-           int64_t bucket_bytes, bool zero);
+           int64_t bucket_bytes, bool zero, bool overlap = false);
+  ~GradSync();
+
+  bool overlaps() const { return overlap_; }
+  // Overlap: before the step's last backward on this stage. Resets which ranges were reported.
+  void arm();
+  // Overlap: the model's report that `ranges` of grads() are final; starts every bucket that is
+  // complete now. Ignored when not armed.
+  void grads_ready(const std::vector<model::IndexRange>& ranges);
 
   // Sums the gradients over the data-parallel groups (and the tied embedding over the first and
   // last stage). With ZeRO only this rank's optimizer part of grads() holds the sum afterwards.
+  // With overlap: starts the buckets not started yet, waits for all, disarms.
   void reduce_gradients();
   // Sum of squares of every gradient element of the job, counted once; identical on every rank
   // (all-reduced over the world). Not finite when any gradient is not.
@@ -69,18 +97,39 @@ class GradSync {
   void gather_parameters();
 
   const std::vector<GradBucket>& buckets() const { return buckets_; }
+  // Seconds the calling thread spent waiting for background reductions (the exposed part of
+  // their time), summed since construction.
+  double wait_seconds() const { return wait_seconds_; }
+  // Buckets the last reduce_gradients() found already started by grads_ready (overlap at work).
+  size_t started_during_backward() const { return started_early_; }
 
  private:
   void exchange_tied_embedding();
+  void plan_overlap();
+  void start(size_t bucket);
+  void wait_all();
 
   const dist::Mesh& mesh_;
   backend::Backend& be_;
   model::Transformer& model_;
   bool zero_;
+  bool overlap_ = false;
   std::vector<GradBucket> buckets_;
   std::vector<model::IndexRange> counted_;
   std::vector<int64_t> zero_bounds_;  // zero_partition over dp
   backend::Allocation scratch_;       // ZeRO's reduced part, the tied embedding's peer gradient
+
+  // Overlap state, per bucket: its reducer (null: a one-rank group, nothing to reduce), whether
+  // it waits for the tied exchange, elements not yet reported, the running operation.
+  std::unique_ptr<dist::BackgroundReducer> dp_reducer_, dp_ep_reducer_;
+  std::vector<dist::BackgroundReducer*> reducer_of_;
+  std::vector<bool> after_exchange_;
+  std::vector<int64_t> unreported_;
+  std::vector<std::shared_ptr<dist::Work>> work_;
+  std::vector<size_t> started_;  // bucket indices in start order
+  bool armed_ = false;
+  size_t started_early_ = 0;
+  double wait_seconds_ = 0;
 };
 
 }  // namespace trainctl::train

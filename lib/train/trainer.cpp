@@ -85,8 +85,8 @@ Trainer::Trainer(const TrainConfig& config, model::Transformer& model, backend::
   if (mesh) {
     data_rank_ = mesh->dp_ep().rank();
     data_ranks_ = mesh->dp_ep().size();
-    sync_ =
-        std::make_unique<GradSync>(*mesh, backend, model, config.bucket_bytes, config.zero == 1);
+    sync_ = std::make_unique<GradSync>(*mesh, backend, model, config.bucket_bytes, config.zero == 1,
+                                       config.overlap_grad_sync);
   }
   const model::ModelParallel& parallel = model.parallel();
   const int accum = config.accum_steps(data_ranks_);
@@ -148,7 +148,14 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums) {
   const size_t tokens =
       static_cast<size_t>(config_.micro_batch) * static_cast<size_t>(model_.config().seq_len);
   const double weight = 1.0 / (config_.accum_steps(data_ranks_) * data_ranks_);
-  for (const PipeAction& action : schedule_) {
+  // Only the step's last backward on this stage completes gradients: earlier ones still add to
+  // the same buffer, so reporting them to the gradient sync would start reductions too early.
+  size_t last_backward = schedule_.size();
+  for (size_t i = 0; i < schedule_.size(); ++i)
+    if (schedule_[i].op == PipeOp::backward) last_backward = i;
+  const bool overlap = sync_ && sync_->overlaps();
+  for (size_t i = 0; i < schedule_.size(); ++i) {
+    const PipeAction& action = schedule_[i];
     const int slot = action.micro_batch % slots_;
     const uint32_t tag = pipeline_tag(action.op, action.micro_batch);
     switch (action.op) {
@@ -174,7 +181,19 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums) {
         break;
       }
       case PipeOp::backward:
-        model_.backward(grad_scale, slot);
+        if (overlap && i == last_backward) {
+          sync_->arm();
+          // Disarmed on every exit: the hook must not outlive this call into the next step.
+          struct Disarm {
+            model::Transformer& model;
+            ~Disarm() { model.set_grads_ready_hook({}); }
+          } disarm{model_};
+          model_.set_grads_ready_hook(
+              [this](const std::vector<model::IndexRange>& ranges) { sync_->grads_ready(ranges); });
+          model_.backward(grad_scale, slot);
+        } else {
+          model_.backward(grad_scale, slot);
+        }
         break;
       case PipeOp::send_grad: {
         const tensor::Tensor grad = model_.input_grad();
@@ -188,6 +207,8 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums) {
 StepMetrics Trainer::step() {
   const auto start = std::chrono::steady_clock::now();
   const double comm_start = mesh_ ? mesh_->comm_seconds() : 0.0;
+  const double wait_start = sync_ ? sync_->wait_seconds() : 0.0;
+  const double background_start = mesh_ ? mesh_->background_comm_seconds() : 0.0;
   const int accum = config_.accum_steps(data_ranks_);
   const size_t experts = static_cast<size_t>(model_.config().moe.experts);
   StepMetrics m;
@@ -239,7 +260,12 @@ StepMetrics Trainer::step() {
   tokens_ += int64_t{config_.global_batch} * model_.config().seq_len;
   m.step = step_;
   m.tokens = tokens_;
-  if (mesh_) m.comm_ms = 1000.0 * (mesh_->comm_seconds() - comm_start);
+  if (mesh_) {
+    // The training thread's blocking calls plus its waits for background reductions: what
+    // communication cost the step. The background groups' own time overlaps compute.
+    m.comm_ms = 1000.0 * (mesh_->comm_seconds() - comm_start + sync_->wait_seconds() - wait_start);
+    m.comm_background_ms = 1000.0 * (mesh_->background_comm_seconds() - background_start);
+  }
   m.step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   m.tokens_per_s =

@@ -58,7 +58,11 @@ struct StepMetrics {
   std::vector<std::vector<double>> expert_load;  // per MoE layer, averaged over micro-batches
   std::vector<int64_t> dropped_tokens;           // per MoE layer, summed over micro-batches
   std::optional<double> val_loss;
-  double comm_ms = 0;  // time this rank spent inside collectives during the step (Mesh)
+  // Exposed communication: time the training thread spent inside collectives or waiting for the
+  // background gradient reductions during the step.
+  double comm_ms = 0;
+  // Busy time of the background reductions (overlap_grad_sync), which runs beside compute.
+  double comm_background_ms = 0;
 };
 
 // Everything besides the parameter buffers (values, master weights, Adam moments in the
@@ -101,6 +105,13 @@ class Trainer {
   // 0 of 1 on one rank.
   int data_rank() const { return data_rank_; }
   int data_ranks() const { return data_ranks_; }
+  // Whether gradient reductions overlap backward: asked for (overlap_grad_sync), no ZeRO-1, and
+  // the mesh was created with MeshOptions::background_groups.
+  bool overlaps_grad_sync() const { return sync_ && sync_->overlaps(); }
+  // Buckets the last step found already started during backward (0 without overlap).
+  size_t buckets_started_during_backward() const {
+    return sync_ ? sync_->started_during_backward() : 0;
+  }
 
  private:
   // Splits `rows` window rows into inputs_ and targets_ (T tokens each).

@@ -256,7 +256,7 @@ TEST_CASE("fp8: the linear layers run at the fp8 peak, tp stays 1, a GPU without
   const double linear = s.layers * (s.attention_linear_flops + s.dense_mlp_flops);
   const double all = s.layers * (s.attention_flops + s.dense_mlp_flops) + s.head_flops;
   const double speedup = c.gpu.peak_tflops_fp8 / c.gpu.peak_tflops_bf16;  // 2.0
-  const double expected = (all - linear + linear / speedup) / all;  // 3 passes of each
+  const double expected = (all - linear + linear / speedup) / all;        // 3 passes of each
   CHECK(fp8.compute_s / bf16.compute_s == Approx(expected).epsilon(1e-9));
   CHECK(expected < 0.6);
   CHECK(fp8.model_flops == bf16.model_flops);
@@ -275,4 +275,20 @@ TEST_CASE("fp8: the linear layers run at the fp8 peak, tp stays 1, a GPU without
 
   c.gpu.peak_tflops_fp8 = 0;  // an A100
   CHECK_THROWS_WITH(planner::make_plan(r, c), Catch::Contains("has no fp8 tensor cores"));
+}
+
+TEST_CASE("gradient all-reduce hides behind backward only when the engine overlaps it") {
+  recipe::Recipe r = llama_7b();
+  const topology::ClusterSpec c = h100(4);
+  const planner::Layout plain{1, 1, 32, 1, 1, 0, recipe::Recompute::none};
+  const planner::TimeEstimate on = planner::estimate_time(r, c, plain);
+  REQUIRE(on.dp_comm_s > 0);
+  CHECK(on.dp_exposed_s < on.dp_comm_s);
+  r.parallel.overlap_grad_sync = false;
+  CHECK(planner::estimate_time(r, c, plain).dp_exposed_s == on.dp_comm_s);
+  // ZeRO-1's reduce-scatter and all-gather run after backward, overlap or not.
+  r.parallel.overlap_grad_sync = true;
+  const planner::Layout zero{1, 1, 32, 1, 1, 1, recipe::Recompute::none};
+  const planner::TimeEstimate z = planner::estimate_time(r, c, zero);
+  CHECK(z.dp_exposed_s == z.dp_comm_s);
 }

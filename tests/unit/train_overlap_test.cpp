@@ -1,0 +1,313 @@
+// Overlapping the data-parallel gradient reduction with backward (TrainConfig::overlap_grad_sync,
+// GradSync with the Mesh's background groups): whole multi-process runs with overlap on and off
+// must end with the same parameters byte for byte, the overlap must really start buckets during
+// backward, and a background failure must surface as a DistError naming the op and the group.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <fstream>
+
+#include "data/sources.hpp"
+#include "dist/dist.hpp"
+#include "dist_test_util.hpp"
+#include "train/trainer.hpp"
+
+namespace {
+
+using namespace trainctl;
+
+model::ModelConfig small_gpt() {
+  model::ModelConfig c = model::gpt_preset();
+  c.layers = 4;
+  c.hidden = 32;
+  c.heads = 4;
+  c.kv_heads = 4;
+  c.ffn_hidden = 64;
+  c.vocab = 32;
+  c.seq_len = 16;
+  c.storage = tensor::DType::f32;
+  return c;
+}
+
+model::ModelConfig small_moe() {
+  model::ModelConfig c = small_gpt();
+  c.moe.experts = 4;
+  c.moe.every = 1;
+  return c;
+}
+
+struct Setup {
+  dist::Layout layout;
+  bool overlap = true;
+  int zero = 0;
+  int steps = 3;
+  int global_batch = 12;  // 3 micro-batches of 2 per data rank at dp2
+  int micro_batch = 2;
+  model::ModelConfig model = small_gpt();
+};
+
+// What one rank reports: whether its trainer overlapped, how many buckets each step started
+// during backward, and its whole parameter buffer as raw bytes.
+struct RankResult {
+  bool overlapped = false;
+  std::vector<uint64_t> started;
+  std::vector<char> values;
+};
+
+void write_result(const std::string& path, const RankResult& r) {
+  std::ofstream out(path, std::ios::binary);
+  const uint64_t overlapped = r.overlapped, steps = r.started.size(), bytes = r.values.size();
+  out.write(reinterpret_cast<const char*>(&overlapped), sizeof overlapped);
+  out.write(reinterpret_cast<const char*>(&steps), sizeof steps);
+  out.write(reinterpret_cast<const char*>(r.started.data()),
+            static_cast<std::streamsize>(steps * sizeof(uint64_t)));
+  out.write(reinterpret_cast<const char*>(&bytes), sizeof bytes);
+  out.write(r.values.data(), static_cast<std::streamsize>(bytes));
+  if (!out) throw std::runtime_error("cannot write " + path);
+}
+
+RankResult read_result(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  RankResult r;
+  uint64_t overlapped = 0, steps = 0, bytes = 0;
+  in.read(reinterpret_cast<char*>(&overlapped), sizeof overlapped);
+  in.read(reinterpret_cast<char*>(&steps), sizeof steps);
+  r.started.resize(steps);
+  in.read(reinterpret_cast<char*>(r.started.data()),
+          static_cast<std::streamsize>(steps * sizeof(uint64_t)));
+  in.read(reinterpret_cast<char*>(&bytes), sizeof bytes);
+  r.values.resize(bytes);
+  in.read(r.values.data(), static_cast<std::streamsize>(bytes));
+  if (!in) throw std::runtime_error("no or truncated result " + path);
+  r.overlapped = overlapped != 0;
+  return r;
+}
+
+train::TrainConfig train_config(const Setup& s) {
+  train::TrainConfig t;
+  t.steps = s.steps;
+  t.global_batch = s.global_batch;
+  t.micro_batch = s.micro_batch;
+  t.schedule = {3e-3, 3e-4, 1, s.steps, train::DecayKind::cosine, 0.2};
+  t.adamw = {0.9, 0.95, 1e-8, 0.1};
+  t.grad_clip = 1.0;
+  t.bucket_bytes = 2048;  // many buckets even for this small model
+  t.zero = s.zero;
+  t.overlap_grad_sync = s.overlap;
+  return t;
+}
+
+int train_rank(const Setup& s, const std::string& dir, int rank) {
+  dist::FileStore base(dir + "/store");
+  dist::PrefixStore store = dist::job_store(base, "train", 0);
+  const dist::Mesh mesh =
+      dist::Mesh::create(store, s.layout.world_size(), rank, s.layout,
+                         {.timeout = std::chrono::seconds(30), .background_groups = s.overlap});
+  const train::TrainConfig tc = train_config(s);
+  model::ModelParallel parallel;
+  if (mesh.ep().size() > 1) parallel.ep = &mesh.ep();
+  parallel.pp_rank = mesh.pp().rank();
+  parallel.pp_size = mesh.pp().size();
+  parallel.activation_slots = train::pipeline_slots(parallel.pp_size, parallel.pp_rank,
+                                                    tc.accum_steps(mesh.dp_ep().size()));
+  if (s.zero == 1) {
+    parallel.zero_parts = mesh.dp().size();
+    parallel.zero_rank = mesh.dp().rank();
+  }
+  auto backend = backend::make_cpu_backend();
+  const data::SyntheticSource source(11, s.model.vocab, 1 << 16);
+  data::Sampler sampler(source, s.model.seq_len, 3, true, s.model.vocab);
+  model::Transformer m(s.model, *backend, tc.micro_batch, parallel);
+  m.params().initialize(1234);
+  train::Trainer trainer(tc, m, *backend, sampler, nullptr, &mesh);
+  RankResult result;
+  result.overlapped = trainer.overlaps_grad_sync();
+  trainer.run([&](const train::StepMetrics&) {
+    result.started.push_back(trainer.buckets_started_during_backward());
+    return true;
+  });
+  const tensor::Tensor values = m.params().values();
+  result.values.resize(values.bytes());
+  backend->copy_to_host(result.values.data(), values);
+  write_result(dir + "/rank_" + std::to_string(rank) + ".bin", result);
+  mesh.world().barrier();
+  return 0;
+}
+
+std::vector<RankResult> run_job(const Setup& s) {
+  const dist_test::TempDir temp;
+  std::filesystem::create_directories(temp.path + "/store");
+  const int world = s.layout.world_size();
+  dist_test::RunOptions options;
+  options.deadline = std::chrono::seconds(120);
+  const auto status = dist_test::run_ranks(
+      world, [&](int rank) { return train_rank(s, temp.path, rank); }, options);
+  std::vector<RankResult> ranks;
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r << " of " << s.layout.to_string() << (s.overlap ? ", overlap" : ""));
+    REQUIRE(status[static_cast<size_t>(r)] == 0);
+    ranks.push_back(read_result(temp.path + "/rank_" + std::to_string(r) + ".bin"));
+  }
+  return ranks;
+}
+
+// Runs `s` with overlap off and on; every rank's parameters must agree byte for byte. Returns the
+// overlapped run's results.
+std::vector<RankResult> compare_overlap(Setup s) {
+  s.overlap = false;
+  const std::vector<RankResult> off = run_job(s);
+  s.overlap = true;
+  const std::vector<RankResult> on = run_job(s);
+  REQUIRE(on.size() == off.size());
+  for (size_t r = 0; r < on.size(); ++r) {
+    INFO("rank " << r << " of " << s.layout.to_string());
+    CHECK_FALSE(off[r].overlapped);
+    REQUIRE(on[r].values.size() == off[r].values.size());
+    REQUIRE(!on[r].values.empty());
+    size_t differing = 0;
+    for (size_t i = 0; i < on[r].values.size(); ++i)
+      differing += on[r].values[i] != off[r].values[i];
+    CHECK(differing == 0);
+  }
+  return on;
+}
+
+// Every rank overlapped, and started at least `at_least` buckets during each step's backward.
+void check_overlapped(const std::vector<RankResult>& ranks, uint64_t at_least) {
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(ranks[r].overlapped);
+    for (uint64_t started : ranks[r].started)
+      CHECK(started >= at_least);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("overlap: dp2 with tied embeddings and 3 micro-batches is bit-identical",
+          "[train][overlap]") {
+  Setup s;
+  s.layout.dp = 2;
+  REQUIRE(s.model.tied_embeddings);
+  // The buckets of the four blocks, final norm and head complete before the embedding's.
+  check_overlapped(compare_overlap(s), 4);
+}
+
+TEST_CASE("overlap: dp2 x pp2 (1F1B, tied embedding exchanged after backward) is bit-identical",
+          "[train][overlap]") {
+  Setup s;
+  s.layout.dp = 2;
+  s.layout.pp = 2;
+  s.global_batch = 16;  // 4 micro-batches per stage: the last backward follows three others
+  check_overlapped(compare_overlap(s), 2);
+}
+
+TEST_CASE("overlap: dp2 x ep2 MoE (experts over dp, the rest over dp_ep) is bit-identical",
+          "[train][overlap]") {
+  Setup s;
+  s.layout.dp = 2;
+  s.layout.ep = 2;
+  s.model = small_moe();
+  s.global_batch = 16;  // 2 micro-batches of 2 per data rank (dp * ep = 4)
+  check_overlapped(compare_overlap(s), 4);
+}
+
+TEST_CASE("overlap with ZeRO-1 reduces after backward and is bit-identical", "[train][overlap]") {
+  Setup s;
+  s.layout.dp = 2;
+  s.zero = 1;
+  const std::vector<RankResult> on = compare_overlap(s);
+  for (const RankResult& rank : on)
+    CHECK_FALSE(rank.overlapped);  // the reduce-scatter stays after backward
+}
+
+TEST_CASE("overlap without the mesh's background groups falls back to reducing after backward",
+          "[train][overlap]") {
+  const dist_test::TempDir temp;
+  const auto status = dist_test::run_ranks(2, [&](int rank) {
+    dist::FileStore base(temp.path);
+    dist::PrefixStore store = dist::job_store(base, "plain", 0);
+    dist::Layout layout;
+    layout.dp = 2;
+    const dist::Mesh mesh = dist::Mesh::create(store, 2, rank, layout);
+    dist_test::expect(mesh.dp_bg() == nullptr && mesh.dp_ep_bg() == nullptr, "no _bg groups");
+    auto backend = backend::make_cpu_backend();
+    model::Transformer m(small_gpt(), *backend, 1);
+    train::GradSync sync(mesh, *backend, m, 2048, false, true);
+    dist_test::expect(!sync.overlaps(), "no overlap without background groups");
+    return 0;
+  });
+  CHECK(status == std::vector<int>{0, 0});
+}
+
+namespace {
+
+// Rank 0 runs one armed backward whose buckets start on dp_bg; rank 1 has left (`stop` false) or
+// stays silent (`stop` true) once every group is connected. Rank 0 must get a DistError naming
+// the background all_reduce and its group from reduce_gradients, not hang or crash.
+std::vector<int> provoke_background_failure(bool silent_peer, std::chrono::milliseconds timeout) {
+  const dist_test::TempDir temp;
+  dist_test::RunOptions options;
+  options.deadline = std::chrono::seconds(60);
+  options.required = {0};  // then the silent rank 1 is killed
+  return dist_test::run_ranks(
+      2,
+      [&](int rank) {
+        dist::FileStore base(temp.path);
+        dist::PrefixStore store = dist::job_store(base, "fail", 0);
+        dist::Layout layout;
+        layout.dp = 2;
+        const dist::Mesh mesh = dist::Mesh::create(store, 2, rank, layout,
+                                                   {.timeout = timeout, .background_groups = true});
+        // Mesh::create ended with a world barrier: every group, dp_bg included, is connected.
+        if (rank == 1) {
+          if (silent_peer) std::this_thread::sleep_for(std::chrono::seconds(30));
+          ::_exit(0);
+        }
+        auto backend = backend::make_cpu_backend();
+        const model::ModelConfig config = small_gpt();
+        model::Transformer m(config, *backend, 1);
+        m.params().initialize(1);
+        train::GradSync sync(mesh, *backend, m, 2048, false, true);
+        dist_test::expect(sync.overlaps(), "overlap on");
+        std::vector<int32_t> tokens(static_cast<size_t>(config.seq_len), 1);
+        m.forward(tokens.data(), tokens.data());
+        sync.arm();
+        m.set_grads_ready_hook(
+            [&](const std::vector<model::IndexRange>& ranges) { sync.grads_ready(ranges); });
+        m.backward(1.0);
+        m.set_grads_ready_hook({});
+        try {
+          sync.reduce_gradients();
+        } catch (const dist::DistError& error) {
+          const std::string what = error.what();
+          dist_test::expect(what.find("all_reduce") != std::string::npos &&
+                                what.find("dp_bg") != std::string::npos,
+                            "the error names the op and the group: " + what);
+          dist_test::expect(!silent_peer || error.kind() == dist::DistError::Kind::timeout,
+                            "a silent peer is a timeout: " + what);
+          dist_test::expect(sync.started_during_backward() > 0, "buckets started in backward");
+          return 0;
+        }
+        dist_test::expect(false, "reduce_gradients succeeded without rank 1");
+        return 1;
+      },
+      options);
+}
+
+}  // namespace
+
+TEST_CASE("overlap: a peer that dies surfaces as a DistError naming all_reduce and dp_bg",
+          "[train][overlap]") {
+  const auto status = provoke_background_failure(false, std::chrono::seconds(10));
+  CHECK(status[0] == 0);
+}
+
+TEST_CASE("overlap: a silent peer surfaces as a timeout naming all_reduce and dp_bg",
+          "[train][overlap]") {
+  const auto start = std::chrono::steady_clock::now();
+  const auto status = provoke_background_failure(true, std::chrono::milliseconds(3000));
+  CHECK(status[0] == 0);
+  // The collective's own timeout fired, long before the silent peer's 30 s.
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+}

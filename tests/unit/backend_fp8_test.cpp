@@ -1,13 +1,18 @@
-// The CPU backend's fp8 GEMM operands (the reference the CUDA backend's fp8 tensor-core path is
-// compared with), the GELU epilogue and the multi-tensor AdamW, against independent references.
+// The CPU backend's fp8 GEMM operands (and its fast fp8 rounding) (the reference the CUDA backend's
+// fp8 tensor-core path is compared with), the GELU epilogue and the multi-tensor AdamW, against
+// independent references.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backend/backend.hpp"
+#include "backend/cpu/cpu_backend.hpp"
 #include "backend_test_util.hpp"
 #include "tensor/dtype.hpp"
 
@@ -300,4 +305,38 @@ TEST_CASE("adamw over ranges: ranges must be ascending, disjoint and inside the 
   const Range outside[] = {{2, 9, true}};
   CHECK_THROWS_WITH(cpu().adamw(p, Tensor{}, g, m, v, outside, h),
                     Catch::Contains("inside the 8 elements"));
+}
+
+TEST_CASE("round_fp8 rounds exactly like the tensor module's fp8 encoder, ties and subnormals") {
+  using trainctl::backend::cpu::round_fp8;
+  for (DType format : {DType::e4m3, DType::e5m2}) {
+    const float max = static_cast<float>(max_of(format));
+    std::vector<float> values;
+    // Every finite fp8 value, and the midpoints between neighbours (the ties) and next to them.
+    std::vector<float> grid;
+    for (int bits = 0; bits < 256; ++bits) {
+      const float v = format == DType::e4m3
+                          ? trainctl::tensor::to_float(trainctl::tensor::e4m3{uint8_t(bits)})
+                          : trainctl::tensor::to_float(trainctl::tensor::e5m2{uint8_t(bits)});
+      if (std::isfinite(v) && v >= 0) grid.push_back(v);
+    }
+    std::sort(grid.begin(), grid.end());
+    for (size_t i = 0; i + 1 < grid.size(); ++i) {
+      const float mid = (grid[i] + grid[i + 1]) / 2;
+      for (float v : {grid[i], mid, std::nextafter(mid, 0.0f), std::nextafter(mid, max)})
+        values.insert(values.end(), {v, -v});
+    }
+    // Random magnitudes over the whole range, subnormal floats included.
+    const Values r = random_values(20000, 31);
+    for (size_t i = 0; i < r.size(); ++i)
+      values.push_back(static_cast<float>(r[i] * std::ldexp(1.0, int(i % 60) - 50)));
+    size_t checked = 0;
+    for (float v : values) {
+      if (!(std::fabs(v) <= max)) continue;
+      REQUIRE(round_fp8(v, format) == trainctl::tensor::round_to(format, v));
+      ++checked;
+    }
+    CHECK(checked > 20000);
+    CHECK(std::isnan(round_fp8(std::nanf(""), format)));
+  }
 }

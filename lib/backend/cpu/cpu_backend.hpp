@@ -95,6 +95,10 @@ class ScratchPool {
 // that never call gemm (rope's angle table, the router backward) borrow slot 0 for their call.
 inline constexpr size_t kSlotGemmA = 0, kSlotGemmB = 1, kSlotGemmC = 2, kSlotAttention = 3;
 
+// y rounded to the nearest e4m3 / e5m2 value, ties to even, for |y| <= the format's largest
+// finite value or NaN (what the fp8 GEMM operands need; tensor::round_to handles every float).
+float round_fp8(float y, DType format);
+
 // Row-major C = alpha op(A) op(B) + beta C in the compute type (float -> sgemm, double -> dgemm).
 template <class T>
 void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,

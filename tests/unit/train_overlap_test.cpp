@@ -10,6 +10,7 @@
 #include "data/sources.hpp"
 #include "dist/dist.hpp"
 #include "dist_test_util.hpp"
+#include "small_models.hpp"
 #include "train/trainer.hpp"
 
 namespace {
@@ -17,16 +18,7 @@ namespace {
 using namespace trainctl;
 
 model::ModelConfig small_gpt() {
-  model::ModelConfig c = model::gpt_preset();
-  c.layers = 4;
-  c.hidden = 32;
-  c.heads = 4;
-  c.kv_heads = 4;
-  c.ffn_hidden = 64;
-  c.vocab = 32;
-  c.seq_len = 16;
-  c.storage = tensor::DType::f32;
-  return c;
+  return small_models::gpt(4);
 }
 
 model::ModelConfig small_moe() {

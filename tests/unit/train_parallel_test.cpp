@@ -14,6 +14,7 @@
 #include "data/sources.hpp"
 #include "dist/dist.hpp"
 #include "dist_test_util.hpp"
+#include "small_models.hpp"
 #include "train/trainer.hpp"
 
 namespace {
@@ -144,16 +145,7 @@ TEST_CASE("1F1B: adjacent stages' sends and receives pair up in order even witho
 namespace {
 
 model::ModelConfig small_gpt() {
-  model::ModelConfig c = model::gpt_preset();
-  c.layers = 2;
-  c.hidden = 32;
-  c.heads = 4;
-  c.kv_heads = 4;
-  c.ffn_hidden = 64;
-  c.vocab = 32;
-  c.seq_len = 16;
-  c.storage = tensor::DType::f32;
-  return c;
+  return small_models::gpt(2);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "backend_test_util.hpp"
 #include "data/sources.hpp"
+#include "small_models.hpp"
 #include "train/trainer.hpp"
 
 namespace {
@@ -17,16 +18,7 @@ using backend_test::cpu;
 using tensor::DType;
 
 model::ModelConfig small_gpt(DType storage) {
-  model::ModelConfig c = model::gpt_preset();
-  c.layers = 2;
-  c.hidden = 32;
-  c.heads = 4;
-  c.kv_heads = 4;
-  c.ffn_hidden = 64;
-  c.vocab = 32;
-  c.seq_len = 16;
-  c.storage = storage;
-  return c;
+  return small_models::gpt(2, storage);
 }
 
 train::TrainConfig small_train(int64_t steps) {

@@ -175,20 +175,12 @@ void CudaBackend::adamw(const Tensor& param, const Tensor& master, const Tensor&
   const auto decay_of = [&](bool decay) {
     return static_cast<float>(1.0 - hyper.lr * (decay ? hyper.weight_decay : 0.0));
   };
-  // Touching ranges with the same decay merge into one (a model's parameters usually come in a
-  // few long runs), so most steps are one launch of a few spans.
+  // One span per range: callers pass their ranges already merged (train::AdamW joins adjacent
+  // parameters of the same decay), so most steps are one launch of a few spans.
   std::vector<kernels::AdamWSpan> spans;
   spans.reserve(ranges.size());
-  bool last_decay = false;
-  for (const AdamWRange& r : ranges) {
-    if (r.end == r.begin) continue;
-    if (!spans.empty() && spans.back().end == r.begin && last_decay == r.decay) {
-      spans.back().end = r.end;
-    } else {
-      spans.push_back({r.begin, r.end, decay_of(r.decay)});
-    }
-    last_decay = r.decay;
-  }
+  for (const AdamWRange& r : ranges)
+    if (r.end > r.begin) spans.push_back({r.begin, r.end, decay_of(r.decay)});
   if (spans.empty()) return;
   activate(*impl_, op);
   check_cuda(

@@ -364,14 +364,19 @@ forward() {
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 
+# When a rank ends, srun gives the others 30 s to end by themselves before it kills them: a rank
+# whose peer died fails its next collective within milliseconds and prints which peer it lost,
+# which an immediate --kill-on-bad-exit=1 would race and often cut off. A rank that hangs is
+# still killed after the 30 s.
+srun_options=(--kill-on-bad-exit=0 --wait=30)
 # A checkpoint means an earlier attempt ran (a requeue, or Slurm restarting the job after a node
 # failure): continue it. Otherwise start the run.
 if compgen -G "${run_dir}/checkpoints/step_*" >/dev/null; then
   say "resuming ${run_dir}"
-  srun --kill-on-bad-exit=1 "${trainctl}" resume "${run_dir}" &
+  srun "${srun_options[@]}" "${trainctl}" resume "${run_dir}" &
 else
   say "starting ${run_dir}"
-  srun --kill-on-bad-exit=1 "${trainctl}" run "${recipe}" --run-dir "${run_dir}" &
+  srun "${srun_options[@]}" "${trainctl}" run "${recipe}" --run-dir "${run_dir}" &
 fi
 srun_pid=$!
 if [[ -n "${pending}" ]]; then kill -s "${pending}" "${srun_pid}" 2>/dev/null || true; fi

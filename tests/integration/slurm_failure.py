@@ -8,7 +8,8 @@ Under srun there is no launcher of ours: the test finds rank 1 by the environmen
   - the job ends FAILED with a non-zero exit code, without a requeue;
   - its log names the rank on one line each: srun's "task 1: Killed", the surviving rank's error
     naming peer rank 1, and the batch script's "training failed: the step exited with code N";
-  - no process of the job is left (srun --kill-on-bad-exit stops rank 0);
+  - no process of the job is left (rank 0 fails on its own; srun --wait=30 would kill it
+    otherwise);
   - `trainctl resume RUN_DIR` exits 0; every step is in metrics.jsonl once and the run equals an
     uninterrupted one bit for bit.
 Skips (exit 77) when Slurm cannot be started here. Run as: slurm_failure.py TRAINCTL REPO_ROOT.

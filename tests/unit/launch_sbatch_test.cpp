@@ -255,7 +255,7 @@ TEST_CASE("injection: values with $(...), backticks and quotes reach srun litera
   FakeSlurm slurm(job);
   CHECK(slurm.run() == 0);
   CHECK(slurm.file("srun.env") == "$(touch${IFS}PWNED)`touch${IFS}PWNED2`'\";touch${IFS}PWNED3");
-  CHECK(slurm.file("srun.args") == "--kill-on-bad-exit=1\n" + job.trainctl + "\nrun\n" +
+  CHECK(slurm.file("srun.args") == "--kill-on-bad-exit=0\n--wait=30\n" + job.trainctl + "\nrun\n" +
                                        job.recipe_copy + "\n--run-dir\n" + slurm.run_dir.string() +
                                        "\n");
   for (const char* marker : {"PWNED", "PWNED2", "PWNED3", "PWNED4", "PWNED5", "PWNED6"}) {
@@ -269,8 +269,8 @@ TEST_CASE("a run directory with a checkpoint is resumed, not started again", "[s
   FakeSlurm slurm(job_of(recipe_with("")));
   fs::create_directories(slurm.run_dir / "checkpoints" / "step_00000010");
   CHECK(slurm.run() == 0);
-  CHECK(slurm.file("srun.args") ==
-        "--kill-on-bad-exit=1\n/opt/bin/trainctl\nresume\n" + slurm.run_dir.string() + "\n");
+  CHECK(slurm.file("srun.args") == "--kill-on-bad-exit=0\n--wait=30\n/opt/bin/trainctl\nresume\n" +
+                                       slurm.run_dir.string() + "\n");
 }
 
 TEST_CASE("exit 75 requeues the job while the restart count is below slurm.max_requeues",

@@ -1,9 +1,11 @@
 // fp8 quantization kernels. See fp8.cuh for the contract.
 //
 // amax: pass 1 runs a grid fixed by n (each thread a grid-stride max of |x|, the block folds its
-// warps' maxima), pass 2 one block over the partials, which also computes the scale with the
-// shared host/device fp8_scale_for. Non-finite elements become +inf before the max (fmaxf
-// would drop a NaN), so one of them makes p NaN.
+// warps' maxima), pass 2 (amax_finish_kernel) one block over the partials, which writes the amax,
+// the scale (with the shared host/device fp8_scale_for) or both. A given amax (GemmArgs amax_a /
+// amax_b) takes pass 2 alone, over its one value, so the two scales come from one piece of code.
+// Non-finite elements become +inf before the max (fmaxf would drop a NaN), so one of them makes
+// p NaN.
 // Conversion: __nv_cvt_float_to_fp8 with __NV_SATFINITE is cvt.rn.satfinite on sm_89+: round to
 // nearest even, saturate finite values, NaN to NaN: the CPU's tensor::to_e4m3 / to_e5m2.
 #include <cuda_fp8.h>
@@ -32,14 +34,15 @@ __device__ __forceinline__ float magnitude(float x) {
   return a <= 3.402823466e38f ? a : INFINITY;  // NaN and inf: +inf
 }
 
-// The block's maximum (valid in thread 0).
+// The block's maximum (valid in thread 0). -inf is the identity, not 0: a given amax passes
+// through unchanged even when it is negative (fp8_scale_for then sees what the CPU sees).
 __device__ float block_max(float value, float* shared) {
   value = warp_max(value);
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   if (lane == 0) shared[warp] = value;
   __syncthreads();
-  value = lane < kThreads / 32 ? shared[lane] : 0.0f;
+  value = lane < kThreads / 32 ? shared[lane] : -INFINITY;
   if (warp == 0) value = warp_max(value);
   return value;
 }
@@ -57,18 +60,26 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) partials[blockIdx.x] = block;
 }
 
+// The max of values[0, count) (partials of pass 1, or one given amax), written to amax when it is
+// not null; then scale[0] = p, scale[1] = 1 / p from it when scale is not null. NaN counts as
+// +inf, so a NaN given amax makes p NaN exactly as fp8_scale_for(NaN) does on the host.
 __global__ void __launch_bounds__(kThreads)
-    amax_scale_kernel(const float* __restrict__ partials, int64_t count, float max_finite,
-                      float* __restrict__ scale) {
+    amax_finish_kernel(const float* __restrict__ values, int64_t count, float max_finite,
+                       float* __restrict__ amax, float* __restrict__ scale) {
   __shared__ float shared[kThreads / 32];
-  float local = 0.0f;
-  for (int64_t i = threadIdx.x; i < count; i += kThreads)
-    local = fmaxf(local, partials[i]);
-  const float amax = block_max(local, shared);
+  float local = -INFINITY;
+  for (int64_t i = threadIdx.x; i < count; i += kThreads) {
+    const float v = values[i];
+    local = fmaxf(local, isnan(v) ? INFINITY : v);
+  }
+  const float result = block_max(local, shared);
   if (threadIdx.x == 0) {
-    const float p = tensor::fp8_scale_for(max_finite, amax);
-    scale[0] = p;
-    scale[1] = __fdiv_rn(1.0f, p);
+    if (amax != nullptr) amax[0] = result;
+    if (scale != nullptr) {
+      const float p = tensor::fp8_scale_for(max_finite, result);
+      scale[0] = p;
+      scale[1] = __fdiv_rn(1.0f, p);
+    }
   }
 }
 
@@ -149,10 +160,13 @@ size_t fp8_amax_scratch_bytes(int64_t n) {
   return (bytes + 255) / 256 * 256;
 }
 
-cudaError_t launch_fp8_scale(const void* src, Storage type, int64_t n, Fp8Format format,
-                             float* scale, void* scratch, size_t scratch_bytes,
-                             cudaStream_t stream) {
-  if (n <= 0 || src == nullptr || scale == nullptr || scratch == nullptr ||
+namespace {
+
+// Both passes over src: the amax into `amax`, the scale of `format` into `scale` (either may be
+// null, not both).
+cudaError_t amax_passes(const void* src, Storage type, int64_t n, Fp8Format format, float* amax,
+                        float* scale, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  if (n <= 0 || src == nullptr || (amax == nullptr && scale == nullptr) || scratch == nullptr ||
       scratch_bytes < fp8_amax_scratch_bytes(n))
     return cudaErrorInvalidValue;
   const int64_t blocks = amax_blocks(n);
@@ -162,9 +176,31 @@ cudaError_t launch_fp8_scale(const void* src, Storage type, int64_t n, Fp8Format
     amax_partials_kernel<S><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
         static_cast<const typename S::T*>(src), n, partials);
     TRAINCTL_CUDA_RETURN(cudaGetLastError());
-    amax_scale_kernel<<<1, kThreads, 0, stream>>>(partials, blocks, max_finite_of(format), scale);
+    amax_finish_kernel<<<1, kThreads, 0, stream>>>(partials, blocks, max_finite_of(format), amax,
+                                                   scale);
     return cudaGetLastError();
   });
+}
+
+}  // namespace
+
+cudaError_t launch_fp8_scale(const void* src, Storage type, int64_t n, Fp8Format format,
+                             float* scale, void* scratch, size_t scratch_bytes,
+                             cudaStream_t stream) {
+  return amax_passes(src, type, n, format, nullptr, scale, scratch, scratch_bytes, stream);
+}
+
+cudaError_t launch_fp8_amax(const void* src, Storage type, int64_t n, float* amax, void* scratch,
+                            size_t scratch_bytes, cudaStream_t stream) {
+  // The format only matters for a scale, which is not asked for.
+  return amax_passes(src, type, n, Fp8Format::e4m3, amax, nullptr, scratch, scratch_bytes, stream);
+}
+
+cudaError_t launch_fp8_scale_from_amax(const float* amax, Fp8Format format, float* scale,
+                                       cudaStream_t stream) {
+  if (amax == nullptr || scale == nullptr) return cudaErrorInvalidValue;
+  amax_finish_kernel<<<1, kThreads, 0, stream>>>(amax, 1, max_finite_of(format), nullptr, scale);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_fp8_quantize(uint8_t* out, const void* src, Storage type, int64_t rows,

@@ -1,6 +1,7 @@
 #include "backend/arg_check.hpp"
 
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
@@ -74,6 +75,15 @@ void ArgCheck::gemm(const GemmArgs& g) const {
     if (g.batch != 1) fail(op, fmt::format("fp8 operands need batch 1, got {}", g.batch));
     if (g.epilogue != Epilogue::none) fail(op, "fp8 operands need epilogue none");
   }
+  for (const auto& [name, amax, format] :
+       {std::tuple{"amax_a", &g.amax_a, g.fp8_a}, std::tuple{"amax_b", &g.amax_b, g.fp8_b}}) {
+    if (amax->empty()) continue;
+    if (!format)
+      fail(op, fmt::format("{} is given but its operand is not fp8: it only scales fp8 operands",
+                           name));
+    dtype(op, name, *amax, DType::f32);
+    numel(op, name, *amax, 1);
+  }
   if (g.epilogue == Epilogue::gelu) {
     present(op, "pre_gelu", g.pre_gelu);
     dtype(op, "pre_gelu", g.pre_gelu, g.c.dtype);
@@ -90,6 +100,15 @@ void ArgCheck::gemm(const GemmArgs& g) const {
                            tensor::dtype_name(g.bias.dtype), tensor::dtype_name(g.c.dtype),
                            tensor::dtype_name(g.a.dtype)));
   }
+}
+
+void ArgCheck::amax(const Tensor& out, const Tensor& src) const {
+  constexpr std::string_view op = "amax";
+  dtype(op, "out", out, DType::f32);
+  numel(op, "out", out, 1);
+  present(op, "src", src);
+  if (src.dtype != DType::f32 && src.dtype != DType::bf16 && src.dtype != DType::f16)
+    fail(op, fmt::format("src is {}: amax takes f32, bf16 or f16", tensor::dtype_name(src.dtype)));
 }
 
 void ArgCheck::adamw_ranges(std::string_view op, int64_t count,

@@ -32,6 +32,8 @@ class ArgCheck {
   // inside its tensor, bias [n] of c's or a's dtype; fp8 operands and the gelu epilogue as the
   // contract restricts them.
   void gemm(const GemmArgs& g) const;
+  // out [1] f32; src present, f32, bf16 or f16.
+  void amax(const Tensor& out, const Tensor& src) const;
   // AdamW ranges over tensors of `count` elements: ascending, disjoint, inside.
   void adamw_ranges(std::string_view op, int64_t count,
                     std::span<const Backend::AdamWRange> ranges) const;

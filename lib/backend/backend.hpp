@@ -89,6 +89,10 @@ class Allocation {
 //   C = alpha * (op(qA) op(qB)) / (pA * pB) + beta * C + bias,  accumulated in fp32.
 // A non-finite element makes p NaN, hence every output NaN (the trainer's overflow check sees
 // it). fp8 operands need batch == 1 and epilogue none.
+// Given amax (amax_a / amax_b, a [1] f32 tensor, e.g. Backend::amax max-reduced over a tensor-
+// parallel group): p = fp8_scale(format, *amax) instead of the operand's own, so a shard is
+// quantized exactly as its slice of the whole tensor is. It must be >= the operand's own amax
+// (larger values saturate); +inf (a non-finite element anywhere in the group) makes p NaN.
 enum class Epilogue : uint8_t { none, gelu };
 
 struct GemmArgs {
@@ -104,6 +108,7 @@ struct GemmArgs {
   Epilogue epilogue = Epilogue::none;
   Tensor pre_gelu = {};                         // epilogue gelu: out, [m, n]
   std::optional<DType> fp8_a = {}, fp8_b = {};  // e4m3 | e5m2: quantize that operand (see above)
+  Tensor amax_a = {}, amax_b = {};              // optional [1] f32: the amax to scale by (above)
 };
 
 // The per-tensor scale of an fp8 operand whose largest magnitude is `amax`: the largest power
@@ -161,6 +166,9 @@ class Backend {
   // exactly when every element is (the trainer's overflow check relies on this).
   virtual double sum_squares(const Tensor& src) = 0;
   virtual bool all_finite(const Tensor& src) = 0;
+  // out[0] (f32, [1]) = max |src| over f32/bf16/f16 src, +inf when any element is not finite (so
+  // that a max over ranks keeps it); exact. The amax of an fp8 operand (GemmArgs amax_a/amax_b).
+  virtual void amax(const Tensor& out, const Tensor& src) = 0;
 
   // ---- GEMM ----
   virtual void gemm(const GemmArgs& args) = 0;

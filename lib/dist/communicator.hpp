@@ -42,6 +42,10 @@ class Communicator {
   // and rounded once at the end.
   virtual void all_reduce_sum(void* data, size_t count, DType dtype,
                               std::chrono::milliseconds timeout = kGroupTimeout) = 0;
+  // data[count] <- element-wise max over ranks, in place; f32 and f64 (exact, order-free). A NaN
+  // may or may not win, so reduce magnitudes that map NaN to +inf (Backend::amax does).
+  virtual void all_reduce_max(void* data, size_t count, DType dtype,
+                              std::chrono::milliseconds timeout = kGroupTimeout) = 0;
   // input[size*count] holds one chunk per rank; output[count] <- sum over ranks of their chunk
   // rank(), added in rank order.
   virtual void reduce_scatter_sum(const void* input, void* output, size_t count, DType dtype,
@@ -99,6 +103,8 @@ std::string describe_call(const std::string& op, const Communicator& communicato
 // (Kind::usage) starting with describe_call(op, communicator).
 // dtype is one a reduction can sum: f32, f64, bf16, f16.
 void check_sum_dtype(const char* op, const Communicator& communicator, DType dtype);
+// all_reduce_max's dtypes: f32 or f64.
+void check_max_dtype(const char* op, const Communicator& communicator, DType dtype);
 // One entry of `what` per rank of the group.
 void check_counts(const char* op, const Communicator& communicator, std::span<const size_t> counts,
                   const char* what);

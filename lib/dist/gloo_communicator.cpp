@@ -102,6 +102,15 @@ void sum_into(void* out, const void* a, const void* b, size_t n) {
     o[i] = x[i] + y[i];
 }
 
+template <class T>
+void max_into(void* out, const void* a, const void* b, size_t n) {
+  auto* o = static_cast<T*>(out);
+  const auto* x = static_cast<const T*>(a);
+  const auto* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i)
+    o[i] = x[i] < y[i] ? y[i] : x[i];
+}
+
 // Widen a bf16/f16 buffer to f32 and back: narrow types are summed in f32, rounded once.
 void widen(const void* data, float* wide, size_t count, DType dtype) {
   for (size_t i = 0; i < count; ++i) {
@@ -189,6 +198,24 @@ class GlooCommunicator final : public Communicator {
       } else {
         opts.setOutput(static_cast<double*>(data), count);
         opts.setReduceFunction(&sum_into<double>);
+      }
+      opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+      opts.setTimeout(t);
+      gloo::allreduce(opts);
+    });
+  }
+
+  void all_reduce_max(void* data, size_t count, DType dtype, milliseconds timeout) override {
+    check_max_dtype("all_reduce_max", *this, dtype);
+    if (count == 0) return;
+    run("all_reduce_max", timeout, [&](milliseconds t) {
+      gloo::AllreduceOptions opts(context_);
+      if (dtype == DType::f32) {
+        opts.setOutput(static_cast<float*>(data), count);
+        opts.setReduceFunction(&max_into<float>);
+      } else {
+        opts.setOutput(static_cast<double*>(data), count);
+        opts.setReduceFunction(&max_into<double>);
       }
       opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
       opts.setTimeout(t);

@@ -22,6 +22,14 @@ void check_sum_dtype(const char* op, const Communicator& communicator, DType dty
                   op);
 }
 
+void check_max_dtype(const char* op, const Communicator& communicator, DType dtype) {
+  if (dtype == DType::f32 || dtype == DType::f64) return;
+  throw DistError(DistError::Kind::usage,
+                  describe_call(op, communicator) + ": cannot take the max of " +
+                      std::string(tensor::dtype_name(dtype)) + "; use f32 or f64",
+                  op);
+}
+
 void check_counts(const char* op, const Communicator& communicator, std::span<const size_t> counts,
                   const char* what) {
   if (counts.size() == static_cast<size_t>(communicator.size())) return;
@@ -56,6 +64,9 @@ class LocalCommunicator final : public Communicator {
 
   void all_reduce_sum(void*, size_t, DType dtype, std::chrono::milliseconds) override {
     check_sum_dtype("all_reduce", *this, dtype);
+  }
+  void all_reduce_max(void*, size_t, DType dtype, std::chrono::milliseconds) override {
+    check_max_dtype("all_reduce_max", *this, dtype);
   }
   void reduce_scatter_sum(const void* input, void* output, size_t count, DType dtype,
                           std::chrono::milliseconds) override {

@@ -123,6 +123,15 @@ class NcclCommunicator final : public Communicator {
         [&] { return ncclAllReduce(data, data, count, type, ncclSum, comm_, stream_); });
   }
 
+  // Max is exact and order-free, so NCCL's result equals Gloo's for any number of ranks.
+  void all_reduce_max(void* data, size_t count, DType dtype, milliseconds timeout) override {
+    check_max_dtype("all_reduce_max", *this, dtype);  // f32 or f64, like Gloo's
+    const ncclDataType_t type = dtype == DType::f32 ? ncclFloat32 : ncclFloat64;
+    if (count == 0) return;
+    run("all_reduce_max", timeout,
+        [&] { return ncclAllReduce(data, data, count, type, ncclMax, comm_, stream_); });
+  }
+
   void reduce_scatter_sum(const void* input, void* output, size_t count, DType dtype,
                           milliseconds timeout) override {
     const ncclDataType_t type = sum_type("reduce_scatter", dtype);

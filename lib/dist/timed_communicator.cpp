@@ -47,6 +47,12 @@ void TimedCommunicator::all_reduce_sum(void* data, size_t count, DType dtype,
   inner_->all_reduce_sum(data, count, dtype, timeout);
 }
 
+void TimedCommunicator::all_reduce_max(void* data, size_t count, DType dtype,
+                                       std::chrono::milliseconds timeout) {
+  Timed timed(*clock_);
+  inner_->all_reduce_max(data, count, dtype, timeout);
+}
+
 void TimedCommunicator::reduce_scatter_sum(const void* input, void* output, size_t count,
                                            DType dtype, std::chrono::milliseconds timeout) {
   Timed timed(*clock_);

@@ -40,6 +40,8 @@ class TimedCommunicator final : public Communicator {
 
   void all_reduce_sum(void* data, size_t count, DType dtype,
                       std::chrono::milliseconds timeout) override;
+  void all_reduce_max(void* data, size_t count, DType dtype,
+                      std::chrono::milliseconds timeout) override;
   void reduce_scatter_sum(const void* input, void* output, size_t count, DType dtype,
                           std::chrono::milliseconds timeout) override;
   void reduce_scatter_sum_v(const void* input, void* output, std::span<const size_t> counts,

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -197,6 +198,8 @@ TEST_CASE("cuda fp8 gemm: a NaN or inf in an operand makes every output NaN") {
         std::vector<double> values = h.values(operand.cpu);
         values[values.size() / 3] = bad;
         h.upload(operand, values);
+        h.cpu().fill(o.c.cpu, 0.0);  // not the harness's NaN poison: NaN must be written
+        h.gpu().fill(o.c.gpu, 0.0);
         h.cpu().gemm(shape_args(f, o.args(false)));
         h.gpu().gemm(shape_args(f, o.args(true)));
         INFO(f.describe() << ", " << bad << " in " << (in_a ? "a" : "b"));
@@ -310,6 +313,57 @@ TEST_CASE("cuda fp8 scales and quantized values equal the host's bit for bit") {
   }
 }
 
+TEST_CASE("cuda fp8 scale from a given amax equals the host's fp8_scale bit for bit") {
+  namespace kernels = trainctl::kernels;
+  const float inf = std::numeric_limits<float>::infinity();
+  // Ordinary, the formats' largest values and their neighbours, clamped ends of the scale range,
+  // subnormal, zero of both signs, negative (outside the contract, but the CPU's answer is still
+  // defined: the scale must match it), and the non-finite ones (p NaN).
+  const float amaxes[] = {1.0f,     0.37f,
+                          448.0f,   std::nextafter(448.0f, inf),
+                          57344.0f, std::nextafter(57344.0f, 0.0f),
+                          3e38f,    1e-30f,
+                          1e-40f,   0.0f,
+                          -0.0f,    -5.0f,
+                          inf,      std::nanf("")};
+  DeviceBytes amax(sizeof(float));
+  DeviceBytes scale(2 * sizeof(float));
+  for (const DType format : {DType::e4m3, DType::e5m2}) {
+    for (const float value : amaxes) {
+      const float poison[2] = {-1.0f, -1.0f};
+      TRAINCTL_CUDA_CHECK(cudaMemcpy(amax.get(), &value, sizeof(float), cudaMemcpyHostToDevice));
+      TRAINCTL_CUDA_CHECK(cudaMemcpy(scale.get(), poison, sizeof(poison), cudaMemcpyHostToDevice));
+      TRAINCTL_CUDA_CHECK(kernels::launch_fp8_scale_from_amax(
+          static_cast<const float*>(amax.get()),
+          format == DType::e4m3 ? kernels::Fp8Format::e4m3 : kernels::Fp8Format::e5m2,
+          static_cast<float*>(scale.get()), nullptr));
+      float device_scale[2] = {0, 0};
+      TRAINCTL_CUDA_CHECK(
+          cudaMemcpy(device_scale, scale.get(), sizeof(device_scale), cudaMemcpyDeviceToHost));
+      const float p = trainctl::backend::fp8_scale(format, value);
+      INFO(dtype_name(format) << " amax " << value);
+      if (std::isnan(p)) {
+        CHECK(std::isnan(device_scale[0]));
+        CHECK(std::isnan(device_scale[1]));
+      } else {
+        CHECK(device_scale[0] == p);
+        CHECK(device_scale[1] == 1.0f / p);
+      }
+    }
+  }
+  // Bad arguments are refused before any launch.
+  float* null = nullptr;
+  CHECK(kernels::launch_fp8_scale_from_amax(null, kernels::Fp8Format::e4m3,
+                                            static_cast<float*>(scale.get()),
+                                            nullptr) == cudaErrorInvalidValue);
+  CHECK(kernels::launch_fp8_amax(amax.get(), kernels::Storage::f32, 1, null, scale.get(),
+                                 kernels::fp8_amax_scratch_bytes(1),
+                                 nullptr) == cudaErrorInvalidValue);
+  CHECK(kernels::launch_fp8_amax(amax.get(), kernels::Storage::f32, 1,
+                                 static_cast<float*>(scale.get()), scale.get(), 4,
+                                 nullptr) == cudaErrorInvalidValue);
+}
+
 TEST_CASE("cuda fp8 transposing quantize writes the transpose") {
   namespace kernels = trainctl::kernels;
   namespace tensor = trainctl::tensor;
@@ -343,6 +397,163 @@ TEST_CASE("cuda fp8 transposing quantize writes the transpose") {
   }
 }
 #endif
+
+TEST_CASE("cuda amax equals the CPU's bit for bit") {
+  Harness h;
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    for (const int64_t n : {int64_t{1}, int64_t{17}, int64_t{4097}, (int64_t{1} << 20) + 3}) {
+      // Wide magnitudes, so a wrong element (or a missed block) changes the result.
+      Twin x = h.random(dtype, {n}, 0, 1e-3, 300.0);
+      Twin out = h.output(DType::f32, {1});
+      h.poison(out);
+      h.cpu().amax(out.cpu, x.cpu);
+      h.gpu().amax(out.gpu, x.gpu);
+      INFO(dtype_name(dtype) << " n " << n);
+      GPU_EXPECT_IDENTICAL(h, out, "amax");
+      CHECK(h.values(out.cpu)[0] > 0);
+    }
+  }
+}
+
+TEST_CASE("cuda amax is +inf when any element is NaN or infinite") {
+  Harness h;
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const DType dtype : {DType::f32, DType::bf16}) {
+    for (const int64_t n : {int64_t{1}, int64_t{4097}, (int64_t{1} << 20) + 3}) {
+      for (const double bad : {std::nan(""), inf, -inf}) {
+        // First, somewhere inside, last: different threads and blocks of the first pass.
+        for (const int64_t at : {int64_t{0}, n / 3, n - 1}) {
+          Twin x = h.random(dtype, {n});
+          std::vector<double> values = h.values(x.cpu);
+          values[static_cast<size_t>(at)] = bad;
+          h.upload(x, values);
+          Twin out = h.output(DType::f32, {1});
+          h.poison(out);
+          h.cpu().amax(out.cpu, x.cpu);
+          h.gpu().amax(out.gpu, x.gpu);
+          INFO(dtype_name(dtype) << " n " << n << ", " << bad << " at " << at);
+          CHECK(h.values(out.gpu)[0] == inf);
+          CHECK(h.values(out.cpu)[0] == inf);
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
+// Which operands of a GEMM get a given amax.
+enum class Given { a, b, both };
+
+const char* given_name(Given given) {
+  return given == Given::a ? "amax_a" : (given == Given::b ? "amax_b" : "amax_a and amax_b");
+}
+
+// Magnitudes spread over seven decades (10^U(-7, 0), random sign): scaling by a given amax then
+// moves some of them across the fp8 formats' subnormal ranges, so the given amax shows in the
+// result (the harness's [0.05, 1] values would quantize to the same values under any power-of-two
+// scale that keeps them normal).
+void fill_log_uniform(Harness& h, const Twin& twin) {
+  std::uniform_real_distribution<double> exponent(-7.0, 0.0);
+  std::vector<double> values(static_cast<size_t>(twin.numel()));
+  for (double& v : values)
+    v = std::pow(10.0, exponent(h.rng())) * ((h.rng()() & 1u) ? -1.0 : 1.0);
+  h.upload(twin, values);
+}
+
+// A [1] f32 amax equal to `factor` times the operand's own (the CPU's amax), on both sides.
+Twin scaled_amax(Harness& h, const Twin& operand, double factor) {
+  Twin own = h.output(DType::f32, {1});
+  h.cpu().amax(own.cpu, operand.cpu);
+  Twin given = h.output(DType::f32, {1});
+  h.upload(given, {static_cast<double>(static_cast<float>(h.values(own.cpu)[0] * factor))});
+  return given;
+}
+
+}  // namespace
+
+// The operand's scale comes from the given amax: 4x and 1000x larger than its own (coarser
+// quantization, subnormal fp8 values at 1000x), and 4x smaller (its largest elements saturate,
+// which the contract defines: larger values saturate).
+TEST_CASE("cuda fp8 gemm with a given amax matches the CPU on both paths") {
+  Harness h;
+  const Fp8Case cases[] = {
+      {Form::forward, 256, 192, 128, DType::e4m3, DType::e4m3, true, true},
+      {Form::dw, 256, 192, 128, DType::e5m2, DType::e4m3, false, true},
+      {Form::forward, 100, 48, 40, DType::e4m3, DType::e4m3, true, false},
+      {Form::dx, 37, 64, 32, DType::e5m2, DType::e4m3, false, false},
+  };
+  for (const Fp8Case& f : cases) {
+    for (const Given given : {Given::a, Given::b, Given::both}) {
+      for (const double factor : {4.0, 1000.0, 0.25}) {
+        Fp8Operands o = make_operands(h, f);
+        fill_log_uniform(h, o.a);
+        fill_log_uniform(h, o.b);
+        const Twin start = h.output(o.c.dtype(), {o.c.numel()});
+        h.gpu().cast(start.gpu, o.c.gpu);
+        const bool with_a = given != Given::b, with_b = given != Given::a;
+        const Twin amax_a = with_a ? scaled_amax(h, o.a, factor) : Twin{};
+        const Twin amax_b = with_b ? scaled_amax(h, o.b, factor) : Twin{};
+        const auto with_amax = [&](GemmArgs g, bool gpu) {
+          if (with_a) g.amax_a = gpu ? amax_a.gpu : amax_a.cpu;
+          if (with_b) g.amax_b = gpu ? amax_b.gpu : amax_b.cpu;
+          return g;
+        };
+        // The GPU's result from the operands' own amax, as a witness that the given one counted.
+        h.gpu().gemm(shape_args(f, o.args(true)));
+        const auto own_result = h.bytes(o.c.gpu);
+        h.gpu().cast(o.c.gpu, start.gpu);
+        if (f.form != Form::dw) h.poison(o.c);
+#ifndef GPU_COMPARE_SELF_TEST
+        const auto before = paths_of(h.gpu());
+#endif
+        h.cpu().gemm(with_amax(shape_args(f, o.args(false)), false));
+        h.gpu().gemm(with_amax(shape_args(f, o.args(true)), true));
+        INFO(f.describe() << ", " << given_name(given) << " " << factor << "x the operand's own");
+#ifndef GPU_COMPARE_SELF_TEST
+        const auto after = paths_of(h.gpu());
+        CHECK(after.fp8_tensor_core - before.fp8_tensor_core == (f.tensor_cores ? 1 : 0));
+        CHECK(after.fp8_emulated - before.fp8_emulated == (f.tensor_cores ? 0 : 1));
+        CHECK(after.fp8_given_amax - before.fp8_given_amax == (with_a ? 1 : 0) + (with_b ? 1 : 0));
+#endif
+        expect_fp8_close(h, f, o.c);
+        // 4x moves no e5m2 value into its subnormals (they start 2^-30 below its largest value),
+        // so the result may not change; 1000x and 0.25x (saturation) must change it.
+        if (factor != 4.0) CHECK(h.bytes(o.c.gpu) != own_result);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda fp8 gemm with a given amax of +inf or NaN makes every output NaN") {
+  Harness h;
+  for (const bool tensor_cores : {true, false}) {
+    for (const Given given : {Given::a, Given::b}) {
+      for (const double bad : {static_cast<double>(INFINITY), std::nan("")}) {
+        const Fp8Case f{
+            Form::forward, tensor_cores ? 64 : 60, 64, 32, DType::e4m3, DType::e4m3, false,
+            tensor_cores};
+        Fp8Operands o = make_operands(h, f);
+        h.gpu().fill(o.c.gpu, 0.0);  // not the harness's NaN poison: NaN must be written
+        Twin amax = h.output(DType::f32, {1});
+        h.upload(amax, {bad});
+        for (const bool gpu : {false, true}) {
+          GemmArgs g = shape_args(f, o.args(gpu));
+          (given == Given::a ? g.amax_a : g.amax_b) = gpu ? amax.gpu : amax.cpu;
+          (gpu ? h.gpu() : h.cpu()).gemm(g);
+        }
+        INFO(f.describe() << ", " << given_name(given) << " = " << bad);
+        size_t gpu_nan = 0, cpu_nan = 0;
+        for (const double value : h.values(o.c.gpu))
+          gpu_nan += std::isnan(value) ? 1u : 0u;
+        for (const double value : h.values(o.c.cpu))
+          cpu_nan += std::isnan(value) ? 1u : 0u;
+        CHECK(gpu_nan == static_cast<size_t>(o.c.numel()));
+        CHECK(cpu_nan == static_cast<size_t>(o.c.numel()));
+      }
+    }
+  }
+}
 
 TEST_CASE("cuda gemm with the GELU epilogue matches the CPU's gemm + gelu_forward") {
   Harness h;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -169,6 +170,45 @@ TEST_CASE("nccl: on one rank every reduction is an exact copy, in every dtype") 
   CHECK(same_bits(output_v.download<float>(), values));
 
   CHECK_THROWS_AS(comm->all_reduce_sum(input.get(), 4, tensor::DType::i32), dist::DistError);
+}
+
+TEST_CASE("nccl: on one rank all_reduce_max is an exact copy in f32 and f64") {
+  StoreDir dir;
+  dist::FileStore store(dir.path);
+  auto comm = one_rank_group(store);
+  auto floats = random_values<float>(4099, 13);
+  floats[17] = std::numeric_limits<float>::infinity();  // an amax of a non-finite shard
+  DeviceBytes float_data(floats);
+  comm->all_reduce_max(float_data.get(), floats.size(), tensor::DType::f32);
+  CHECK(same_bits(float_data.download<float>(), floats));
+  const auto doubles = random_values<double>(1001, 17);
+  DeviceBytes double_data(doubles);
+  comm->all_reduce_max(double_data.get(), doubles.size(), tensor::DType::f64);
+  CHECK(same_bits(double_data.download<double>(), doubles));
+}
+
+TEST_CASE("nccl: all_reduce_max refuses a dtype other than f32 and f64, naming it") {
+  StoreDir dir;
+  dist::FileStore store(dir.path);
+  auto comm = one_rank_group(store);
+  DeviceBytes data(64);
+  for (const tensor::DType dtype : {tensor::DType::bf16, tensor::DType::f16, tensor::DType::i32}) {
+    const std::string name(tensor::dtype_name(dtype));
+    INFO(name);
+    try {
+      comm->all_reduce_max(data.get(), 4, dtype);
+      FAIL_CHECK("all_reduce_max took " << name);
+    } catch (const dist::DistError& error) {
+      CHECK(error.kind() == dist::DistError::Kind::usage);
+      CHECK(std::string(error.what()).find("all_reduce_max on group solo") != std::string::npos);
+      CHECK(std::string(error.what()).find("cannot take the max of " + name) != std::string::npos);
+    }
+  }
+  // A refused call moves no data and leaves the group usable.
+  const auto values = random_values<float>(16, 19);
+  DeviceBytes after(values);
+  comm->all_reduce_max(after.get(), values.size(), tensor::DType::f32);
+  CHECK(same_bits(after.download<float>(), values));
 }
 
 TEST_CASE("nccl: on one rank every data movement is an exact copy") {
@@ -378,6 +418,44 @@ TEST_CASE("nccl: two ranks on two GPUs match Gloo bit for bit on every op") {
           expect(same_bits(b.download<uint8_t>(), second), "send/recv (second)");
         }
         nccl.barrier();
+      });
+  for (const auto& failure : failures)
+    FAIL_CHECK(failure);
+  CHECK(failures.empty());
+}
+
+namespace {
+
+// Each rank's values, with an +inf on rank 1 (a shard with a non-finite element) and negative
+// values (a max, not a max of magnitudes); Gloo's max on the host is the reference.
+template <class T>
+void compare_max(int rank, dist::Communicator& gloo, dist::Communicator& nccl,
+                 tensor::DType dtype) {
+  const std::string name(tensor::dtype_name(dtype));
+  auto input = random_values<T>(3001, 600 + static_cast<uint32_t>(rank));
+  if (rank == 1) input[1234] = std::numeric_limits<T>::infinity();
+  auto host = input;
+  gloo.all_reduce_max(host.data(), host.size(), dtype);
+  DeviceBytes device(input);
+  nccl.all_reduce_max(device.get(), input.size(), dtype);
+  const auto result = device.download<T>();
+  expect(same_bits(result, host), "all_reduce_max " + name);
+  expect(result[1234] == std::numeric_limits<T>::infinity(), "all_reduce_max " + name + " +inf");
+}
+
+}  // namespace
+
+TEST_CASE("nccl: two ranks on two GPUs take the same all_reduce_max as Gloo") {
+  if (gpu_count() < 2) {
+    WARN("tests/gpu: only " << gpu_count()
+                            << " GPU: the two-rank NCCL max test needs two (NCCL refuses two ranks "
+                               "on one GPU) - not run");
+    return;
+  }
+  const auto failures =
+      run_two_ranks([](int rank, dist::Communicator& gloo, dist::Communicator& nccl) {
+        compare_max<float>(rank, gloo, nccl, tensor::DType::f32);
+        compare_max<double>(rank, gloo, nccl, tensor::DType::f64);
       });
   for (const auto& failure : failures)
     FAIL_CHECK(failure);

@@ -1,6 +1,6 @@
-// The CPU backend's fp8 GEMM operands (and its fast fp8 rounding) (the reference the CUDA backend's
-// fp8 tensor-core path is compared with), the GELU epilogue and the multi-tensor AdamW, against
-// independent references.
+// The CPU backend's fp8 GEMM operands (and its fast fp8 rounding, amax and given amaxes) (the
+// reference the CUDA backend's fp8 tensor-core path is compared with), the GELU epilogue and the
+// multi-tensor AdamW, against independent references.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -183,6 +183,97 @@ TEST_CASE("gemm with fp8 operands: a non-finite element makes every output NaN")
   }
 }
 
+TEST_CASE("amax: the largest magnitude, exactly; +inf for a NaN or an infinity anywhere") {
+  OwnedTensor out(DType::f32, Shape{1});
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16}) {
+    for (size_t count : {size_t{1}, size_t{17}, size_t{4099}}) {
+      INFO(trainctl::tensor::dtype_name(dtype) << " x " << count);
+      Values x = rounded(dtype, random_values(count, 40 + count, 3.0));
+      x[count / 2] = -7.5;  // the largest magnitude is negative and exact in every dtype
+      OwnedTensor t = make(dtype, Shape{int64_t(count)}, x);
+      write(out, {-1.0});
+      cpu().amax(out, t);
+      double want = 0;
+      for (double v : x)
+        want = std::max(want, std::abs(v));
+      CHECK(read(out)[0] == want);
+      for (double poison : {std::nan(""), -std::numeric_limits<double>::infinity()}) {
+        x[count - 1] = poison;
+        write(t, x);
+        cpu().amax(out, t);
+        CHECK(read(out)[0] == std::numeric_limits<double>::infinity());
+      }
+    }
+  }
+  OwnedTensor zeros(DType::bf16, Shape{5});
+  cpu().amax(out, zeros);
+  CHECK(read(out)[0] == 0.0);
+  OwnedTensor wide(DType::f32, Shape{2}), f64(DType::f64, Shape{3});
+  CHECK_THROWS_WITH(cpu().amax(wide, zeros), Catch::Contains("out has shape"));
+  CHECK_THROWS_WITH(cpu().amax(out, f64), Catch::Contains("src is f64"));
+}
+
+// What tensor parallel relies on: a shard of an operand, scaled by the whole operand's amax,
+// quantizes exactly like its slice of the whole, so its product rows and columns are the whole
+// product's, bit for bit. Scaled by its own (smaller) amax it would not be.
+TEST_CASE("gemm with a given amax quantizes a shard like its slice of the whole operand") {
+  const int64_t m = 16, n = 24, k = 32, half = n / 2;
+  // W [n, k] (the forward NT form): the first half of its rows is 4096x larger than the second.
+  // Powers of two only move the exponent, so the scales differ in effect where the whole's puts a
+  // shard element below e4m3's normal range (about 1 in 7 here) and its own does not.
+  Values w = rounded(DType::bf16, random_values(size_t(n * k), 51, 0.05));
+  for (size_t i = 0; i < size_t(half * k); ++i)
+    w[i] *= 4096;  // exact in bf16
+  const Values x = rounded(DType::bf16, random_values(size_t(m * k), 52, 2.0));
+  OwnedTensor tx = make(DType::bf16, Shape{m * k}, x), tw = make(DType::bf16, Shape{n * k}, w);
+  OwnedTensor whole(DType::bf16, Shape{m * n}), amax_w(DType::f32, Shape{1});
+  GemmArgs g;
+  g.a = tx;
+  g.b = tw;
+  g.c = whole;
+  g.trans_b = true;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.fp8_a = g.fp8_b = DType::e4m3;
+  cpu().gemm(g);
+  cpu().amax(amax_w, tw);
+  const Values full = read(whole);
+
+  // The second half of W's rows, as tp rank 1 holds it.
+  OwnedTensor shard = make(DType::bf16, Shape{half * k}, Values(w.begin() + half * k, w.end()));
+  OwnedTensor part(DType::bf16, Shape{m * half});
+  GemmArgs h = g;
+  h.b = shard;
+  h.c = part;
+  h.n = half;
+  auto columns_match = [&] {
+    const Values got = read(part);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < half; ++j)
+        if (got[size_t(i * half + j)] != full[size_t(i * n + half + j)]) return false;
+    return true;
+  };
+  cpu().gemm(h);
+  CHECK_FALSE(columns_match());  // its own scale: other fp8 values
+  h.amax_b = amax_w;
+  cpu().gemm(h);
+  CHECK(columns_match());
+
+  // An amax below the operand's own saturates, as the GPU's satfinite conversion does.
+  OwnedTensor tiny = make(DType::f32, Shape{1}, {1e-3});
+  h.amax_b = tiny;
+  cpu().gemm(h);
+  for (double v : read(part))
+    CHECK(std::isfinite(v));
+  // +inf (a non-finite element somewhere in the group) makes every output NaN.
+  OwnedTensor inf = make(DType::f32, Shape{1}, {std::numeric_limits<double>::infinity()});
+  h.amax_b = inf;
+  cpu().gemm(h);
+  for (double v : read(part))
+    REQUIRE(std::isnan(v));
+}
+
 TEST_CASE("gemm: fp8 and epilogue arguments are checked") {
   OwnedTensor a(DType::bf16, Shape{32}), b(DType::bf16, Shape{32}), c(DType::bf16, Shape{64});
   GemmArgs g;
@@ -209,6 +300,16 @@ TEST_CASE("gemm: fp8 and epilogue arguments are checked") {
   bad.beta = 0;
   bad.fp8_a = DType::e4m3;
   CHECK_THROWS_WITH(cpu().gemm(bad), Catch::Contains("fp8 operands need epilogue none"));
+  OwnedTensor amax(DType::f32, Shape{1}), amax_bf16(DType::bf16, Shape{1});
+  bad = g;
+  bad.amax_a = amax;
+  CHECK_THROWS_WITH(cpu().gemm(bad), Catch::Contains("amax_a is given but its operand is not fp8"));
+  bad.fp8_a = DType::e4m3;
+  bad.amax_b = amax;
+  CHECK_THROWS_WITH(cpu().gemm(bad), Catch::Contains("amax_b is given but its operand is not fp8"));
+  bad.fp8_b = DType::e4m3;
+  bad.amax_b = amax_bf16;
+  CHECK_THROWS_WITH(cpu().gemm(bad), Catch::Contains("amax_b has dtype bf16, expected f32"));
 }
 
 TEST_CASE("gemm with the gelu epilogue equals the gemm followed by gelu_forward") {

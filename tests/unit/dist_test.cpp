@@ -1,9 +1,13 @@
 // GlooCommunicator collectives against plain references computed here, over 2, 3 and 4 processes,
-// for sizes including 0 and odd lengths, in f32 and f64; deterministic sums; point to point.
+// for sizes including 0 and odd lengths, in f32 and f64; deterministic sums; the max; point to
+// point.
 #include <catch2/catch.hpp>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 
 #include "dist/dist.hpp"
 #include "dist_test_util.hpp"
@@ -57,6 +61,35 @@ void check_all_reduce(Communicator& comm, double tolerance) {
              "all_reduce element " + std::to_string(i) + " of " + std::to_string(count));
     }
     expect_same_on_all_ranks(comm, data.data(), count * sizeof(T));
+  }
+}
+
+// all_reduce_max is exact and order-free: the reference is the max itself. A +inf on one rank
+// (an fp8 amax with a non-finite element) wins; bf16 is refused, naming the dtype.
+template <class T>
+void check_all_reduce_max(Communicator& comm) {
+  const DType dtype = std::is_same_v<T, float> ? DType::f32 : DType::f64;
+  for (size_t count : kCounts) {
+    std::vector<T> data = values<T>(comm.rank(), count, 3 * count + 1);
+    if (count > 1 && comm.rank() == comm.size() - 1) data[1] = std::numeric_limits<T>::infinity();
+    comm.all_reduce_max(data.data(), count, dtype);
+    for (size_t i = 0; i < count; ++i) {
+      T reference = static_cast<T>(test_value(0, i, 3 * count + 1));
+      for (int r = 1; r < comm.size(); ++r)
+        reference = std::max(reference, static_cast<T>(test_value(r, i, 3 * count + 1)));
+      if (i == 1) reference = std::numeric_limits<T>::infinity();
+      expect(std::memcmp(&reference, &data[i], sizeof(T)) == 0,
+             "all_reduce_max element " + std::to_string(i) + " of " + std::to_string(count));
+    }
+  }
+  uint16_t narrow = 0;
+  try {
+    comm.all_reduce_max(&narrow, 1, DType::bf16);
+    expect(false, "all_reduce_max accepted bf16");
+  } catch (const DistError& error) {
+    expect(std::string(error.what()).find("cannot take the max of bf16; use f32 or f64") !=
+               std::string::npos,
+           std::string("the bf16 refusal names the dtype: ") + error.what());
   }
 }
 
@@ -149,6 +182,8 @@ TEST_CASE("collectives match plain references on 2, 3 and 4 ranks", "[dist][gloo
       expect(comm->size() == world && comm->rank() == rank && comm->name() == "dp", "identity");
       check_all_reduce<float>(*comm, 1e-5);
       check_all_reduce<double>(*comm, 1e-12);
+      check_all_reduce_max<float>(*comm);
+      check_all_reduce_max<double>(*comm);
       check_reduce_scatter<float>(*comm);
       check_reduce_scatter<double>(*comm);
       check_data_movement(*comm);
@@ -247,6 +282,10 @@ TEST_CASE("a group of one rank is local and never touches the store", "[dist][gl
   std::vector<double> data = {1.5, -2.0};
   comm->all_reduce_sum(std::span<double>(data));
   CHECK(data == std::vector<double>{1.5, -2.0});
+  comm->all_reduce_max(data.data(), data.size(), DType::f64);
+  CHECK(data == std::vector<double>{1.5, -2.0});
+  CHECK_THROWS_WITH(comm->all_reduce_max(data.data(), 1, DType::i32),
+                    Catch::Contains("cannot take the max of i32"));
   std::vector<float> out(2);
   const float in[2] = {3, 4};
   comm->reduce_scatter_sum(in, out.data(), 2, DType::f32);

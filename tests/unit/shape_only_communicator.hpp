@@ -24,6 +24,7 @@ class ShapeOnlyCommunicator final : public trainctl::dist::Communicator {
   int size() const override { return size_; }
   ms timeout() const override { return std::chrono::seconds(1); }
   void all_reduce_sum(void*, size_t, DType, ms) override { fail(); }
+  void all_reduce_max(void*, size_t, DType, ms) override { fail(); }
   void reduce_scatter_sum(const void*, void*, size_t, DType, ms) override { fail(); }
   void reduce_scatter_sum_v(const void*, void*, std::span<const size_t>, DType, ms) override {
     fail();

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <stdexcept>
 #include <string_view>
@@ -232,6 +233,24 @@ bool CpuBackend::all_finite(const Tensor& src) {
     });
     return zero_if_finite == 0;
   });
+}
+
+// Non-finite magnitudes become +inf before the max: std::max would keep or drop a NaN depending
+// on its position, and +inf survives a max over ranks.
+void CpuBackend::amax(const Tensor& out, const Tensor& src) {
+  const ScopedOp timed(timer_, OpFamily::reduction);
+  kArgs.amax(out, src);
+  float result = 0.0f;
+  dispatch_float(src.dtype, "amax", "src", [&]<class S>(Tag<S>) {
+    const S* s = src.as<S>();
+    for (int64_t i = 0, count = src.numel(); i < count; ++i) {
+      const float a = std::fabs(static_cast<float>(tensor::load(s[i])));
+      result = std::max(result, a <= std::numeric_limits<float>::max()
+                                    ? a
+                                    : std::numeric_limits<float>::infinity());
+    }
+  });
+  *out.as<float>() = result;
 }
 
 }  // namespace cpu

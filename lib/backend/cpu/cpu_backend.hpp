@@ -147,6 +147,7 @@ class CpuBackend final : public Backend {
   double sum(const Tensor& src) override;
   double sum_squares(const Tensor& src) override;
   bool all_finite(const Tensor& src) override;
+  void amax(const Tensor& out, const Tensor& src) override;
 
   void gemm(const GemmArgs& args) override;
   void bias_backward(const Tensor& dbias, const Tensor& dout) override;

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "backend/cpu/cpu_backend.hpp"
+#include "tensor/fp8_scale.hpp"
 
 namespace trainctl::backend::cpu {
 
@@ -75,18 +76,28 @@ float round_fp8(float y, DType format) {
 
 namespace {
 
-// An fp8 operand, in place: x -> round_format(x * p) with the per-tensor scale p of the operand's
-// values (fp8_scale). Returns p, so the product can be scaled back by 1 / p.
-float quantize_fp8(float* x, int64_t count, DType format) {
-  float amax = 0.0f;
-  bool finite = true;
-  for (int64_t i = 0; i < count; ++i) {
-    if (!std::isfinite(x[i])) finite = false;
-    amax = std::max(amax, std::fabs(x[i]));
+// An fp8 operand, in place: x -> round_format(x * p) with the per-tensor scale p (fp8_scale) of
+// the operand's values, or of `given` (GemmArgs amax_a/amax_b) when it is not empty. Returns p,
+// so the product can be scaled back by 1 / p.
+float quantize_fp8(float* x, int64_t count, DType format, const Tensor& given) {
+  if (given.empty()) {
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t i = 0; i < count; ++i) {
+      if (!std::isfinite(x[i])) finite = false;
+      amax = std::max(amax, std::fabs(x[i]));
+    }
+    const float p = fp8_scale(format, finite ? amax : std::numeric_limits<float>::infinity());
+    for (int64_t i = 0; i < count; ++i)
+      x[i] = round_fp8(x[i] * p, format);
+    return p;
   }
-  const float p = fp8_scale(format, finite ? amax : std::numeric_limits<float>::infinity());
+  // A given amax below the operand's own saturates the larger elements, as the GPU's satfinite
+  // conversion does (std::clamp keeps NaN).
+  const float p = fp8_scale(format, *given.as<float>());
+  const float max = format == DType::e4m3 ? tensor::kE4M3Max : tensor::kE5M2Max;
   for (int64_t i = 0; i < count; ++i)
-    x[i] = round_fp8(x[i] * p, format);
+    x[i] = round_fp8(std::clamp(x[i] * p, -max, max), format);
   return p;
 }
 
@@ -142,8 +153,8 @@ void CpuBackend::gemm(const GemmArgs& g) {
         widen(b32, g.b.as<S>() + p * g.stride_b, g.k * g.n);
         // fp8: the product of the quantized values, scaled back by powers of two (exact).
         float alpha = static_cast<float>(g.alpha);
-        if (g.fp8_a) alpha /= quantize_fp8(a32, g.m * g.k, *g.fp8_a);
-        if (g.fp8_b) alpha /= quantize_fp8(b32, g.k * g.n, *g.fp8_b);
+        if (g.fp8_a) alpha /= quantize_fp8(a32, g.m * g.k, *g.fp8_a, g.amax_a);
+        if (g.fp8_b) alpha /= quantize_fp8(b32, g.k * g.n, *g.fp8_b, g.amax_b);
         if (!narrow_c) {
           float* c = g.c.as<float>() + p * g.stride_c;
           blas_gemm<float>(g.trans_a, g.trans_b, g.m, g.n, g.k, alpha, a32, lda, b32, ldb,

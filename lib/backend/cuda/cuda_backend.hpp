@@ -52,6 +52,7 @@ class CudaBackend final : public Backend {
   double sum(const Tensor& src) override;
   double sum_squares(const Tensor& src) override;
   bool all_finite(const Tensor& src) override;
+  void amax(const Tensor& out, const Tensor& src) override;
 
   void gemm(const GemmArgs& args) override;
   void bias_backward(const Tensor& dbias, const Tensor& dout) override;
@@ -108,10 +109,12 @@ class CudaBackend final : public Backend {
 
   // How many GEMMs took each path since construction (cuda_gemm.cpp): fp8 operands on fp8
   // tensor cores, or emulated on the input dtype's GEMM (same values: dequantized operands);
-  // the GELU epilogue fused into cuBLASLt, or the GEMM followed by gelu_forward.
+  // the GELU epilogue fused into cuBLASLt, or the GEMM followed by gelu_forward. fp8_given_amax
+  // counts operands scaled by a caller's amax (GemmArgs amax_a / amax_b) on either fp8 path.
   struct GemmPaths {
     int64_t fp8_tensor_core = 0;
     int64_t fp8_emulated = 0;
+    int64_t fp8_given_amax = 0;
     int64_t gelu_fused = 0;
     int64_t gelu_unfused = 0;
   };

@@ -13,10 +13,11 @@
 // kernel: the cuBLAS guarantee of bit-identical repeats on one GPU then holds across steps.
 //
 // fp8 operands (backend.hpp). Each marked operand gets its scale p on the device
-// (kernels/fp8.cu: amax, then fp8_scale_for; no host synchronisation). Hopper's fp8 kernels need
-// the "TN" form (cuBLASLt's A transposed, B not) with k-contiguous operands, so the quantized
-// copies are written as our A [m, k] and our B [n, k] (transposed while quantizing when stored
-// the other way), and cuBLASLt scales the product back with A/B_SCALE_POINTER = 1/p (device
+// (kernels/fp8.cu: amax, then fp8_scale_for; no host synchronisation), or from the amax the caller
+// gives (GemmArgs amax_a / amax_b: one tiny kernel, the operand is not scanned). Hopper's fp8
+// kernels need the "TN" form (cuBLASLt's A transposed, B not) with k-contiguous operands, so the
+// quantized copies are written as our A [m, k] and our B [n, k] (transposed while quantizing when
+// stored the other way), and cuBLASLt scales the product back with A/B_SCALE_POINTER = 1/p (device
 // floats). Fast accumulation is off (periodic promotion to fp32: the accurate mode). Where that
 // path does not apply (one operand unmarked, e5m2 x e5m2, m, n or k not a multiple of 16, or
 // cuBLASLt refuses the combination) the same values are computed on the input dtype's GEMM:
@@ -473,9 +474,10 @@ void CudaBackend::gemm_fp8(const GemmArgs& g) {
   const size_t element = tensor::dtype_size(g.a.dtype);
   // One scratch block: [scales a: p, 1/p | scales b: p, 1/p] [amax partials a] [amax partials b]
   // [copy of a] [copy of b]. A copy is fp8 bytes (tensor cores) or the input dtype (fallback);
-  // both layouts are sized for the fallback, the larger.
-  const size_t amax_a = kernels::fp8_amax_scratch_bytes(a_count);
-  const size_t amax_b = kernels::fp8_amax_scratch_bytes(b_count);
+  // both layouts are sized for the fallback, the larger. An operand with a given amax needs no
+  // partials.
+  const size_t amax_a = g.amax_a.empty() ? kernels::fp8_amax_scratch_bytes(a_count) : 0;
+  const size_t amax_b = g.amax_b.empty() ? kernels::fp8_amax_scratch_bytes(b_count) : 0;
   const size_t copy_a = round_up_256(static_cast<size_t>(a_count) * element);
   const size_t copy_b = round_up_256(static_cast<size_t>(b_count) * element);
   auto* base = static_cast<char*>(impl.scratch_for(256 + amax_a + amax_b + copy_a + copy_b));
@@ -487,14 +489,24 @@ void CudaBackend::gemm_fp8(const GemmArgs& g) {
   char* data_a = partials_b + amax_b;
   char* data_b = data_a + copy_a;
 
-  if (g.fp8_a)
-    check_cuda(kernels::launch_fp8_scale(g.a.data, in_type, a_count, fp8_format(*g.fp8_a), scale_a,
-                                         partials_a, amax_a, impl.stream),
-               "gemm", "the fp8 amax kernels of a");
-  if (g.fp8_b)
-    check_cuda(kernels::launch_fp8_scale(g.b.data, in_type, b_count, fp8_format(*g.fp8_b), scale_b,
-                                         partials_b, amax_b, impl.stream),
-               "gemm", "the fp8 amax kernels of b");
+  // The scales, from the operand's own amax or from the given one (then the operand's values are
+  // not read for it: a shard scales like the whole tensor). Both paths below use them.
+  const auto compute_scale = [&](std::string_view name, const Tensor& operand, int64_t count,
+                                 DType format, const Tensor& given, float* scale, char* partials,
+                                 size_t partials_bytes) {
+    if (given.empty()) {
+      check_cuda(kernels::launch_fp8_scale(operand.data, in_type, count, fp8_format(format), scale,
+                                           partials, partials_bytes, impl.stream),
+                 "gemm", fmt::format("the fp8 amax kernels of {}", name));
+    } else {
+      check_cuda(kernels::launch_fp8_scale_from_amax(given.as<float>(), fp8_format(format), scale,
+                                                     impl.stream),
+                 "gemm", fmt::format("the fp8 scale kernel of {} from amax_{}", name, name));
+      ++impl.gemm_plans->paths.fp8_given_amax;
+    }
+  };
+  if (g.fp8_a) compute_scale("a", g.a, a_count, *g.fp8_a, g.amax_a, scale_a, partials_a, amax_a);
+  if (g.fp8_b) compute_scale("b", g.b, b_count, *g.fp8_b, g.amax_b, scale_b, partials_b, amax_b);
 
   if (tensor_cores) {
     // TN: a as [m, k] (stored [k, m] when trans_a), b as [n, k] (stored [k, n] unless trans_b).

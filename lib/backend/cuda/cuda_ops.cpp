@@ -1,6 +1,6 @@
 // CudaBackend: casts, elementwise ops, reductions and AdamW: argument checks here, the kernels in
-// kernels/{elementwise,reduce,adamw}.cu. Every op is enqueued on the backend's stream; the
-// reductions copy their result back and so synchronise.
+// kernels/{elementwise,reduce,adamw,fp8}.cu. Every op is enqueued on the backend's stream; the
+// reductions that return a host value copy it back and so synchronise (amax does not).
 //
 // Numerics: cast, fill, add, accumulate, scale and adamw do the CPU backend's fp32 arithmetic
 // operation for operation with one rounding per stored value, so they return the same bits.
@@ -20,6 +20,7 @@
 #include "kernels/adamw.cuh"
 #include "kernels/check.cuh"
 #include "kernels/elementwise.cuh"
+#include "kernels/fp8.cuh"
 #include "kernels/reduce.cuh"
 
 namespace trainctl::backend::cuda {
@@ -136,6 +137,27 @@ bool CudaBackend::all_finite(const Tensor& src) {
              "copying the result back");
   check_cuda(cudaStreamSynchronize(impl_->stream), op, "cudaStreamSynchronize");
   return host == 0;
+}
+
+// Stays on the device (no copy back, no synchronisation): the GEMM that takes it as amax_a/amax_b
+// runs after it on the same stream. A collective on another stream (NCCL's all_reduce_max) needs
+// this stream synchronised first (nccl_communicator.hpp, "Buffers").
+void CudaBackend::amax(const Tensor& out, const Tensor& src) {
+  constexpr std::string_view op = "amax";
+  kArgs.amax(out, src);
+  const auto type = storage_type(op, "src", src.dtype);
+  activate(*impl_, op);
+  const int64_t n = src.numel();
+  if (n == 0) {
+    // The max over nothing is 0 (the CPU's starting value); +0.0f is all zero bytes.
+    check_cuda(cudaMemsetAsync(out.data, 0, sizeof(float), impl_->stream), op, "cudaMemsetAsync");
+    return;
+  }
+  const size_t bytes = kernels::fp8_amax_scratch_bytes(n);
+  void* scratch = impl_->scratch_for(bytes);
+  check_cuda(
+      kernels::launch_fp8_amax(src.data, type, n, out.as<float>(), scratch, bytes, impl_->stream),
+      op, "the amax kernels");
 }
 
 void CudaBackend::adamw(const Tensor& param, const Tensor& master, const Tensor& grad,

@@ -116,6 +116,8 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
   if (!par.last_stage()) out_grad = scratch.take(S, {N, C});
   if (!par.first_stage()) in_grad = scratch.take(S, {N, C});
   if (tp_on()) tp.ones = scratch.take(S, {std::max(N, expert_rows)});
+  if (tp_on() && cfg.fp8 != Fp8Mode::none)
+    tp.amax = scratch.take(DType::f32, {TensorParallel::kMaxAmax});
   const bool rope = cfg.position == PositionKind::rope;
   attn_scratch = {rope ? scratch.take(S, {N, W}) : Tensor{}, scratch.take(S, {N, H * D}),
                   scratch.take(S, {N, W}), rope ? scratch.take(S, {N, W}) : Tensor{}};

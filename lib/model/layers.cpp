@@ -26,11 +26,18 @@ void TensorParallel::add_bias(Backend& be, const Tensor& y, const Tensor& bias) 
   be.gemm(g);
 }
 
+void TensorParallel::group_amax(Backend& be, std::initializer_list<Tensor> operands) const {
+  int i = 0;
+  for (const Tensor& t : operands)
+    be.amax(amax_of(i++), t);
+  comm->all_reduce_max(amax.data, operands.size(), DType::f32);
+}
+
 namespace {
 // A row-parallel layer: the local partial product, summed over tp, then the bias.
 void row_parallel_forward(Backend& be, const Linear& layer, const TensorParallel& tp,
                           const Tensor& y, const Tensor& x) {
-  Linear{layer.weight, Param{}, layer.fp8}.forward(be, y, x);
+  Linear{layer.weight, Param{}, layer.fp8, layer.tp}.forward(be, y, x);
   tp.all_reduce(y);
   tp.add_bias(be, y, layer.bias.value);
 }
@@ -67,9 +74,21 @@ GemmArgs forward_args(const Linear& layer, const Tensor& y, const Tensor& x) {
 }
 }  // namespace
 
+namespace {
+// fp8 on a tp-sharded layer: the operands' scales come from the group (TensorParallel).
+bool group_scaled(const Linear& layer) {
+  return layer.fp8 != Fp8Mode::none && tp_active(layer.tp);
+}
+}  // namespace
+
 void Linear::forward(Backend& be, const Tensor& y, const Tensor& x) const {
   GemmArgs g = forward_args(*this, y, x);
   g.fp8_a = g.fp8_b = fp8_input(fp8);
+  if (group_scaled(*this)) {
+    tp->group_amax(be, {x, weight.value});
+    g.amax_a = tp->amax_of(0);
+    g.amax_b = tp->amax_of(1);
+  }
   be.gemm(g);
 }
 
@@ -82,6 +101,9 @@ void Linear::forward_gelu(Backend& be, const Tensor& y, const Tensor& pre, const
 
 void Linear::backward(Backend& be, const Tensor& dx, const Tensor& dy, const Tensor& x) const {
   const int64_t rows = x.shape[0], in = weight.value.shape[1], out = weight.value.shape[0];
+  const bool grouped = group_scaled(*this);
+  if (grouped) tp->group_amax(be, {dy, weight.value, x});
+  const Tensor amax_dy = grouped ? tp->amax_of(0) : Tensor{};
   if (!dx.empty()) {  // dx[N, in] = dy[N, out] W[out, in]
     GemmArgs g;
     g.a = dy;
@@ -92,6 +114,8 @@ void Linear::backward(Backend& be, const Tensor& dx, const Tensor& dy, const Ten
     g.k = out;
     g.fp8_a = fp8_grad(fp8);
     g.fp8_b = fp8_input(fp8);
+    g.amax_a = amax_dy;
+    if (grouped) g.amax_b = tp->amax_of(1);
     be.gemm(g);
   }
   {  // dW[out, in] += dy^T x
@@ -106,6 +130,8 @@ void Linear::backward(Backend& be, const Tensor& dx, const Tensor& dy, const Ten
     g.beta = 1.0;
     g.fp8_a = fp8_grad(fp8);
     g.fp8_b = fp8_input(fp8);
+    g.amax_a = amax_dy;
+    if (grouped) g.amax_b = tp->amax_of(2);
     be.gemm(g);
   }
   if (!bias.value.empty()) be.bias_backward(bias.grad, dy);

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -23,22 +24,33 @@ namespace trainctl::model {
 // The tensor-parallel group as the layers see it. Megatron's conjugate pairs: a column-parallel
 // layer all-reduces its input gradient in backward; a row-parallel layer all-reduces its output
 // in forward and adds its (replicated) bias after the sum, so the bias counts once.
+// fp8 under tp: a per-tensor scale taken from a shard alone would differ from the one a single
+// rank takes from the whole tensor, so every fp8 operand of a sharded Linear is scaled by its amax
+// max-reduced over the group (one small all-reduce per GEMM pass): each shard is then quantized
+// exactly like its slice of the whole tensor, and the layouts train alike.
 struct TensorParallel {
   dist::Communicator* comm = nullptr;  // null: tp = 1, nothing to do
   Tensor ones;  // [rows] S of 1.0: adds a bias to every row as a rank-1 GEMM after a reduction
+  Tensor amax;  // [kMaxAmax] f32, fp8 only: group amaxes of one GEMM pass's operands
+  static constexpr int kMaxAmax = 3;
   bool active() const { return comm != nullptr; }
   void all_reduce(const Tensor& t) const;
   // y[rows, n] += bias[n] (bias optional).
   void add_bias(Backend& be, const Tensor& y, const Tensor& bias) const;
+  // amax[i] = max over the group of max |operands[i]|, in one all-reduce.
+  void group_amax(Backend& be, std::initializer_list<Tensor> operands) const;
+  Tensor amax_of(int i) const { return amax.rows(i, 1); }
 };
 
 // y[N, out] = x[N, in] W^T + b.   Optional bias: a Param whose value is empty.
 // fp8 (ModelConfig::fp8): the three GEMMs take fp8 operands with per-tensor scales (see
 // backend::GemmArgs): x and W in e4m3; dy in e4m3 (Fp8Mode::e4m3) or e5m2 (Fp8Mode::hybrid).
+// With tp set and active (a tp-sharded layer), the scales come from the group's amaxes.
 struct Linear {
   Param weight;
   Param bias;
   Fp8Mode fp8 = Fp8Mode::none;
+  const TensorParallel* tp = nullptr;
   void forward(Backend& be, const Tensor& y, const Tensor& x) const;
   // y = gelu(x W^T + b) in one GEMM (the GELU epilogue); pre receives x W^T + b. Not with fp8.
   void forward_gelu(Backend& be, const Tensor& y, const Tensor& pre, const Tensor& x) const;

@@ -26,10 +26,6 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
                                 std::string(be.name()) +
                                 "' has none (Hopper GPUs and the cpu "
                                 "backend do): use precision.fp8: none");
-  if (cfg.fp8 != Fp8Mode::none && tp.active())
-    throw std::invalid_argument(
-        "fp8 with tensor parallel is not supported yet: the per-tensor scales would be computed "
-        "per shard; use tp 1 or fp8 none");
   local_vocab = cfg.vocab / par.tp_size();
   vocab_begin = par.tp_rank() * local_vocab;
   build_layers();
@@ -85,8 +81,8 @@ void Transformer::Impl::build_layers() {
         // Under tp the fc2 bias is added by the Moe after the reduce over tp, not by the expert.
         const Param fc2_bias = expert_slice(fc2.bias, e);
         moe.experts.push_back(
-            Mlp{Linear{expert_slice(fc1.weight, e), expert_slice(fc1.bias, e), cfg.fp8},
-                Linear{expert_slice(fc2.weight, e), tp_on() ? Param{} : fc2_bias, cfg.fp8},
+            Mlp{Linear{expert_slice(fc1.weight, e), expert_slice(fc1.bias, e), cfg.fp8, &tp},
+                Linear{expert_slice(fc2.weight, e), tp_on() ? Param{} : fc2_bias, cfg.fp8, &tp},
                 cfg.activation, nullptr});
         moe.fc2_bias.push_back(fc2_bias);
       }

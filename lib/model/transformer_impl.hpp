@@ -97,7 +97,7 @@ struct Transformer::Impl {
     return store.table().contains(name) ? param(name) : Param{};
   }
   Linear linear(const std::string& prefix) const {
-    return Linear{param(prefix + ".weight"), optional_param(prefix + ".bias"), cfg.fp8};
+    return Linear{param(prefix + ".weight"), optional_param(prefix + ".bias"), cfg.fp8, &tp};
   }
   Norm norm(const std::string& prefix) const {
     return Norm{cfg.norm, param(prefix + ".weight"), optional_param(prefix + ".bias"),

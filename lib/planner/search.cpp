@@ -120,13 +120,6 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
           plan.rejected.push_back({degrees, "does not divide: " + degree_rule});
           continue;
         }
-        if (r.precision.fp8 != recipe::Fp8::none && tp > 1) {
-          plan.rejected.push_back(
-              {degrees,
-               "not supported: precision.fp8 with tp > 1 (the per-tensor fp8 scales are "
-               "not reduced over tensor-parallel shards yet)"});
-          continue;
-        }
         const int per_replica = r.training.global_batch / (dp * ep);
         bool found = false;
         Candidate best;

@@ -110,8 +110,15 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     if (last) other_flops += n * s.head_flops * 3.0;  // the head is never recomputed
     const double compute =
         (n * linear_flops * passes / linear_flops_per_s + other_flops / flops_per_s) / lay.tp;
+    // fp8 under tp: each sharded Linear all-reduces its operands' amaxes (12 bytes, latency
+    // alone) once per forward, backward and recompute pass: qkv and proj, then fc1 and fc2 of
+    // the dense MLP or of every local expert.
+    const double sharded_linears =
+        2.0 * layers + 2.0 * (layers - moe) + 2.0 * moe * (r.moe.experts / std::max(1, lay.ep));
+    const double amax_reduces = fp8 && lay.tp > 1 ? sharded_linears * (passes - 1.0) : 0.0;
     const double tp_comm =
-        layers * collectives_per_layer * ring_seconds(hidden_bytes, lay.tp, tp_link, 2.0);
+        layers * collectives_per_layer * ring_seconds(hidden_bytes, lay.tp, tp_link, 2.0) +
+        amax_reduces * ring_seconds(12.0, lay.tp, tp_link, 2.0);
     const double ep_comm = moe * collectives_per_layer *
                            ring_seconds(n * s.K * s.C * z.storage / lay.tp, lay.ep, ep_link, 1.0);
     const double p2p =

@@ -168,9 +168,7 @@ void check_schedule_and_data(const Recipe& r, RuleChecker& c) {
 
 // Checkpoints are committed by rank 0 from files every rank writes into the run directory: without
 // a shared file system rank 0 would wait for shards it can never see.
-// fp8 GEMMs take bf16 operands and write bf16 (Transformer Engine's arrangement). Their per-tensor
-// scales are computed from the whole operand, which under tensor parallel is spread over ranks:
-// until those maxima are reduced over tp, a tp layout would scale differently from one rank.
+// fp8 GEMMs take bf16 operands and write bf16 (Transformer Engine's arrangement).
 void check_precision(const Recipe& r, RuleChecker& c) {
   if (!c.usable({"precision.fp8", "precision.compute"}) || r.precision.fp8 == Fp8::none) return;
   const std::string_view fp8 = EnumNames<Fp8>::names[static_cast<size_t>(r.precision.fp8)];
@@ -179,12 +177,6 @@ void check_precision(const Recipe& r, RuleChecker& c) {
            fmt::format("precision.fp8: {} needs precision.compute: bf16 (got {}); set "
                        "precision.compute: bf16 or precision.fp8: none",
                        fp8, EnumNames<Compute>::names[static_cast<size_t>(r.precision.compute)]));
-  if (c.usable({"parallel.tp"}) && r.parallel.tp > 1)
-    c.fail({"precision.fp8", "parallel.tp"},
-           fmt::format("precision.fp8: {} with parallel.tp = {} is not supported yet (the "
-                       "per-tensor fp8 scales are not reduced over tensor-parallel shards); use "
-                       "parallel.tp: 1 or precision.fp8: none",
-                       fp8, r.parallel.tp));
 }
 
 void check_cluster(const Recipe& r, RuleChecker& c) {

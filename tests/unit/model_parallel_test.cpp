@@ -4,7 +4,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -141,8 +143,23 @@ void check_grad(const ParamSpec& spec, const std::vector<double>& local,
   }
 }
 
-void check_loss(double got, double want, const std::string& where) {
-  if (std::abs(got - want) > 1e-6 * std::abs(want))
+// fp8 layouts (below): instead of every element, the whole gradient, ||local - global|| over
+// ||global|| across every element this rank holds.
+struct GradDistance {
+  double diff2 = 0, ref2 = 0;
+  void add(const ParamSpec& spec, const std::vector<double>& local,
+           const std::vector<double>& global) {
+    for (size_t i = 0; i < local.size(); ++i) {
+      const double want = global[static_cast<size_t>(spec.global_index(static_cast<int64_t>(i)))];
+      diff2 += (local[i] - want) * (local[i] - want);
+      ref2 += want * want;
+    }
+  }
+  double relative() const { return std::sqrt(diff2 / ref2); }
+};
+
+void check_loss(double got, double want, const std::string& where, double tolerance = 1e-6) {
+  if (std::abs(got - want) > tolerance * std::abs(want))
     throw std::runtime_error(where + ": loss " + std::to_string(got) + " != single rank " +
                              std::to_string(want));
 }
@@ -165,7 +182,13 @@ ModelParallel parallel_of(const dist::Mesh& mesh) {
 
 // One forward+backward per rank on a tp x ep layout; ep rank e takes micro-batch e (ep ranks hold
 // different data, like dp ranks). Expert gradients then sum both micro-batches.
-void run_tp_ep(const ModelConfig& c, int tp, int ep, bool expect_drops = false) {
+// Without `whole`, every gradient element within 1e-5 of its tensor's max and the loss within
+// 1e-6; with it, the relative loss difference and the whole gradient (GradDistance) within it.
+struct WholeTolerance {
+  double loss, gradient;
+};
+void run_tp_ep(const ModelConfig& c, int tp, int ep, bool expect_drops = false,
+               std::optional<WholeTolerance> whole = std::nullopt) {
   const int64_t micro_batch = 2;
   const dist_test::TempDir temp;
   const auto status = dist_test::run_ranks(tp * ep, [&](int rank) {
@@ -178,8 +201,10 @@ void run_tp_ep(const ModelConfig& c, int tp, int ep, bool expect_drops = false) 
     const Batch b = batch(c, micro_batch, m);
     const model::ForwardResult result = model.forward(b.tokens.data(), b.targets.data());
     const std::string where = "rank " + std::to_string(rank);
-    check_loss(result.loss, ref.losses[static_cast<size_t>(m)], where);
-    check_loss(result.objective, ref.results[static_cast<size_t>(m)].objective, where);
+    const double loss_tolerance = whole ? whole->loss : 1e-6;
+    check_loss(result.loss, ref.losses[static_cast<size_t>(m)], where, loss_tolerance);
+    check_loss(result.objective, ref.results[static_cast<size_t>(m)].objective, where,
+               loss_tolerance);
     if (expect_drops) {
       int64_t dropped = 0;
       for (int64_t d : result.dropped_tokens)
@@ -190,12 +215,23 @@ void run_tp_ep(const ModelConfig& c, int tp, int ep, bool expect_drops = false) 
     }
     model.backward(1.0);
     const Grads local = grads_of(*be, model);
+    GradDistance distance;
     for (const ParamSpec& spec : model.params().table().specs()) {
       std::vector<double> want = ref.grads[static_cast<size_t>(m)].at(spec.name);
       if (spec.expert)
         for (int other = 0; other < ep; ++other)
           if (other != m) want = sum(want, ref.grads[static_cast<size_t>(other)].at(spec.name));
-      check_grad(spec, local.at(spec.name), want, where);
+      if (whole)
+        distance.add(spec, local.at(spec.name), want);
+      else
+        check_grad(spec, local.at(spec.name), want, where);
+    }
+    if (whole) {
+      std::fprintf(stderr, "  %s: relative loss difference %.3g, gradient %.3g\n", where.c_str(),
+                   std::abs(result.loss / ref.losses[static_cast<size_t>(m)] - 1),
+                   distance.relative());
+      expect(distance.relative() <= whole->gradient,
+             where + ": gradient differs by " + std::to_string(distance.relative()));
     }
     mesh.world().barrier();
     return 0;
@@ -347,6 +383,23 @@ TEST_CASE("ep2 moe with capacity dropping matches one rank", "[model][parallel]"
 
 TEST_CASE("ep2 x tp2 moe matches one rank", "[model][parallel]") {
   run_tp_ep(moe_small(), 2, 2, true);
+}
+
+// fp8 under tp: the shards' scales come from the group's amaxes, so each Linear computes exactly
+// what one rank does (model_fp8_tp_test). What differs is bf16's: row-parallel partial sums are
+// rounded before the reduce, and fp8 turns some of those last-bit differences into a whole fp8
+// step of the next layer's input: measured, the loss differs by 1.3e-3 to 2.1e-3 and the whole
+// gradient by 12-16% (bf16 without fp8: 3.7e-4 and 1.3-1.7%; one-rank fp8 against one-rank bf16:
+// 2.8e-3 to 5e-3 and 17-19%, so a layout moves the result less than fp8 itself does). Stated
+// tolerance: 5e-3 and 25%; a missing reduction or a shard in the wrong place is off by far more.
+TEST_CASE("tp2 in fp8 (gpt, llama, moe with tp experts) matches one rank within bf16 rounding",
+          "[model][parallel][fp8]") {
+  for (ModelConfig c : {gpt_small(), llama_small(), moe_small()}) {
+    c.storage = tensor::DType::bf16;
+    c.fp8 = model::Fp8Mode::hybrid;
+    INFO(model::describe(c));
+    run_tp_ep(c, 2, 1, false, WholeTolerance{5e-3, 0.25});
+  }
 }
 
 TEST_CASE("pp2 with two slots driven by hand matches one rank", "[model][parallel]") {

@@ -278,12 +278,6 @@ const std::vector<BadCase> kBadCases = {
      {},
      {"3:33: precision.fp8: hybrid needs precision.compute: bf16 (got fp32); set "
       "precision.compute: bf16 or precision.fp8: none"}},
-    {"fp8 with tp",
-     kOk + "precision: {fp8: e4m3}\nparallel: {tp: 2}\n",
-     {},
-     {"3:18: precision.fp8: e4m3 with parallel.tp = 2 is not supported yet (the per-tensor fp8 "
-      "scales are not reduced over tensor-parallel shards); use parallel.tp: 1 or precision.fp8: "
-      "none"}},
     {"top_k > experts",
      kOk + "moe:\n  experts: 2\n  top_k: 3\n",
      {},

@@ -30,7 +30,16 @@ std::vector<recipe::Problem> unsupported_in_this_build(const recipe::LoadedRecip
   std::vector<recipe::Problem> problems;
   if (r.cluster.device == recipe::Device::cuda) {
     const backend::DeviceReport devices = backend::detect_gpus();
-    if (!devices.cuda_compiled)
+    // The ranks' groups are Gloo's, which read host memory: CUDA ranks need the NCCL mesh and the
+    // hand-off from the backend's stream to NCCL's (docs/cuda.md, "Not yet").
+    if (r.world_size() > 1)
+      problems.push_back(loaded.origins.problem(
+          "cluster.device",
+          fmt::format("cuda runs a single rank for now (this recipe has {}: tp {} x ep {} x dp {} "
+                      "x pp {}); several CUDA ranks need NCCL groups, which `trainctl run` does "
+                      "not build yet; use cluster.device: cpu, or parallel degrees of 1",
+                      r.world_size(), r.parallel.tp, r.parallel.ep, r.parallel.dp, r.parallel.pp)));
+    else if (!devices.cuda_compiled)
       problems.push_back(loaded.origins.problem(
           "cluster.device",
           "this build has no CUDA (no nvcc when it was configured); use cluster.device: auto or "

@@ -190,37 +190,14 @@ class GlooCommunicator final : public Communicator {
       narrow(wide, data, count, dtype);
       return;
     }
-    run("all_reduce", timeout, [&](milliseconds t) {
-      gloo::AllreduceOptions opts(context_);
-      if (dtype == DType::f32) {
-        opts.setOutput(static_cast<float*>(data), count);
-        opts.setReduceFunction(&sum_into<float>);
-      } else {
-        opts.setOutput(static_cast<double*>(data), count);
-        opts.setReduceFunction(&sum_into<double>);
-      }
-      opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-      opts.setTimeout(t);
-      gloo::allreduce(opts);
-    });
+    ring_all_reduce("all_reduce", data, count, dtype, timeout, &sum_into<float>, &sum_into<double>);
   }
 
   void all_reduce_max(void* data, size_t count, DType dtype, milliseconds timeout) override {
     check_max_dtype("all_reduce_max", *this, dtype);
     if (count == 0) return;
-    run("all_reduce_max", timeout, [&](milliseconds t) {
-      gloo::AllreduceOptions opts(context_);
-      if (dtype == DType::f32) {
-        opts.setOutput(static_cast<float*>(data), count);
-        opts.setReduceFunction(&max_into<float>);
-      } else {
-        opts.setOutput(static_cast<double*>(data), count);
-        opts.setReduceFunction(&max_into<double>);
-      }
-      opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-      opts.setTimeout(t);
-      gloo::allreduce(opts);
-    });
+    ring_all_reduce("all_reduce_max", data, count, dtype, timeout, &max_into<float>,
+                    &max_into<double>);
   }
 
   void reduce_scatter_sum(const void* input, void* output, size_t count, DType dtype,
@@ -390,6 +367,26 @@ class GlooCommunicator final : public Communicator {
       scratch_.resize(bytes);
     }
     return scratch_.data();
+  }
+
+  using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+  // data[count] (f32 or f64) <- the ranks' values folded with f32_fn / f64_fn, on Gloo's ring.
+  void ring_all_reduce(const char* op, void* data, size_t count, DType dtype, milliseconds timeout,
+                       ReduceFn f32_fn, ReduceFn f64_fn) {
+    run(op, timeout, [&](milliseconds t) {
+      gloo::AllreduceOptions opts(context_);
+      if (dtype == DType::f32) {
+        opts.setOutput(static_cast<float*>(data), count);
+        opts.setReduceFunction(f32_fn);
+      } else {
+        opts.setOutput(static_cast<double*>(data), count);
+        opts.setReduceFunction(f64_fn);
+      }
+      opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+      opts.setTimeout(t);
+      gloo::allreduce(opts);
+    });
   }
 
   // Runs one Gloo call; turns any Gloo failure into a DistError that names the peer when it can.

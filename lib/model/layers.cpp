@@ -72,9 +72,7 @@ GemmArgs forward_args(const Linear& layer, const Tensor& y, const Tensor& x) {
   g.bias = layer.bias.value;
   return g;
 }
-}  // namespace
 
-namespace {
 // fp8 on a tp-sharded layer: the operands' scales come from the group (TensorParallel).
 bool group_scaled(const Linear& layer) {
   return layer.fp8 != Fp8Mode::none && tp_active(layer.tp);

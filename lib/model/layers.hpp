@@ -24,10 +24,11 @@ namespace trainctl::model {
 // The tensor-parallel group as the layers see it. Megatron's conjugate pairs: a column-parallel
 // layer all-reduces its input gradient in backward; a row-parallel layer all-reduces its output
 // in forward and adds its (replicated) bias after the sum, so the bias counts once.
-// fp8 under tp: a per-tensor scale taken from a shard alone would differ from the one a single
+// fp8 under tp: a per-tensor scale taken from a shard alone could differ from the one a single
 // rank takes from the whole tensor, so every fp8 operand of a sharded Linear is scaled by its amax
 // max-reduced over the group (one small all-reduce per GEMM pass): each shard is then quantized
-// exactly like its slice of the whole tensor, and the layouts train alike.
+// exactly like its slice of the whole tensor. (The scales are powers of two, so they differ in
+// effect only for elements that one of them puts below the format's normal range.)
 struct TensorParallel {
   dist::Communicator* comm = nullptr;  // null: tp = 1, nothing to do
   Tensor ones;  // [rows] S of 1.0: adds a bias to every row as a rank-1 GEMM after a reduction

@@ -69,6 +69,21 @@ std::string name(const Case& c) {
          (c.bias ? " bias" : "");
 }
 
+// The forward form of a Linear layer in fp8: c[m, n] = a[m, k] b[n, k]^T, both operands e4m3.
+GemmArgs fp8_forward(const Tensor& a, const Tensor& b, const Tensor& c, int64_t m, int64_t n,
+                     int64_t k) {
+  GemmArgs g;
+  g.a = a;
+  g.b = b;
+  g.c = c;
+  g.trans_b = true;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.fp8_a = g.fp8_b = DType::e4m3;
+  return g;
+}
+
 }  // namespace
 
 TEST_CASE("fp8_scale: the largest power of two that keeps amax inside the format") {
@@ -168,16 +183,7 @@ TEST_CASE("gemm with fp8 operands: a non-finite element makes every output NaN")
     OwnedTensor ta = make(DType::bf16, Shape{m * k}, a);
     OwnedTensor tb = make(DType::bf16, Shape{n * k}, random_values(size_t(n * k), 6));
     OwnedTensor tc(DType::bf16, Shape{m * n});
-    GemmArgs g;
-    g.a = ta;
-    g.b = tb;
-    g.c = tc;
-    g.trans_b = true;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.fp8_a = g.fp8_b = DType::e4m3;
-    cpu().gemm(g);
+    cpu().gemm(fp8_forward(ta, tb, tc, m, n, k));
     for (double v : read(tc))
       REQUIRE(std::isnan(v));
   }
@@ -227,15 +233,7 @@ TEST_CASE("gemm with a given amax quantizes a shard like its slice of the whole 
   const Values x = rounded(DType::bf16, random_values(size_t(m * k), 52, 2.0));
   OwnedTensor tx = make(DType::bf16, Shape{m * k}, x), tw = make(DType::bf16, Shape{n * k}, w);
   OwnedTensor whole(DType::bf16, Shape{m * n}), amax_w(DType::f32, Shape{1});
-  GemmArgs g;
-  g.a = tx;
-  g.b = tw;
-  g.c = whole;
-  g.trans_b = true;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.fp8_a = g.fp8_b = DType::e4m3;
+  const GemmArgs g = fp8_forward(tx, tw, whole, m, n, k);
   cpu().gemm(g);
   cpu().amax(amax_w, tw);
   const Values full = read(whole);

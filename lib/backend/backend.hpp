@@ -155,6 +155,26 @@ class Backend {
   virtual void copy_to_host(void* dst, const Tensor& src) = 0;
   virtual void copy_from_host(const Tensor& dst, const void* src) = 0;
 
+  // ---- hand-off to communication ----
+  // Ops run in the order they are issued, but a backend may complete them after they return (the
+  // CUDA backend enqueues them on its stream). Memory handed to anything else that reads it (a
+  // communicator on its own stream, a thread) must be complete first:
+  //  - fence() marks every op issued so far; Fence::wait(), from any thread, returns once all of
+  //    them have completed (throws when the device failed). One fence per hand-off; it may be
+  //    waited on more than once.
+  //  - stream() is the native queue the ops run on (the CUDA backend's cudaStream_t), for a
+  //    consumer that orders its own device work after them (NCCL waits on an event recorded on
+  //    it); null when ops are complete when they return.
+  // The CPU backend's ops are complete when they return: its fences are passed at once and its
+  // stream() is null.
+  class Fence {
+   public:
+    virtual ~Fence() = default;
+    virtual void wait() = 0;
+  };
+  virtual std::unique_ptr<Fence> fence();
+  virtual void* stream() const { return nullptr; }
+
   // ---- elementwise and reductions (any float dtypes; shapes must match in numel) ----
   virtual void cast(const Tensor& dst, const Tensor& src) = 0;  // dst = round(src)
   virtual void fill(const Tensor& dst, double value) = 0;

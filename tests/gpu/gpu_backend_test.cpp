@@ -8,12 +8,16 @@
 //   sum, sum_squares: within 1e-12 of sum |x| (both accumulate in double, in different orders);
 //   gemm, bias_backward: the dtype tolerance of gpu_compare.hpp (different summation orders).
 // Determinism: the same op twice on the same inputs gives identical bits.
+#include <cuda_runtime.h>
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "gpu_compare.hpp"
@@ -502,4 +506,68 @@ TEST_CASE("cuda ops reject host tensors and dtypes they do not compute on") {
   args.n = 4;
   args.k = 5;  // a has 16 elements, needs 20
   CHECK_THROWS_WITH(h.gpu().gemm(args), Catch::Contains("needs 20"));
+}
+
+namespace {
+
+// Keeps the GPU busy for tens of milliseconds (200 passes over 256 MiB at about 4 TB/s) and leaves
+// every element equal to `value`; returns as soon as it is enqueued.
+void enqueue_long_work(Backend& backend, const trainctl::tensor::Tensor& t, double value) {
+  backend.fill(t, 1.0);
+  for (int pass = 0; pass < 200; ++pass)
+    backend.scale(t, 1.0);
+  backend.fill(t, value);
+}
+
+}  // namespace
+
+TEST_CASE("cuda stream() is the compute stream and fence() waited on another thread covers it") {
+  Harness h;
+  Backend& gpu = h.gpu();
+  REQUIRE(gpu.stream() != nullptr);
+  const int64_t n = int64_t{64} << 20;
+  trainctl::backend::Allocation memory = gpu.allocate(static_cast<size_t>(n) * sizeof(float));
+  const trainctl::tensor::Tensor t = memory.view(DType::f32, {n});
+  enqueue_long_work(gpu, t, 3.0);
+  auto fence = gpu.fence();
+  std::string failure;
+  std::thread waiter([&] {
+    try {
+      fence->wait();
+    } catch (const std::exception& error) {
+      failure = error.what();
+    }
+  });
+  waiter.join();
+  CHECK(failure.empty());
+  // A fence that did not wait (the base class's passed fence) would find ~26 ms of work still
+  // queued here.
+  CHECK(cudaStreamQuery(static_cast<cudaStream_t>(gpu.stream())) == cudaSuccess);
+  fence->wait();  // waited twice: returns at once
+  CHECK(gpu.sum(t) == 3.0 * static_cast<double>(n));
+}
+
+TEST_CASE("cuda fence can be waited on and destroyed by another thread than the one that made it") {
+  Harness h;
+  Backend& gpu = h.gpu();
+  const int64_t n = int64_t{64} << 20;
+  trainctl::backend::Allocation memory = gpu.allocate(static_cast<size_t>(n) * sizeof(float));
+  const trainctl::tensor::Tensor t = memory.view(DType::f32, {n});
+  enqueue_long_work(gpu, t, 5.0);
+  std::string failure;
+  std::thread owner([fence = gpu.fence(), &failure]() mutable {
+    try {
+      fence->wait();
+      fence->wait();
+      fence.reset();
+    } catch (const std::exception& error) {
+      failure = error.what();
+    }
+  });
+  owner.join();
+  CHECK(failure.empty());
+  CHECK(cudaStreamQuery(static_cast<cudaStream_t>(gpu.stream())) == cudaSuccess);
+  // A fence on an idle stream is passed at once.
+  gpu.fence()->wait();
+  CHECK(gpu.sum(t) == 5.0 * static_cast<double>(n));
 }

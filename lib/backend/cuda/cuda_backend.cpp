@@ -235,5 +235,57 @@ void CudaBackend::copy_from_host(const Tensor& dst, const void* src) {
   check_cuda(cudaStreamSynchronize(impl_->stream), "copy_from_host", "cudaStreamSynchronize");
 }
 
+// ---- hand-off to communication ----------------------------------------------------------------
+
+namespace {
+
+// Owns one event recorded on the compute stream. wait() and the destructor may run on another
+// thread than fence(): both select the backend's GPU first, so a worker thread that never touched
+// CUDA does not create a context on GPU 0 (the runtime's default) just to wait.
+class CudaFence final : public Backend::Fence {
+ public:
+  CudaFence(int device, cudaEvent_t event) : device_(device), event_(event) {}
+  ~CudaFence() override {
+    (void)cudaSetDevice(device_);
+    if (cudaEventDestroy(event_) != cudaSuccess) (void)cudaGetLastError();
+  }
+  CudaFence(const CudaFence&) = delete;
+  CudaFence& operator=(const CudaFence&) = delete;
+
+  void wait() override {
+    check_cuda(cudaSetDevice(device_), "fence", fmt::format("cudaSetDevice({})", device_));
+    check_cuda(cudaEventSynchronize(event_), "fence",
+               "cudaEventSynchronize (waiting for the ops issued before the fence)");
+  }
+
+ private:
+  int device_;
+  cudaEvent_t event_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend::Fence> CudaBackend::fence() {
+  activate(*impl_, "fence");
+  cudaEvent_t event = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "fence",
+             "cudaEventCreateWithFlags");
+  // Owned before it is recorded, so a failed record still destroys it.
+  std::unique_ptr<CudaFence> fence;
+  try {
+    fence = std::make_unique<CudaFence>(impl_->device, event);
+  } catch (...) {
+    (void)cudaEventDestroy(event);
+    throw;
+  }
+  check_cuda(cudaEventRecord(event, impl_->stream), "fence",
+             "cudaEventRecord on the compute stream");
+  return fence;
+}
+
+void* CudaBackend::stream() const {
+  return impl_->stream;
+}
+
 }  // namespace cuda
 }  // namespace trainctl::backend

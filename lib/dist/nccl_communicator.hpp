@@ -1,5 +1,6 @@
-// The NCCL Communicator: the GPU twin of GlooCommunicator, same contract (communicator.hpp), but
-// every buffer is a device pointer on the communicator's GPU.
+// The NCCL Communicator: the GPU twin of GlooCommunicator, same contract (communicator.hpp), with
+// buffers on the communicator's GPU (host buffers are staged through device memory; see
+// create_nccl_communicator).
 //
 // Timeouts without a hang: NCCL's blocking calls can wait forever for a peer that never joins.
 // The communicator is created non-blocking (ncclConfig_t::blocking = 0), so ncclCommInitRankConfig
@@ -47,11 +48,19 @@ bool nccl_available();
 // it (only where the user has not set them; NCCL reads them once per process, so the first
 // communicator of the process decides). See docs/dist.md, "NCCL".
 //
-// Buffers: device pointers on `cuda_device`. The collective runs on the communicator's own
-// stream, so inputs must be complete on the device before the call (synchronize the stream that
-// wrote them); outputs are complete on the device when the call returns.
+// Buffers: device pointers on `cuda_device`, or host memory (a scalar, a few counts), which is
+// staged through a device buffer of the communicator (copied in before the collective and out
+// after it; the buffer grows to the largest host call and is kept). The collective runs on the
+// communicator's own stream and the call returns when it has completed, outputs included.
+//
+// producer_stream (a cudaStream_t, or null): the stream that writes the device buffers handed to
+// this communicator (the backend's, Backend::stream()). Each call first makes the communicator's
+// stream wait for everything enqueued on it so far (an event recorded there), so a buffer an op
+// just wrote is complete before NCCL reads it, with no host wait. Null: the caller makes inputs
+// complete before the call (Backend::fence(), as the background gradient reduction does).
 std::unique_ptr<Communicator> create_nccl_communicator(Store& store, const GroupOptions& options,
-                                                       int cuda_device, bool deterministic = false);
+                                                       int cuda_device, bool deterministic = false,
+                                                       void* producer_stream = nullptr);
 
 // The result of one poll of an operation in flight.
 struct PollResult {

@@ -11,7 +11,8 @@ bool nccl_available() {
 
 std::unique_ptr<Communicator> create_nccl_communicator(Store& /*store*/,
                                                        const GroupOptions& options, int cuda_device,
-                                                       bool /*deterministic*/) {
+                                                       bool /*deterministic*/,
+                                                       void* /*producer_stream*/) {
   throw DistError(DistError::Kind::usage,
                   "group " + options.name + ": cannot create an NCCL communicator on GPU " +
                       std::to_string(cuda_device) +

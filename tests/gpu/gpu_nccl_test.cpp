@@ -3,10 +3,12 @@
 // the rendezvous failure paths run with a second rank that never comes. Two or more GPUs: two
 // ranks (threads, one GPU each: a fork after CUDA initialised would not work) run every op over
 // NCCL and over Gloo on the same inputs; with two ranks every sum is one addition, so the results
-// must be bit-identical.
+// must be bit-identical. Host buffers (staged through the communicator's device buffer) and the
+// hand-off from a backend's stream (producer_stream, Backend::fence) are checked on one rank too.
 #include <cuda_runtime.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -21,12 +23,14 @@
 #include <thread>
 #include <vector>
 
+#include "backend/backend.hpp"
 #include "dist/error.hpp"
 #include "dist/gloo_communicator.hpp"
 #include "dist/nccl_communicator.hpp"
 #include "dist/store.hpp"
 #include "kernels/check.cuh"
 #include "tensor/dtype.hpp"
+#include "tensor/tensor.hpp"
 
 namespace dist = trainctl::dist;
 namespace tensor = trainctl::tensor;
@@ -120,12 +124,14 @@ void require_nccl() {
   REQUIRE(dist::nccl_available());
 }
 
-std::unique_ptr<dist::Communicator> one_rank_group(dist::Store& store) {
+std::unique_ptr<dist::Communicator> one_rank_group(dist::Store& store,
+                                                   void* producer_stream = nullptr) {
   require_nccl();
   dist::GroupOptions options;
   options.name = "solo";
   options.timeout = milliseconds(20000);
-  return dist::create_nccl_communicator(store, options, 0);
+  return dist::create_nccl_communicator(store, options, 0, /*deterministic=*/false,
+                                        producer_stream);
 }
 
 template <class T>
@@ -211,6 +217,23 @@ TEST_CASE("nccl: all_reduce_max refuses a dtype other than f32 and f64, naming i
   CHECK(same_bits(after.download<float>(), values));
 }
 
+namespace {
+
+// The data movements of a one-rank group from `input` (sizes: its one part), each writing into
+// the output it is given; on one rank each is a copy of the input.
+std::vector<std::pair<std::string, std::function<void(void*)>>> data_movements(
+    dist::Communicator& comm, const void* input, const std::vector<size_t>& sizes) {
+  return {
+      {"all_gather", [&comm, input, &sizes](void* out) { comm.all_gather(input, out, sizes[0]); }},
+      {"all_gather_v", [&comm, input, &sizes](void* out) { comm.all_gather_v(input, out, sizes); }},
+      {"all_to_all", [&comm, input, &sizes](void* out) { comm.all_to_all(input, out, sizes[0]); }},
+      {"all_to_allv",
+       [&comm, input, &sizes](void* out) { comm.all_to_allv(input, sizes, out, sizes); }},
+  };
+}
+
+}  // namespace
+
 TEST_CASE("nccl: on one rank every data movement is an exact copy") {
   StoreDir dir;
   dist::FileStore store(dir.path);
@@ -218,13 +241,7 @@ TEST_CASE("nccl: on one rank every data movement is an exact copy") {
   const auto bytes = random_bytes(777, 3);
   const std::vector<size_t> sizes{bytes.size()};
   DeviceBytes input(bytes);
-  std::vector<std::pair<std::string, std::function<void(void*)>>> ops = {
-      {"all_gather", [&](void* out) { comm->all_gather(input.get(), out, bytes.size()); }},
-      {"all_gather_v", [&](void* out) { comm->all_gather_v(input.get(), out, sizes); }},
-      {"all_to_all", [&](void* out) { comm->all_to_all(input.get(), out, bytes.size()); }},
-      {"all_to_allv", [&](void* out) { comm->all_to_allv(input.get(), sizes, out, sizes); }},
-  };
-  for (const auto& [name, op] : ops) {
+  for (const auto& [name, op] : data_movements(*comm, input.get(), sizes)) {
     INFO(name);
     DeviceBytes output(bytes.size());
     op(output.get());
@@ -236,6 +253,158 @@ TEST_CASE("nccl: on one rank every data movement is an exact copy") {
   comm->barrier();
   // A one-rank group has no peer to talk to.
   CHECK_THROWS_AS(comm->send(data.get(), 4, 0, 0), dist::DistError);
+}
+
+namespace {
+
+// Poisoned host memory: an op that writes nothing cannot pass.
+template <class T>
+std::vector<T> poisoned(size_t count) {
+  std::vector<T> values(count);
+  std::memset(values.data(), 0xA5, count * sizeof(T));
+  return values;
+}
+
+}  // namespace
+
+// On one rank an in-place op leaves its values as they were, so a staging that skipped both copies
+// could pass unnoticed if NCCL read host memory itself; each in-place call therefore follows one
+// whose staged bytes differ from its own, so a missing copy in returns those stale bytes.
+TEST_CASE("nccl: on one rank every op takes host buffers, staged, as an exact copy") {
+  StoreDir dir;
+  dist::FileStore store(dir.path);
+  auto comm = one_rank_group(store);
+
+  const auto values = random_values<float>(4099, 21);
+  auto summed = values;
+  comm->all_reduce_sum(summed.data(), summed.size(), tensor::DType::f32);
+  CHECK(same_bits(summed, values));
+  double scalar = -1.25;  // on the stack, like a loss
+  comm->all_reduce_sum(&scalar, 1, tensor::DType::f64);
+  CHECK(scalar == -1.25);
+  const auto other_values = random_values<float>(4099, 25);
+  auto maxed = other_values;
+  comm->all_reduce_max(maxed.data(), maxed.size(), tensor::DType::f32);
+  CHECK(same_bits(maxed, other_values));
+  // Larger than the first staging buffer (1 MiB): it grows, and a small call after still works.
+  const auto large = random_values<float>(size_t{3} << 20, 22);
+  auto large_summed = large;
+  comm->all_reduce_sum(large_summed.data(), large_summed.size(), tensor::DType::f32);
+  CHECK(same_bits(large_summed, large));
+  float small = 0.5f;
+  comm->all_reduce_max(&small, 1, tensor::DType::f32);
+  CHECK(small == 0.5f);
+
+  auto scattered = poisoned<float>(values.size());
+  comm->reduce_scatter_sum(values.data(), scattered.data(), values.size(), tensor::DType::f32);
+  CHECK(same_bits(scattered, values));
+  auto scattered_v = poisoned<float>(values.size());
+  const std::vector<size_t> counts{values.size()};
+  comm->reduce_scatter_sum_v(values.data(), scattered_v.data(), counts, tensor::DType::f32);
+  CHECK(same_bits(scattered_v, values));
+
+  const auto bytes = random_bytes(777, 23);
+  const std::vector<size_t> sizes{bytes.size()};
+  for (const auto& [name, op] : data_movements(*comm, bytes.data(), sizes)) {
+    INFO(name);
+    auto output = poisoned<uint8_t>(bytes.size());
+    op(output.data());
+    CHECK(same_bits(output, bytes));
+  }
+  const auto other_bytes = random_bytes(bytes.size(), 24);
+  auto broadcast = other_bytes;
+  comm->broadcast(broadcast.data(), broadcast.size(), 0);
+  CHECK(same_bits(broadcast, other_bytes));
+}
+
+TEST_CASE("nccl: host input with device output, and device input with host output, both work") {
+  StoreDir dir;
+  dist::FileStore store(dir.path);
+  auto comm = one_rank_group(store);
+  const auto bytes = random_bytes(1031, 29);
+
+  DeviceBytes device_output(bytes.size());
+  comm->all_gather(bytes.data(), device_output.get(), bytes.size());
+  CHECK(same_bits(device_output.download<uint8_t>(), bytes));
+
+  DeviceBytes device_input(bytes);
+  auto host_output = poisoned<uint8_t>(bytes.size());
+  comm->all_gather(device_input.get(), host_output.data(), bytes.size());
+  CHECK(same_bits(host_output, bytes));
+
+  const auto values = random_values<float>(513, 31);
+  DeviceBytes scattered(values.size() * sizeof(float));
+  comm->reduce_scatter_sum(values.data(), scattered.get(), values.size(), tensor::DType::f32);
+  CHECK(same_bits(scattered.download<float>(), values));
+}
+
+namespace {
+
+// 256 MiB of f32: enough that the backend's work below takes milliseconds on an H200.
+constexpr int64_t kLongWorkElements = int64_t{64} << 20;
+
+// Enqueues fill 1, 200 passes of scale(1) and fill `value` on the backend's stream and returns at
+// once: until the stream drains, the buffer holds 1s (or 0s), not `value`.
+void enqueue_long_work(trainctl::backend::Backend& backend, const tensor::Tensor& t, double value) {
+  backend.fill(t, 1.0);
+  for (int pass = 0; pass < 200; ++pass)
+    backend.scale(t, 1.0);
+  backend.fill(t, value);
+}
+
+size_t count_other_than(const std::vector<float>& values, float expected) {
+  return static_cast<size_t>(
+      std::count_if(values.begin(), values.end(), [&](float v) { return v != expected; }));
+}
+
+}  // namespace
+
+// Without the event the communicator records on the producer stream, NCCL's copy would most likely
+// read the buffer while the scales are still running (1s, not 3s). That is a race, so no run can
+// prove the event necessary; this checks the behaviour the contract promises.
+TEST_CASE(
+    "nccl: with the backend's stream as producer, a collective reads what the backend just "
+    "wrote, without a host wait") {
+  require_nccl();
+  auto backend = trainctl::backend::make_cuda_backend(0);
+  REQUIRE(backend->stream() != nullptr);
+  const size_t bytes = static_cast<size_t>(kLongWorkElements) * sizeof(float);
+  // allocate() synchronises the backend's stream, so everything is allocated before the work.
+  auto input = backend->allocate(bytes), output = backend->allocate(bytes);
+  const tensor::Tensor in = input.view(tensor::DType::f32, {kLongWorkElements});
+  const tensor::Tensor out = output.view(tensor::DType::f32, {kLongWorkElements});
+  StoreDir dir;
+  dist::FileStore store(dir.path);
+  auto comm = one_rank_group(store, backend->stream());
+
+  backend->fill(out, -1.0);  // the collective's write must land after this one too
+  enqueue_long_work(*backend, in, 3.0);
+  comm->all_gather(in.data, out.data, bytes);  // one rank: a copy
+
+  std::vector<float> result(static_cast<size_t>(kLongWorkElements));
+  backend->copy_to_host(result.data(), out);
+  CHECK(count_other_than(result, 3.0f) == 0);
+}
+
+TEST_CASE("nccl: without a producer stream, a fence waited on before the call is enough") {
+  require_nccl();
+  auto backend = trainctl::backend::make_cuda_backend(0);
+  const size_t bytes = static_cast<size_t>(kLongWorkElements) * sizeof(float);
+  auto input = backend->allocate(bytes), output = backend->allocate(bytes);
+  const tensor::Tensor in = input.view(tensor::DType::f32, {kLongWorkElements});
+  const tensor::Tensor out = output.view(tensor::DType::f32, {kLongWorkElements});
+  StoreDir dir;
+  dist::FileStore store(dir.path);
+  auto comm = one_rank_group(store);
+
+  backend->fill(out, -1.0);
+  enqueue_long_work(*backend, in, 7.0);
+  backend->fence()->wait();
+  comm->all_gather(in.data, out.data, bytes);
+
+  std::vector<float> result(static_cast<size_t>(kLongWorkElements));
+  backend->copy_to_host(result.data(), out);
+  CHECK(count_other_than(result, 7.0f) == 0);
 }
 
 TEST_CASE("nccl: rank 0 aborts its rendezvous when the other rank never joins") {
@@ -344,6 +513,14 @@ void compare_sums(int rank, dist::Communicator& gloo, dist::Communicator& nccl,
   DeviceBytes part(host_part.size() * sizeof(T));
   nccl.reduce_scatter_sum_v(in.get(), part.get(), counts, dtype);
   expect(same_bits(part.download<T>(), host_part), "reduce_scatter_v " + name);
+
+  // Host memory, staged: the uneven parts are addressed at offsets of the staged input.
+  auto staged = input;
+  nccl.all_reduce_sum(staged.data(), count, dtype);
+  expect(same_bits(staged, host), "all_reduce of host memory " + name);
+  std::vector<T> staged_part(host_part.size());
+  nccl.reduce_scatter_sum_v(input.data(), staged_part.data(), counts, dtype);
+  expect(same_bits(staged_part, host_part), "reduce_scatter_v of host memory " + name);
 }
 
 }  // namespace
@@ -417,6 +594,19 @@ TEST_CASE("nccl: two ranks on two GPUs match Gloo bit for bit on every op") {
           expect(same_bits(a.download<uint8_t>(), first), "send/recv (first)");
           expect(same_bits(b.download<uint8_t>(), second), "send/recv (second)");
         }
+        // Host memory, staged: a send from and a receive into host vectors, and an uneven
+        // all_gather_v.
+        const auto third = random_bytes(80, 502);
+        if (rank == 0) {
+          nccl.send(third.data(), third.size(), 1, 9);
+        } else {
+          std::vector<uint8_t> received(third.size(), 0xA5);
+          nccl.recv(received.data(), received.size(), 0, 9);
+          expect(same_bits(received, third), "send/recv of host memory");
+        }
+        std::vector<uint8_t> staged_v(host_v.size(), 0xA5);
+        nccl.all_gather_v(mine.data(), staged_v.data(), sizes);
+        expect(same_bits(staged_v, host_v), "all_gather_v of host memory");
         nccl.barrier();
       });
   for (const auto& failure : failures)

@@ -49,15 +49,19 @@ BackgroundReducer::~BackgroundReducer() {
   worker_.join();
 }
 
-std::shared_ptr<Work> BackgroundReducer::start_all_reduce_sum(void* data, size_t count,
-                                                              DType dtype) {
+std::shared_ptr<Work> BackgroundReducer::start_all_reduce_sum(void* data, size_t count, DType dtype,
+                                                              std::function<void()> ready) {
   auto work = std::make_shared<Work>();
   work->what_ =
       "all_reduce of " + std::to_string(count) + " elements on group " + communicator_->name();
   {
     std::lock_guard lock(mutex_);
     queue_.emplace_back(
-        [this, data, count, dtype] { communicator_->all_reduce_sum(data, count, dtype); }, work);
+        [this, data, count, dtype, ready = std::move(ready)] {
+          if (ready) ready();
+          communicator_->all_reduce_sum(data, count, dtype);
+        },
+        work);
   }
   queued_.notify_one();
   return work;

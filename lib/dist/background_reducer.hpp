@@ -61,8 +61,12 @@ class BackgroundReducer {
   BackgroundReducer& operator=(const BackgroundReducer&) = delete;
 
   // Queues data[count] <- sum over ranks (Communicator::all_reduce_sum, same dtypes and
-  // determinism) and returns at once.
-  std::shared_ptr<Work> start_all_reduce_sum(void* data, size_t count, DType dtype);
+  // determinism) and returns at once. `ready`, when given, runs on the worker just before the
+  // collective and returns once the buffer's contents are complete: the GPU's writes are still in
+  // flight when a bucket is handed over (GradSync passes Backend::fence()'s wait). An exception
+  // from it fails the operation without joining the collective (the peers then time out in it).
+  std::shared_ptr<Work> start_all_reduce_sum(void* data, size_t count, DType dtype,
+                                             std::function<void()> ready = {});
 
   const Communicator& communicator() const { return *communicator_; }
 

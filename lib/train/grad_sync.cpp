@@ -185,8 +185,11 @@ void GradSync::grads_ready(const std::vector<IndexRange>& ranges) {
 void GradSync::start(size_t bucket) {
   const GradBucket& b = buckets_[bucket];
   const Tensor part = range_of(model_.params().grads(), b.begin, b.end);
+  // The backward ops that wrote this bucket may still run on the device: the worker waits for
+  // them (a fence marks what was issued until now), not for the backward issued after.
+  std::shared_ptr<backend::Backend::Fence> written = be_.fence();
   work_[bucket] = reducer_of_[bucket]->start_all_reduce_sum(
-      part.data, static_cast<size_t>(part.numel()), part.dtype);
+      part.data, static_cast<size_t>(part.numel()), part.dtype, [written] { written->wait(); });
   started_.push_back(bucket);
 }
 

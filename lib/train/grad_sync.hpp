@@ -23,9 +23,12 @@
 // runs after the waits.
 //
 // Communication passes the buffers' raw pointers: host memory on the CPU backend (Gloo); a CUDA
-// backend pairs with an NCCL communicator, which takes device pointers. On a GPU the same
-// structure holds with an event: record it on the compute stream when a bucket completes and make
-// the communication stream wait on it before the bucket's NCCL all-reduce (docs/dist.md).
+// backend pairs with NCCL communicators, which take device pointers. The backend may still be
+// writing a bucket when it is reported complete (the GPU runs behind the host), so start() takes a
+// Backend::fence() on the training thread and the reducer's worker waits on it before the bucket's
+// all-reduce: it waits for the ops that wrote the bucket, not for the backward issued after.
+// The blocking collectives need no fence: the Mesh's NCCL groups order themselves after the
+// backend's stream (MeshOptions::cuda_stream).
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,12 @@
 // BackgroundReducer: all_reduce on a worker thread with its own Gloo context, overlapping calls on
 // the foreground context of the same members; results, order, wait timeouts and failures.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "dist/dist.hpp"
 #include "dist_test_util.hpp"
@@ -59,6 +63,44 @@ TEST_CASE("background all_reduces overlap foreground calls and match blocking on
     return 0;
   });
   CHECK(status == std::vector<int>{0, 0, 0});
+}
+
+// The hand-off of a GPU's bucket: the buffer is written late (here by `ready` itself, standing
+// for the device finishing its writes), and the sum must see the late values.
+TEST_CASE("a background all_reduce runs its ready step on the worker, before the collective",
+          "[dist][gloo]") {
+  const dist_test::TempDir temp;
+  const auto status = dist_test::run_ranks(2, [&](int rank) {
+    BackgroundReducer reducer(join(temp.path, "dp_bg", rank, 2));
+    const std::thread::id caller = std::this_thread::get_id();
+    std::vector<double> bucket(4097, -1.0);  // what the sum would see without the ready step
+    std::thread::id ran_on = caller;
+    auto work = reducer.start_all_reduce_sum(bucket.data(), bucket.size(), DType::f64, [&] {
+      ran_on = std::this_thread::get_id();
+      std::this_thread::sleep_for(std::chrono::milliseconds(20 * (rank + 1)));
+      for (size_t i = 0; i < bucket.size(); ++i)
+        bucket[i] = static_cast<double>(rank + 1) * static_cast<double>(i);
+    });
+    work->wait();
+    expect(ran_on != caller, "ready ran on the worker thread, not on the caller's");
+    for (size_t i = 0; i < bucket.size(); ++i)
+      expect(bucket[i] == 3.0 * static_cast<double>(i),
+             "element " + std::to_string(i) + " is " + std::to_string(bucket[i]) +
+                 ": the sum did not see what ready wrote");
+    // A ready step that fails fails its operation; the peer's then fails by timeout, so only one
+    // rank's failure is shown here: rank 1 skips the collective too (both fail in ready).
+    auto failed = reducer.start_all_reduce_sum(bucket.data(), bucket.size(), DType::f64,
+                                               [] { throw std::runtime_error("device failed"); });
+    bool threw = false;
+    try {
+      failed->wait();
+    } catch (const std::runtime_error& e) {
+      threw = std::string(e.what()) == "device failed";
+    }
+    expect(threw, "the ready step's exception is rethrown by wait");
+    return 0;
+  });
+  CHECK(status == std::vector<int>{0, 0});
 }
 
 TEST_CASE("Work::wait with a timeout gives up without losing the operation", "[dist][gloo]") {

@@ -2,10 +2,16 @@
 // GradSync with the Mesh's background groups): whole multi-process runs with overlap on and off
 // must end with the same parameters byte for byte, the overlap must really start buckets during
 // backward, and a background failure must surface as a DistError naming the op and the group.
+// Every bucket reduced in the background is handed over with a backend fence that the reducer's
+// worker waits on (what makes it safe on a GPU, whose writes are still in flight at the hand-off).
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cstring>
 #include <fstream>
+#include <thread>
+
+#include "backend/cpu/cpu_backend.hpp"
 
 #include "data/sources.hpp"
 #include "dist/dist.hpp"
@@ -38,11 +44,38 @@ struct Setup {
   model::ModelConfig model = small_gpt();
 };
 
+// The CPU backend, counting the fences taken on the training thread and those waited on by
+// another thread (the reducer's worker).
+class FenceCountingBackend final : public backend::cpu::CpuBackend {
+ public:
+  std::unique_ptr<Fence> fence() override {
+    ++taken;
+    return std::make_unique<Counted>(*this, std::this_thread::get_id());
+  }
+  std::atomic<uint64_t> taken{0}, waited_elsewhere{0};
+
+ private:
+  class Counted final : public Fence {
+   public:
+    Counted(FenceCountingBackend& owner, std::thread::id taken_on)
+        : owner_(owner), taken_on_(taken_on) {}
+    void wait() override {
+      if (std::this_thread::get_id() != taken_on_) ++owner_.waited_elsewhere;
+    }
+
+   private:
+    FenceCountingBackend& owner_;
+    std::thread::id taken_on_;
+  };
+};
+
 // What one rank reports: whether its trainer overlapped, how many buckets each step started
-// during backward, and its whole parameter buffer as raw bytes.
+// during backward, the fences taken and waited on by another thread, and its whole parameter
+// buffer as raw bytes.
 struct RankResult {
   bool overlapped = false;
   std::vector<uint64_t> started;
+  uint64_t fences = 0, fences_waited_elsewhere = 0;
   std::vector<char> values;
 };
 
@@ -50,6 +83,9 @@ void write_result(const std::string& path, const RankResult& r) {
   std::ofstream out(path, std::ios::binary);
   const uint64_t overlapped = r.overlapped, steps = r.started.size(), bytes = r.values.size();
   out.write(reinterpret_cast<const char*>(&overlapped), sizeof overlapped);
+  out.write(reinterpret_cast<const char*>(&r.fences), sizeof r.fences);
+  out.write(reinterpret_cast<const char*>(&r.fences_waited_elsewhere),
+            sizeof r.fences_waited_elsewhere);
   out.write(reinterpret_cast<const char*>(&steps), sizeof steps);
   out.write(reinterpret_cast<const char*>(r.started.data()),
             static_cast<std::streamsize>(steps * sizeof(uint64_t)));
@@ -63,6 +99,8 @@ RankResult read_result(const std::string& path) {
   RankResult r;
   uint64_t overlapped = 0, steps = 0, bytes = 0;
   in.read(reinterpret_cast<char*>(&overlapped), sizeof overlapped);
+  in.read(reinterpret_cast<char*>(&r.fences), sizeof r.fences);
+  in.read(reinterpret_cast<char*>(&r.fences_waited_elsewhere), sizeof r.fences_waited_elsewhere);
   in.read(reinterpret_cast<char*>(&steps), sizeof steps);
   r.started.resize(steps);
   in.read(reinterpret_cast<char*>(r.started.data()),
@@ -106,7 +144,7 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
     parallel.zero_parts = mesh.dp().size();
     parallel.zero_rank = mesh.dp().rank();
   }
-  auto backend = backend::make_cpu_backend();
+  auto backend = std::make_unique<FenceCountingBackend>();
   const data::SyntheticSource source(11, s.model.vocab, 1 << 16);
   data::Sampler sampler(source, s.model.seq_len, 3, true, s.model.vocab);
   model::Transformer m(s.model, *backend, tc.micro_batch, parallel);
@@ -121,6 +159,8 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
   const tensor::Tensor values = m.params().values();
   result.values.resize(values.bytes());
   backend->copy_to_host(result.values.data(), values);
+  result.fences = backend->taken;
+  result.fences_waited_elsewhere = backend->waited_elsewhere;
   write_result(dir + "/rank_" + std::to_string(rank) + ".bin", result);
   mesh.world().barrier();
   return 0;
@@ -154,6 +194,7 @@ std::vector<RankResult> compare_overlap(Setup s) {
   for (size_t r = 0; r < on.size(); ++r) {
     INFO("rank " << r << " of " << s.layout.to_string());
     CHECK_FALSE(off[r].overlapped);
+    CHECK(off[r].fences == 0);  // the blocking collectives order themselves (MeshOptions)
     REQUIRE(on[r].values.size() == off[r].values.size());
     REQUIRE(!on[r].values.empty());
     size_t differing = 0;
@@ -164,13 +205,21 @@ std::vector<RankResult> compare_overlap(Setup s) {
   return on;
 }
 
-// Every rank overlapped, and started at least `at_least` buckets during each step's backward.
+// Every rank overlapped, and started at least `at_least` buckets during each step's backward;
+// each bucket it reduced in the background was handed over with a fence that the reducer's
+// worker waited on.
 void check_overlapped(const std::vector<RankResult>& ranks, uint64_t at_least) {
   for (size_t r = 0; r < ranks.size(); ++r) {
     INFO("rank " << r);
     CHECK(ranks[r].overlapped);
-    for (uint64_t started : ranks[r].started)
+    uint64_t started_early = 0;
+    for (uint64_t started : ranks[r].started) {
       CHECK(started >= at_least);
+      started_early += started;
+    }
+    CHECK(ranks[r].fences >= started_early);                // and those started after backward
+    CHECK(ranks[r].fences % ranks[r].started.size() == 0);  // the same buckets every step
+    CHECK(ranks[r].fences_waited_elsewhere == ranks[r].fences);
   }
 }
 

@@ -120,7 +120,8 @@ class GeluTables {
   std::vector<float> bf16_derivative_, f16_derivative_;
 };
 
-class CpuBackend final : public Backend {
+// Not final: tests derive from it to watch the hand-offs (fence()) while it computes.
+class CpuBackend : public Backend {
  public:
   // TRAINCTL_OP_TIMING=1 in the environment turns the op counters on and prints them to stderr
   // when the backend is destroyed.

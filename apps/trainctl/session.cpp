@@ -119,13 +119,14 @@ int train_session(SessionInput input, const std::string& command) {
     RankGroups groups;
     std::optional<dist::Mesh>& mesh = groups.mesh;
     const train::TrainConfig train_config = to_train_config(r);
-    join_ranks(input, train_config, rank_log, groups);
     // cluster.device: cuda runs the CUDA backend on this rank's GPU (its local rank); auto stays
-    // on the CPU until tests/gpu has passed on a GPU (docs/cuda.md).
+    // on the CPU until tests/gpu has passed on a GPU (docs/cuda.md). The backend comes first: the
+    // mesh of a CUDA rank is NCCL's, on the backend's GPU and ordered after its stream.
     const bool on_cuda = r.cluster.device == recipe::Device::cuda;
     std::unique_ptr<backend::Backend> be;
     if (const int code = make_session_backend(input, on_cuda, devices, rank_log, be); code >= 0)
       return code;
+    join_ranks(input, train_config, *be, devices, rank_log, groups);
     const model::ModelConfig model_config = to_model_config(r);
     model::Transformer model(model_config, *be, r.training.micro_batch, groups.parallel);
     model.params().initialize(static_cast<uint64_t>(r.determinism.seed));

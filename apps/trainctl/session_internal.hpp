@@ -73,9 +73,11 @@ struct RankGroups {
   std::optional<dist::Mesh> mesh;
   model::ModelParallel parallel;
 };
-// With several ranks: meets the others, builds the mesh, opens the rank's log and fills the
-// model's parallel layout. Throws dist::DistError when the rendezvous fails.
-void join_ranks(const SessionInput& input, const train::TrainConfig& train_config, RankLog& log,
+// With several ranks: meets the others, builds the mesh (Gloo groups on the CPU backend, NCCL
+// groups on the GPU of a CUDA backend, ordered after its stream), opens the rank's log and fills
+// the model's parallel layout. Throws dist::DistError when the rendezvous fails.
+void join_ranks(const SessionInput& input, const train::TrainConfig& train_config,
+                const backend::Backend& be, const backend::DeviceReport& devices, RankLog& log,
                 RankGroups& out);
 
 // The backend this rank computes on: the CUDA one on its GPU when `on_cuda`, else the CPU one.

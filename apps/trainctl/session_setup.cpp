@@ -30,16 +30,7 @@ std::vector<recipe::Problem> unsupported_in_this_build(const recipe::LoadedRecip
   std::vector<recipe::Problem> problems;
   if (r.cluster.device == recipe::Device::cuda) {
     const backend::DeviceReport devices = backend::detect_gpus();
-    // The ranks' groups are Gloo's, which read host memory: CUDA ranks need the NCCL mesh and the
-    // hand-off from the backend's stream to NCCL's (docs/cuda.md, "Not yet").
-    if (r.world_size() > 1)
-      problems.push_back(loaded.origins.problem(
-          "cluster.device",
-          fmt::format("cuda runs a single rank for now (this recipe has {}: tp {} x ep {} x dp {} "
-                      "x pp {}); several CUDA ranks need NCCL groups, which `trainctl run` does "
-                      "not build yet; use cluster.device: cpu, or parallel degrees of 1",
-                      r.world_size(), r.parallel.tp, r.parallel.ep, r.parallel.dp, r.parallel.pp)));
-    else if (!devices.cuda_compiled)
+    if (!devices.cuda_compiled)
       problems.push_back(loaded.origins.problem(
           "cluster.device",
           "this build has no CUDA (no nvcc when it was configured); use cluster.device: auto or "
@@ -69,6 +60,21 @@ int check_rank_environment(SessionInput& input, const std::string& command) {
                     launch::rank_source_name(input.rank.source), input.rank.world_size,
                     input.rank.world_size == 1 ? "" : "s", r.parallel.tp, r.parallel.ep,
                     r.parallel.dp, r.parallel.pp, r.world_size(), r.world_size()));
+  // NCCL puts each rank of a group on its own GPU ("duplicate GPU" otherwise). The ranks trainctl
+  // starts itself all run here; a launcher's ranks are checked by the GPU their local rank gets.
+  if (r.cluster.device == recipe::Device::cuda && !input.rank.launched() && r.world_size() > 1) {
+    const size_t gpus = backend::detect_gpus().gpus.size();
+    if (gpus < static_cast<size_t>(r.world_size()))
+      return report_problems(
+          {input.loaded.origins.problem(
+              "cluster.device",
+              fmt::format("cuda with {} ranks (tp {} x ep {} x dp {} x pp {}) needs one GPU per "
+                          "rank, and this machine has {}; lower the parallel degrees, run on "
+                          "more GPUs (Slurm: trainctl submit), or use cluster.device: cpu",
+                          r.world_size(), r.parallel.tp, r.parallel.ep, r.parallel.dp,
+                          r.parallel.pp, gpus))},
+          input.recipe_label);
+  }
   return -1;
 }
 
@@ -101,6 +107,13 @@ bool same_file(std::FILE* a, std::FILE* b) {
   }, sb{};
   if (::fstat(::fileno(a), &sa) != 0 || ::fstat(::fileno(b), &sb) != 0) return false;
   return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+// This rank's GPU: launch::device_for_rank, or its local rank where that finds none (the CUDA
+// backend then says the device does not exist).
+int rank_gpu(const launch::RankInfo& rank, const backend::DeviceReport& devices) {
+  const int gpu = launch::device_for_rank(rank, static_cast<int>(devices.gpus.size()));
+  return gpu >= 0 ? gpu : rank.local_rank;
 }
 
 Rendezvous open_rendezvous(const launch::RankInfo& rank, const fs::path& run_dir, bool shared_fs,
@@ -164,7 +177,8 @@ int RankLog::fail(const std::string& message, int code) {
   return code;
 }
 
-void join_ranks(const SessionInput& input, const train::TrainConfig& train_config, RankLog& log,
+void join_ranks(const SessionInput& input, const train::TrainConfig& train_config,
+                const backend::Backend& be, const backend::DeviceReport& devices, RankLog& log,
                 RankGroups& out) {
   const recipe::Recipe& r = input.loaded.recipe;
   const launch::RankInfo& rank_info = input.rank;
@@ -183,6 +197,15 @@ void join_ranks(const SessionInput& input, const train::TrainConfig& train_confi
         std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s * 1000.0));
     // The gradient reduction's second contexts (GradSync); ZeRO-1 reduces after backward.
     mesh_options.background_groups = r.parallel.overlap_grad_sync && r.parallel.zero == 0;
+    if (be.device() == backend::Device::cuda) {
+      // The model hands the groups device buffers: NCCL on this rank's GPU, each call ordered
+      // after the backend's stream. Host values (the loss, the norm, MoE counts, the session's
+      // votes) go through the same groups, staged by the NCCL communicator.
+      mesh_options.backend = dist::CommBackend::nccl;
+      mesh_options.cuda_device = rank_gpu(rank_info, devices);
+      mesh_options.cuda_stream = be.stream();
+      mesh_options.deterministic = r.determinism.deterministic;
+    }
     out.mesh.emplace(dist::Mesh::create(*out.rendezvous.store, rank_info.world_size, rank, layout,
                                         mesh_options));
     log.open(input.run_dir);
@@ -209,10 +232,8 @@ int make_session_backend(const SessionInput& input, bool on_cuda,
   const recipe::Recipe& r = input.loaded.recipe;
   const launch::RankInfo& rank_info = input.rank;
   if (on_cuda) {
-    const int rank_gpu = launch::device_for_rank(rank_info, static_cast<int>(devices.gpus.size()));
     try {
-      be = backend::make_cuda_backend(rank_gpu >= 0 ? rank_gpu : rank_info.local_rank,
-                                      r.determinism.deterministic);
+      be = backend::make_cuda_backend(rank_gpu(rank_info, devices), r.determinism.deterministic);
     } catch (const std::exception& e) {
       return log.fail(fmt::format("cluster.device: cuda: {} ({})", e.what(), devices.status),
                       kExitFailure);

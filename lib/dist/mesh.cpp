@@ -13,7 +13,8 @@ namespace {
 std::unique_ptr<Communicator> join(Store& store, const std::string& kind,
                                    const std::vector<int>& members, int rank,
                                    const MeshOptions& options,
-                                   const std::shared_ptr<CommClock>& clock) {
+                                   const std::shared_ptr<CommClock>& clock,
+                                   bool background = false) {
   const auto it = std::find(members.begin(), members.end(), rank);
   PrefixStore group_store(store, "mesh/" + kind + "/" + std::to_string(members.front()) + "/");
   GroupOptions group;
@@ -24,7 +25,8 @@ std::unique_ptr<Communicator> join(Store& store, const std::string& kind,
   group.device = options.device;
   std::unique_ptr<Communicator> communicator =
       options.backend == CommBackend::nccl
-          ? create_nccl_communicator(group_store, group, options.cuda_device, options.deterministic)
+          ? create_nccl_communicator(group_store, group, options.cuda_device, options.deterministic,
+                                     background ? nullptr : options.cuda_stream)
           : create_gloo_communicator(group_store, group);
   // A one-rank group only copies: it is not communication and stays a direct call.
   if (communicator->size() == 1) return communicator;
@@ -55,10 +57,12 @@ Mesh Mesh::create(Store& store, int world_size, int rank, const Layout& layout,
   if (options.background_groups) {
     // Every member of a group sees the same sizes and member lists, so all join or none does.
     if (mesh.groups_.dp.size() > 1)
-      mesh.dp_bg_ = join(store, "dp_bg", mesh.groups_.dp, rank, shared, mesh.background_clock_);
+      mesh.dp_bg_ = join(store, "dp_bg", mesh.groups_.dp, rank, shared, mesh.background_clock_,
+                         /*background=*/true);
     if (mesh.groups_.dp_ep.size() > 1 && mesh.groups_.dp_ep != mesh.groups_.dp)
       mesh.dp_ep_bg_ =
-          join(store, "dp_ep_bg", mesh.groups_.dp_ep, rank, shared, mesh.background_clock_);
+          join(store, "dp_ep_bg", mesh.groups_.dp_ep, rank, shared, mesh.background_clock_,
+               /*background=*/true);
   }
   // A rank can finish its side of a group's connections while a peer is still completing its
   // own; were the first to leave then exit (a short job, a test), the peer's rendezvous would fail

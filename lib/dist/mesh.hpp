@@ -22,7 +22,12 @@ struct MeshOptions {
   std::chrono::milliseconds timeout{30000};  // rendezvous and default per-call timeout
   std::shared_ptr<GlooDevice> device{};      // gloo: null means one new device for all groups
   CommBackend backend = CommBackend::gloo;
-  int cuda_device = 0;         // nccl: this rank's GPU (its local rank)
+  int cuda_device = 0;  // nccl: this rank's GPU (its local rank)
+  // nccl: the stream the backend writes the groups' device buffers on (Backend::stream()); every
+  // call of the groups above waits for it on the device first. Not given to the background groups:
+  // their caller hands over a fence per buffer instead (GradSync), so a bucket's reduction does not
+  // also wait for the backward issued after it.
+  void* cuda_stream = nullptr;
   bool deterministic = false;  // nccl: pin NCCL_ALGO=Ring, NCCL_PROTO=Simple (docs/dist.md)
   // Also join dp_bg and dp_ep_bg: the dp and dp_ep members a second time, for the gradient
   // reduction that a BackgroundReducer runs on its own thread while backward goes on (a context

@@ -212,11 +212,10 @@ CASES = [
               one("error: --set cluster.device=cuda: this machine has no usable GPU (`trainctl "
                   "version` says why); use cluster.device: auto or cpu", "tiny.yaml"),
               commands=("run",)),
+    # Several CUDA ranks are a supported layout (NCCL groups): refused here for the GPU alone.
     tiny_case("device_cuda_several_ranks", ["cluster.device=cuda", "parallel.dp=2"],
-              one("error: --set cluster.device=cuda: cuda runs a single rank for now (this recipe "
-                  "has 2: tp 1 x ep 1 x dp 2 x pp 1); several CUDA ranks need NCCL groups, which "
-                  "`trainctl run` does not build yet; use cluster.device: cpu, or parallel "
-                  "degrees of 1", "tiny.yaml"),
+              one("error: --set cluster.device=cuda: this machine has no usable GPU (`trainctl "
+                  "version` says why); use cluster.device: auto or cpu", "tiny.yaml"),
               commands=("run",)),
     # ---- the command line itself ----
     {"name": "run_without_recipe", "files": {}, "recipe": None, "args": [], "commands": ("run",),

@@ -249,11 +249,14 @@ int train_session(SessionInput input, const std::string& command) {
                       stats->write_seconds,
                       telemetry::format_bytes(static_cast<uint64_t>(stats->bandwidth)), stall_ms));
     };
+    // The gradient reduction's busy time beside backward; comm_ms holds only what it exposed.
+    const bool overlapping = multi && trainer.overlaps_grad_sync();
     try {
       trainer.run([&](const train::StepMetrics& m) {
         if (metrics) {
           nlohmann::json record = metrics_record(m, fp16, moe);
           if (multi) record["comm_ms"] = m.comm_ms;
+          if (overlapping) record["comm_background_ms"] = m.comm_background_ms;
           metrics->write(record);
         }
         telemetry::StepInfo info{m.step,         m.loss,    m.lr,

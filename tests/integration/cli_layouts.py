@@ -31,6 +31,20 @@ LAYOUTS = [
 REPEAT = ("gpt", "tp2-pp2")
 
 
+def check_comm_fields(records, layout, label):
+    """Several ranks report comm_ms; those whose gradient reduction overlaps backward (a data
+    group of two: dp2 or ep2, not ZeRO-1) also its background busy time, which is not zero."""
+    overlaps = ("dp2" in layout or "ep2" in layout) and "zero1" not in layout
+    for step, record in records.items():
+        check(record.get("comm_ms", -1) >= 0, f"{label}: step {step} has no comm_ms: {record}")
+        check(("comm_background_ms" in record) == overlaps,
+              f"{label}: step {step} {'lacks' if overlaps else 'has'} comm_background_ms "
+              f"(the reduction {'overlaps' if overlaps else 'does not overlap'} backward)")
+    if overlaps:
+        busy = sum(r["comm_background_ms"] for r in records.values())
+        check(busy > 0, f"{label}: the background reduction was never busy ({busy} ms)")
+
+
 def body(binary, root):
     with cli_util.temp_dir("layouts") as tmp:
         reference = {}
@@ -56,6 +70,7 @@ def body(binary, root):
                 got = [r["dropped_tokens"] for r in lu.losses(run_dir).values()]
                 check(want == got, f"{label}: dropped tokens per step {got} differ from the "
                                    f"single rank's {want}")
+            check_comm_fields(lu.losses(run_dir), layout, label)
             report.append(f"{label}: loss {loss_error:.2g}, weights {weight_error:.2g} "
                           f"(worst tensor {worst})")
 

@@ -6,9 +6,9 @@
 // Execution: every op is enqueued on the backend's compute stream; the Backend contract
 // ("synchronous from the caller's point of view") holds because every op that returns a host value
 // (sum, sum_squares, all_finite, copy_to_host) synchronises the stream, and device memory is only
-// read by later ops on the same stream. Deterministic mode (the default): no float atomics, fixed
-// reduction orders, cuBLASLt without TF32 for fp32 and with a fixed algorithm per shape, so two
-// runs on the same GPU are bit-identical.
+// read by later ops on the same stream or by a communicator ordered after it (stream(), fence()).
+// Deterministic mode (the default): no float atomics, fixed reduction orders, cuBLASLt without TF32
+// for fp32 and with a fixed algorithm per shape, so two runs on the same GPU are bit-identical.
 //
 // Memory: allocate() is cudaMalloc (zero-filled with cudaMemsetAsync), called only while the model
 // plans its buffers, never in the step loop; kernels that need temporary space take it from

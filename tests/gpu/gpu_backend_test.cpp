@@ -22,6 +22,7 @@
 
 #include "gpu_compare.hpp"
 
+using gpu_compare::enqueue_long_work;
 using gpu_compare::Harness;
 using gpu_compare::kGpuFloatTypes;
 using gpu_compare::Twin;
@@ -507,19 +508,6 @@ TEST_CASE("cuda ops reject host tensors and dtypes they do not compute on") {
   args.k = 5;  // a has 16 elements, needs 20
   CHECK_THROWS_WITH(h.gpu().gemm(args), Catch::Contains("needs 20"));
 }
-
-namespace {
-
-// Keeps the GPU busy for tens of milliseconds (200 passes over 256 MiB at about 4 TB/s) and leaves
-// every element equal to `value`; returns as soon as it is enqueued.
-void enqueue_long_work(Backend& backend, const trainctl::tensor::Tensor& t, double value) {
-  backend.fill(t, 1.0);
-  for (int pass = 0; pass < 200; ++pass)
-    backend.scale(t, 1.0);
-  backend.fill(t, value);
-}
-
-}  // namespace
 
 TEST_CASE("cuda stream() is the compute stream and fence() waited on another thread covers it") {
   Harness h;

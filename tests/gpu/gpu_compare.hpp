@@ -333,6 +333,16 @@ class Harness {
   std::unique_ptr<Backend> gpu_;
 };
 
+// Hand-off tests (fence, NCCL's producer stream): enqueues fill 1, 200 passes of scale(1) and fill
+// `value` on the backend's stream and returns at once. Over 64M floats that keeps an H200 busy for
+// tens of milliseconds, during which the buffer does not hold `value` yet.
+inline void enqueue_long_work(Backend& backend, const Tensor& t, double value) {
+  backend.fill(t, 1.0);
+  for (int pass = 0; pass < 200; ++pass)
+    backend.scale(t, 1.0);
+  backend.fill(t, value);
+}
+
 }  // namespace gpu_compare
 
 // Catch2 checks with the comparison's report attached (and the seed, to reproduce a failure).

@@ -28,6 +28,7 @@
 #include "dist/gloo_communicator.hpp"
 #include "dist/nccl_communicator.hpp"
 #include "dist/store.hpp"
+#include "gpu_compare.hpp"
 #include "kernels/check.cuh"
 #include "tensor/dtype.hpp"
 #include "tensor/tensor.hpp"
@@ -340,21 +341,33 @@ TEST_CASE("nccl: host input with device output, and device input with host outpu
 
 namespace {
 
-// 256 MiB of f32: enough that the backend's work below takes milliseconds on an H200.
-constexpr int64_t kLongWorkElements = int64_t{64} << 20;
+// The hand-off of a buffer the backend is still writing: long work ending in fill `value` is
+// enqueued, then a one-rank all_gather (a copy) reads the buffer at once, ordered either by the
+// communicator's producer stream (the backend's) or by a fence waited on before the call. Returns
+// how many elements of the copy are not `value` (the output starts at -1, which must be
+// overwritten too).
+size_t elements_missed_by_hand_off(bool producer_stream, float value) {
+  auto backend = trainctl::backend::make_cuda_backend(0);
+  REQUIRE(backend->stream() != nullptr);
+  const int64_t n = int64_t{64} << 20;  // 256 MiB: milliseconds of work on an H200
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  // allocate() synchronises the backend's stream, so everything is allocated before the work.
+  auto input = backend->allocate(bytes), output = backend->allocate(bytes);
+  const tensor::Tensor in = input.view(tensor::DType::f32, {n});
+  const tensor::Tensor out = output.view(tensor::DType::f32, {n});
+  StoreDir dir;
+  dist::FileStore store(dir.path);
+  auto comm = one_rank_group(store, producer_stream ? backend->stream() : nullptr);
 
-// Enqueues fill 1, 200 passes of scale(1) and fill `value` on the backend's stream and returns at
-// once: until the stream drains, the buffer holds 1s (or 0s), not `value`.
-void enqueue_long_work(trainctl::backend::Backend& backend, const tensor::Tensor& t, double value) {
-  backend.fill(t, 1.0);
-  for (int pass = 0; pass < 200; ++pass)
-    backend.scale(t, 1.0);
-  backend.fill(t, value);
-}
+  backend->fill(out, -1.0);
+  gpu_compare::enqueue_long_work(*backend, in, value);
+  if (!producer_stream) backend->fence()->wait();
+  comm->all_gather(in.data, out.data, bytes);
 
-size_t count_other_than(const std::vector<float>& values, float expected) {
+  std::vector<float> result(static_cast<size_t>(n));
+  backend->copy_to_host(result.data(), out);
   return static_cast<size_t>(
-      std::count_if(values.begin(), values.end(), [&](float v) { return v != expected; }));
+      std::count_if(result.begin(), result.end(), [&](float v) { return v != value; }));
 }
 
 }  // namespace
@@ -366,45 +379,12 @@ TEST_CASE(
     "nccl: with the backend's stream as producer, a collective reads what the backend just "
     "wrote, without a host wait") {
   require_nccl();
-  auto backend = trainctl::backend::make_cuda_backend(0);
-  REQUIRE(backend->stream() != nullptr);
-  const size_t bytes = static_cast<size_t>(kLongWorkElements) * sizeof(float);
-  // allocate() synchronises the backend's stream, so everything is allocated before the work.
-  auto input = backend->allocate(bytes), output = backend->allocate(bytes);
-  const tensor::Tensor in = input.view(tensor::DType::f32, {kLongWorkElements});
-  const tensor::Tensor out = output.view(tensor::DType::f32, {kLongWorkElements});
-  StoreDir dir;
-  dist::FileStore store(dir.path);
-  auto comm = one_rank_group(store, backend->stream());
-
-  backend->fill(out, -1.0);  // the collective's write must land after this one too
-  enqueue_long_work(*backend, in, 3.0);
-  comm->all_gather(in.data, out.data, bytes);  // one rank: a copy
-
-  std::vector<float> result(static_cast<size_t>(kLongWorkElements));
-  backend->copy_to_host(result.data(), out);
-  CHECK(count_other_than(result, 3.0f) == 0);
+  CHECK(elements_missed_by_hand_off(/*producer_stream=*/true, 3.0f) == 0);
 }
 
 TEST_CASE("nccl: without a producer stream, a fence waited on before the call is enough") {
   require_nccl();
-  auto backend = trainctl::backend::make_cuda_backend(0);
-  const size_t bytes = static_cast<size_t>(kLongWorkElements) * sizeof(float);
-  auto input = backend->allocate(bytes), output = backend->allocate(bytes);
-  const tensor::Tensor in = input.view(tensor::DType::f32, {kLongWorkElements});
-  const tensor::Tensor out = output.view(tensor::DType::f32, {kLongWorkElements});
-  StoreDir dir;
-  dist::FileStore store(dir.path);
-  auto comm = one_rank_group(store);
-
-  backend->fill(out, -1.0);
-  enqueue_long_work(*backend, in, 7.0);
-  backend->fence()->wait();
-  comm->all_gather(in.data, out.data, bytes);
-
-  std::vector<float> result(static_cast<size_t>(kLongWorkElements));
-  backend->copy_to_host(result.data(), out);
-  CHECK(count_other_than(result, 7.0f) == 0);
+  CHECK(elements_missed_by_hand_off(/*producer_stream=*/false, 7.0f) == 0);
 }
 
 TEST_CASE("nccl: rank 0 aborts its rendezvous when the other rank never joins") {

@@ -215,13 +215,7 @@ TEST_CASE("cuda all_finite finds one inf or NaN anywhere") {
 
 TEST_CASE("cuda adamw matches the CPU bit for bit, with and without master weights") {
   Harness h;
-  Backend::AdamW hyper{};
-  hyper.lr = 3e-3;
-  hyper.beta1 = 0.9;
-  hyper.beta2 = 0.95;
-  hyper.eps = 1e-8;
-  hyper.weight_decay = 0.1;
-  hyper.grad_scale = 0.37;
+  Backend::AdamW hyper = gpu_compare::adamw_hyper();
   for (const DType dtype : kGpuFloatTypes) {
     for (const bool with_master : {false, true}) {
       for (const int64_t n : kSizes) {

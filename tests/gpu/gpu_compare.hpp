@@ -333,6 +333,19 @@ class Harness {
   std::unique_ptr<Backend> gpu_;
 };
 
+// The AdamW settings of the optimizer tests (step still to set); grad_scale is not 1 so the
+// un-scaling is exercised.
+inline Backend::AdamW adamw_hyper() {
+  Backend::AdamW hyper{};
+  hyper.lr = 3e-3;
+  hyper.beta1 = 0.9;
+  hyper.beta2 = 0.95;
+  hyper.eps = 1e-8;
+  hyper.weight_decay = 0.1;
+  hyper.grad_scale = 0.37;
+  return hyper;
+}
+
 // Hand-off tests (fence, NCCL's producer stream): enqueues fill 1, 200 passes of scale(1) and fill
 // `value` on the backend's stream and returns at once. Over 64M floats that keeps an H200 busy for
 // tens of milliseconds, during which the buffer does not hold `value` yet.

@@ -605,13 +605,7 @@ TEST_CASE("cuda gemm with the GELU epilogue matches the CPU's gemm + gelu_forwar
 
 TEST_CASE("cuda multi-tensor adamw matches the CPU bit for bit over many ranges") {
   Harness h;
-  Backend::AdamW hyper{};
-  hyper.lr = 3e-3;
-  hyper.beta1 = 0.9;
-  hyper.beta2 = 0.95;
-  hyper.eps = 1e-8;
-  hyper.weight_decay = 0.1;
-  hyper.grad_scale = 0.37;
+  Backend::AdamW hyper = gpu_compare::adamw_hyper();
   // A few ranges with gaps (never touched) and odd starts (scalar path), and 250 small ranges
   // (several launches of the kernel's range table).
   std::vector<Backend::AdamWRange> few = {

@@ -51,17 +51,35 @@ BackgroundReducer::~BackgroundReducer() {
 
 std::shared_ptr<Work> BackgroundReducer::start_all_reduce_sum(void* data, size_t count, DType dtype,
                                                               std::function<void()> ready) {
+  return enqueue("all_reduce of " + std::to_string(count) + " elements",
+                 [this, data, count, dtype, ready = std::move(ready)] {
+                   if (ready) ready();
+                   communicator_->all_reduce_sum(data, count, dtype);
+                 });
+}
+
+std::shared_ptr<Work> BackgroundReducer::start_reduce_scatter_sum_v(const void* input, void* output,
+                                                                    std::vector<size_t> counts,
+                                                                    DType dtype,
+                                                                    std::function<void()> ready) {
+  size_t total = 0;
+  for (size_t count : counts)
+    total += count;
+  return enqueue(
+      "reduce_scatter_v of " + std::to_string(total) + " elements",
+      [this, input, output, counts = std::move(counts), dtype, ready = std::move(ready)] {
+        if (ready) ready();
+        communicator_->reduce_scatter_sum_v(input, output, counts, dtype);
+      });
+}
+
+std::shared_ptr<Work> BackgroundReducer::enqueue(std::string what,
+                                                 std::function<void()> operation) {
   auto work = std::make_shared<Work>();
-  work->what_ =
-      "all_reduce of " + std::to_string(count) + " elements on group " + communicator_->name();
+  work->what_ = std::move(what) + " on group " + communicator_->name();
   {
     std::lock_guard lock(mutex_);
-    queue_.emplace_back(
-        [this, data, count, dtype, ready = std::move(ready)] {
-          if (ready) ready();
-          communicator_->all_reduce_sum(data, count, dtype);
-        },
-        work);
+    queue_.emplace_back(std::move(operation), work);
   }
   queued_.notify_one();
   return work;

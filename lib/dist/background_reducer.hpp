@@ -1,5 +1,6 @@
-// BackgroundReducer: all_reduce_sum started now and waited for later (c10d's Work idea), so the
-// gradient reduction of one bucket can overlap the backward pass of the layers before it.
+// BackgroundReducer: all_reduce_sum and reduce_scatter_sum_v started now and waited for later
+// (c10d's Work idea), so the gradient reduction of one bucket can overlap the backward pass of the
+// layers before it (ZeRO-1 reduce-scatters each bucket into the owners' parts).
 //
 // Threading rules (why they are safe with Gloo):
 //  - The reducer owns its communicator and a single worker thread that alone calls it. Give it a
@@ -8,9 +9,9 @@
 //    of the same members run concurrently without interference (tested).
 //  - Operations run one at a time, in the order they were started. Every member must start the
 //    same operations in the same order, as for blocking collectives.
-//  - start_all_reduce_sum and wait are called from one thread (the training thread).
-//  - The buffer is the caller's: it must stay valid, and be neither read nor written, from start
-//    until wait() returns (the handle does not copy it).
+//  - The start_* calls and wait are made from one thread (the training thread).
+//  - The buffers are the caller's: they must stay valid, and be neither read nor written (the
+//    input may be read), from start until wait() returns (the handle does not copy them).
 //  - A failure (timeout, dead peer) is rethrown by wait() of the failed operation, and by wait() of
 //    every later one (the communicator is broken); the destructor waits for queued operations
 //    and swallows their errors, so wait on every handle you care about.
@@ -23,7 +24,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "dist/communicator.hpp"
 
@@ -67,10 +70,17 @@ class BackgroundReducer {
   // from it fails the operation without joining the collective (the peers then time out in it).
   std::shared_ptr<Work> start_all_reduce_sum(void* data, size_t count, DType dtype,
                                              std::function<void()> ready = {});
+  // Queues Communicator::reduce_scatter_sum_v(input, output, counts, dtype): chunk r of `input`
+  // (counts[r] elements, packed in rank order) summed into rank r's `output`. Zero counts are
+  // fine (a bucket inside one rank's part is a reduce to that rank); `ready` as above.
+  std::shared_ptr<Work> start_reduce_scatter_sum_v(const void* input, void* output,
+                                                   std::vector<size_t> counts, DType dtype,
+                                                   std::function<void()> ready = {});
 
   const Communicator& communicator() const { return *communicator_; }
 
  private:
+  std::shared_ptr<Work> enqueue(std::string what, std::function<void()> operation);
   void run();
 
   std::unique_ptr<Communicator> owned_;

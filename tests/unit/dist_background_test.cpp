@@ -1,5 +1,7 @@
-// BackgroundReducer: all_reduce on a worker thread with its own Gloo context, overlapping calls on
-// the foreground context of the same members; results, order, wait timeouts and failures.
+// BackgroundReducer: all_reduce and reduce_scatter_v on a worker thread with its own Gloo context,
+// overlapping calls on the foreground context of the same members; results, order, wait timeouts
+// and failures.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
@@ -101,6 +103,53 @@ TEST_CASE("a background all_reduce runs its ready step on the worker, before the
     return 0;
   });
   CHECK(status == std::vector<int>{0, 0});
+}
+
+// ZeRO-1's buckets: a reduce-scatter per bucket, cut from one buffer whose rank parts do not
+// follow the bucket edges (counts of zero included), must give each rank exactly the bits of one
+// blocking reduce_scatter_v of the whole buffer; the input is written late by `ready`.
+TEST_CASE("background reduce_scatter_v of buckets equals one blocking reduce_scatter_v",
+          "[dist][gloo]") {
+  const dist_test::TempDir temp;
+  const auto status = dist_test::run_ranks(3, [&](int rank) {
+    auto foreground = join(temp.path, "dp", rank, 3);
+    BackgroundReducer reducer(join(temp.path, "dp_bg", rank, 3));
+    const std::vector<size_t> parts = {7000, 1, 12999};  // rank r owns parts[r] elements
+    const std::vector<size_t> bucket_edges = {0, 3000, 7001, 9000, 20000};
+    const size_t total = bucket_edges.back();
+    std::vector<float> grads(total, -1.0f);  // what the sums would see without the ready steps
+    const size_t begin = rank == 0 ? 0 : rank == 1 ? parts[0] : parts[0] + parts[1];
+    std::vector<float> background(parts[static_cast<size_t>(rank)], -7.0f);
+    std::vector<std::shared_ptr<Work>> works;
+    for (size_t b = 0; b + 1 < bucket_edges.size(); ++b) {
+      const size_t lo = bucket_edges[b], hi = bucket_edges[b + 1];
+      std::vector<size_t> counts;
+      size_t owner_begin = 0;
+      for (size_t part : parts) {
+        const size_t from = std::max(lo, owner_begin), to = std::min(hi, owner_begin + part);
+        counts.push_back(to > from ? to - from : 0);
+        owner_begin += part;
+      }
+      const size_t at = std::clamp(lo, begin, begin + parts[static_cast<size_t>(rank)]) - begin;
+      works.push_back(reducer.start_reduce_scatter_sum_v(
+          grads.data() + lo, background.data() + at, counts, DType::f32, [&, lo, hi] {
+            const std::vector<float> late = values(rank, total, 5);
+            std::copy(late.begin() + static_cast<std::ptrdiff_t>(lo),
+                      late.begin() + static_cast<std::ptrdiff_t>(hi),
+                      grads.begin() + static_cast<std::ptrdiff_t>(lo));
+          }));
+    }
+    for (auto& work : works)
+      work->wait();
+    const std::vector<float> input = values(rank, total, 5);
+    std::vector<float> blocking(parts[static_cast<size_t>(rank)], -9.0f);
+    foreground->reduce_scatter_sum_v(input.data(), blocking.data(), parts, DType::f32);
+    expect(std::memcmp(blocking.data(), background.data(), blocking.size() * sizeof(float)) == 0,
+           "rank " + std::to_string(rank) +
+               ": the buckets' reduce-scatters differ from the whole buffer's");
+    return 0;
+  });
+  CHECK(status == std::vector<int>{0, 0, 0});
 }
 
 TEST_CASE("Work::wait with a timeout gives up without losing the operation", "[dist][gloo]") {

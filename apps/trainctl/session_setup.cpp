@@ -195,8 +195,8 @@ void join_ranks(const SessionInput& input, const train::TrainConfig& train_confi
     dist::MeshOptions mesh_options;
     mesh_options.timeout =
         std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s * 1000.0));
-    // The gradient reduction's second contexts (GradSync); ZeRO-1 reduces after backward.
-    mesh_options.background_groups = r.parallel.overlap_grad_sync && r.parallel.zero == 0;
+    // The gradient reduction's second contexts (GradSync), with and without ZeRO-1.
+    mesh_options.background_groups = r.parallel.overlap_grad_sync;
     if (be.device() == backend::Device::cuda) {
       // The model hands the groups device buffers: NCCL on this rank's GPU, each call ordered
       // after the backend's stream. Host values (the loss, the norm, MoE counts, the session's

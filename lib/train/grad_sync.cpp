@@ -93,7 +93,6 @@ GradSync::GradSync(const dist::Mesh& mesh, backend::Backend& backend, model::Tra
                                 std::to_string(mesh.ep().size()) +
                                 ") is not supported: set parallel.zero: 0 or parallel.ep: 1");
   NormOwnership owner{mesh.tp().rank(), mesh.ep().rank(), mesh.dp().rank(), zero, 0, 0};
-  int64_t scratch_elements = 0;
   if (zero) {
     const int dp = mesh.dp().size(), rank = mesh.dp().rank();
     zero_bounds_ = model::zero_partition(params.table(), dp);
@@ -108,17 +107,17 @@ GradSync::GradSync(const dist::Mesh& mesh, backend::Backend& backend, model::Tra
           "): build the model with ModelParallel zero_parts = dp and zero_rank = the dp rank");
     owner.zero_begin = begin;
     owner.zero_end = end;
-    scratch_elements = end - begin;
+    if (end > begin) zero_part_ = be_.allocate(static_cast<size_t>(end - begin) * grad_bytes);
   }
   counted_ = norm_ranges(params.table(), owner);
   const model::ModelParallel& parallel = model.parallel();
+  int64_t tied_elements = 0;
   if (parallel.pp_size > 1 && model.config().tied_embeddings)
     for (const ParamSpec& spec : params.table().specs())
       if (spec.tied_copy || (spec.name == "embed.wte" && parallel.first_stage()))
-        scratch_elements = std::max(scratch_elements, spec.shape.numel());
-  if (scratch_elements > 0)
-    scratch_ = be_.allocate(static_cast<size_t>(scratch_elements) * grad_bytes);
-  if (overlap && !zero) plan_overlap();
+        tied_elements = std::max(tied_elements, spec.shape.numel());
+  if (tied_elements > 0) tied_peer_ = be_.allocate(static_cast<size_t>(tied_elements) * grad_bytes);
+  if (overlap) plan_overlap();
 }
 
 GradSync::~GradSync() = default;
@@ -188,8 +187,25 @@ void GradSync::start(size_t bucket) {
   // The backward ops that wrote this bucket may still run on the device: the worker waits for
   // them (a fence marks what was issued until now), not for the backward issued after.
   std::shared_ptr<backend::Backend::Fence> written = be_.fence();
-  work_[bucket] = reducer_of_[bucket]->start_all_reduce_sum(
-      part.data, static_cast<size_t>(part.numel()), part.dtype, [written] { written->wait(); });
+  auto ready = [written] { written->wait(); };
+  if (!zero_) {
+    work_[bucket] = reducer_of_[bucket]->start_all_reduce_sum(
+        part.data, static_cast<size_t>(part.numel()), part.dtype, std::move(ready));
+  } else {
+    // Each dp rank receives the sum of the bucket's elements inside its part (often none: a
+    // bucket inside one part is a reduce to its owner), at their place in zero_part_.
+    std::vector<size_t> counts;
+    for (size_t r = 0; r + 1 < zero_bounds_.size(); ++r)
+      counts.push_back(static_cast<size_t>(std::max<int64_t>(
+          0, std::min(b.end, zero_bounds_[r + 1]) - std::max(b.begin, zero_bounds_[r]))));
+    const model::ParamStore& params = model_.params();
+    const int64_t at = std::clamp(b.begin, params.optimizer_begin(), params.optimizer_end()) -
+                       params.optimizer_begin();
+    void* output = static_cast<char*>(zero_part_.data()) +
+                   static_cast<size_t>(at) * tensor::dtype_size(part.dtype);
+    work_[bucket] = reducer_of_[bucket]->start_reduce_scatter_sum_v(
+        part.data, output, std::move(counts), part.dtype, std::move(ready));
+  }
   started_.push_back(bucket);
 }
 
@@ -229,7 +245,7 @@ void GradSync::exchange_tied_embedding() {
                            " stages: stage " + std::to_string(parallel.pp_rank) +
                            " has no embed.wte (or its tied copy) in its parameter table");
   const Tensor grad = model::ParamStore::slice(params.grads(), *tied);
-  const Tensor peer = scratch_.view(grad.dtype, grad.shape);
+  const Tensor peer = tied_peer_.view(grad.dtype, grad.shape);
   dist::Communicator& pp = mesh_.pp();
   // First stage sends first, last stage receives first: safe even with unbuffered sends.
   if (parallel.first_stage()) {
@@ -252,6 +268,7 @@ void GradSync::reduce_gradients() {
     for (size_t b = 0; b < buckets_.size(); ++b)
       if (reducer_of_[b] && !work_[b]) start(b);
     wait_all();
+    if (zero_) take_reduced_part();
     return;
   }
   if (!zero_) {
@@ -270,11 +287,14 @@ void GradSync::reduce_gradients() {
   std::vector<size_t> counts;
   for (size_t r = 0; r + 1 < zero_bounds_.size(); ++r)
     counts.push_back(static_cast<size_t>(zero_bounds_[r + 1] - zero_bounds_[r]));
+  dp.reduce_scatter_sum_v(grads.data, zero_part_.data(), counts, grads.dtype);
+  take_reduced_part();
+}
+
+void GradSync::take_reduced_part() {
   const model::ParamStore& params = model_.params();
-  const Tensor mine = range_of(grads, params.optimizer_begin(), params.optimizer_end());
-  const Tensor reduced = scratch_.view(grads.dtype, {mine.numel()});
-  dp.reduce_scatter_sum_v(grads.data, reduced.data, counts, grads.dtype);
-  be_.cast(mine, reduced);
+  const Tensor mine = range_of(params.grads(), params.optimizer_begin(), params.optimizer_end());
+  if (mine.numel() > 0) be_.cast(mine, zero_part_.view(mine.dtype, {mine.numel()}));
 }
 
 double GradSync::global_sum_squares() {
@@ -294,9 +314,10 @@ void GradSync::gather_parameters() {
   std::vector<size_t> bytes;
   for (size_t r = 0; r + 1 < zero_bounds_.size(); ++r)
     bytes.push_back(static_cast<size_t>(zero_bounds_[r + 1] - zero_bounds_[r]) * item);
-  // The own part goes through the scratch buffer: the gather's output covers its input.
+  // The own part goes through zero_part_ (free after the step): the gather's output covers its
+  // input.
   const Tensor mine = range_of(values, params.optimizer_begin(), params.optimizer_end());
-  const Tensor copy = scratch_.view(values.dtype, {mine.numel()});
+  const Tensor copy = zero_part_.view(values.dtype, {mine.numel()});
   be_.cast(copy, mine);
   mesh_.dp().all_gather_v(copy.data, values.data, bytes);
 }

@@ -10,17 +10,22 @@
 // bucket_bytes each. Backward runs last layer first, so buckets complete from the end of the
 // buffer towards its start.
 //
-// Overlap (constructed with overlap on, no ZeRO): the trainer arms the sync before the step's last
+// Overlap (constructed with overlap on): the trainer arms the sync before the step's last
 // backward on this stage and forwards the model's grads-ready reports (Transformer::
-// set_grads_ready_hook); each bucket's all-reduce starts on a BackgroundReducer (the Mesh's dp_bg
+// set_grads_ready_hook); each bucket's reduction starts on a BackgroundReducer (the Mesh's dp_bg
 // or dp_ep_bg, a second context of the same members) as soon as all of it was reported, in
 // completion order, which is the same on every rank of the group. reduce_gradients() then starts
 // the buckets not started yet and waits for all. The sums are those of the blocking path (same
 // buckets, same Gloo algorithm): bit-identical results. Buckets holding the tied embedding (pp > 1)
-// wait for the stage exchange after backward, and ZeRO-1's reduce-scatter stays after backward.
+// wait for the stage exchange after backward.
+// ZeRO-1 overlaps too: each bucket is reduce-scattered on its own (reduce_scatter_sum_v, each dp
+// rank receiving the bucket's elements inside its part, into a buffer of its part) and the part is
+// copied into grads() after the waits. Gloo's reduce-scatter adds each element's terms in rank
+// order however the buffer is cut, so this equals the blocking path's one reduce-scatter of the
+// whole buffer bit for bit.
 // Between a bucket's start and its wait nothing on the training thread reads or writes that range:
-// backward only writes ranges not yet reported, the tied exchange only unstarted buckets, the norm
-// runs after the waits.
+// backward only writes ranges not yet reported, the tied exchange only unstarted buckets (and its
+// own peer buffer), the norm runs after the waits.
 //
 // Communication passes the buffers' raw pointers: host memory on the CPU backend (Gloo); a CUDA
 // backend pairs with NCCL communicators, which take device pointers. The backend may still be
@@ -77,7 +82,7 @@ class GradSync {
   // `model` must be built with this rank's ModelParallel; zero: ZeRO-1 (ep must be 1). overlap:
   // reduce buckets during backward (see the top of this file); it needs the Mesh's background
   // groups (MeshOptions::background_groups) for each data-parallel group of more than one rank,
-  // and is off with ZeRO-1 or without them (overlaps() says which).
+  // and is off without them (overlaps() says which).
   GradSync(const dist::Mesh& mesh, backend::Backend& backend, model::Transformer& model,
            int64_t bucket_bytes, bool zero, bool overlap = false);
   ~GradSync();
@@ -111,6 +116,8 @@ class GradSync {
   void plan_overlap();
   void start(size_t bucket);
   void wait_all();
+  // ZeRO-1: this rank's part of grads() <- the reduced part in zero_part_.
+  void take_reduced_part();
 
   const dist::Mesh& mesh_;
   backend::Backend& be_;
@@ -120,7 +127,10 @@ class GradSync {
   std::vector<GradBucket> buckets_;
   std::vector<model::IndexRange> counted_;
   std::vector<int64_t> zero_bounds_;  // zero_partition over dp
-  backend::Allocation scratch_;       // ZeRO's reduced part, the tied embedding's peer gradient
+  // ZeRO-1: this rank's reduced part (also the gather's copy of its updated values). Apart from
+  // the tied embedding's peer gradient, which arrives while background buckets write this one.
+  backend::Allocation zero_part_;
+  backend::Allocation tied_peer_;
 
   // Overlap state, per bucket: its reducer (null: a one-rank group, nothing to reduce), whether
   // it waits for the tied exchange, elements not yet reported, the running operation.

@@ -105,8 +105,8 @@ class Trainer {
   // 0 of 1 on one rank.
   int data_rank() const { return data_rank_; }
   int data_ranks() const { return data_ranks_; }
-  // Whether gradient reductions overlap backward: asked for (overlap_grad_sync), no ZeRO-1, and
-  // the mesh was created with MeshOptions::background_groups.
+  // Whether gradient reductions (all-reduce, or ZeRO-1's reduce-scatter) overlap backward: asked
+  // for (overlap_grad_sync) and the mesh was created with MeshOptions::background_groups.
   bool overlaps_grad_sync() const { return sync_ && sync_->overlaps(); }
   // Buckets the last step found already started during backward (0 without overlap).
   size_t buckets_started_during_backward() const {

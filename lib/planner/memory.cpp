@@ -280,13 +280,15 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   m.activations = m.activations_kept + shared_peak + stage_scratch(s, z, st, lay, N);
 
   // ---- buffers of the collectives (lib/train GradSync, lib/dist, the vocab-parallel loss) ----
-  // Gradients are all-reduced in place; GradSync keeps one scratch buffer for the ZeRO part it
-  // reduces into and the tied embedding's peer gradient (first and last stage).
+  // Gradients are all-reduced in place; GradSync keeps a buffer for the ZeRO part it reduces
+  // into and another for the tied embedding's peer gradient (first and last stage): the peer
+  // arrives while background reduce-scatters still write the part.
   const bool zero = lay.zero && lay.dp > 1;
-  const int64_t grad_scratch = std::max(zero ? part : 0, tied_elements);
+  const int64_t grad_scratch = (zero ? part : 0) + tied_elements;
   m.comm_buffers += static_cast<double>(grad_scratch) * z.grad;
   // Gloo has no reduce-scatter: ours receives every rank's copy of its part and sums locally
-  // (NCCL reduces in place).
+  // (NCCL reduces in place). An upper bound with overlap_grad_sync, whose reduce-scatters receive
+  // one bucket's share of the part at a time.
   if (zero && cluster.gpus_per_node == 0)
     m.comm_buffers += static_cast<double>(part) * lay.dp * z.grad;
   // The vocab-parallel loss combines the shards' log-sum-exp on the host: int32 local targets,

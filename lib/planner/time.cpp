@@ -145,20 +145,25 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   const double per_gpu = 1.0 / (static_cast<double>(lay.tp) * lay.pp);
   const double shared_bytes = shared_elements * per_gpu;
   const double expert_bytes = expert_elements * per_gpu;
-  auto sync = [&](double elements, int group) {
-    if (lay.zero)  // reduce-scatter the grads, all-gather the updated params
-      return ring_seconds(elements * z.grad, group, dp_link, 1.0) +
-             ring_seconds(elements * z.storage, group, dp_link, 1.0);
-    return ring_seconds(elements * z.grad, group, dp_link, 2.0);
+  // The gradients' all-reduce, or ZeRO-1's reduce-scatter of them (half the ring traffic) ...
+  auto reduce = [&](double elements, int group) {
+    return ring_seconds(elements * z.grad, group, dp_link, lay.zero ? 1.0 : 2.0);
   };
-  t.dp_comm_s = sync(shared_bytes, lay.dp * lay.ep) + sync(expert_bytes, lay.dp);
-  // Bucketed all-reduce starts as the last micro-batch's backward produces gradients, so it
+  // ... followed by ZeRO-1's all-gather of the updated parameters.
+  auto gather = [&](double elements, int group) {
+    return lay.zero ? ring_seconds(elements * z.storage, group, dp_link, 1.0) : 0.0;
+  };
+  const double reduce_s = reduce(shared_bytes, lay.dp * lay.ep) + reduce(expert_bytes, lay.dp);
+  const double gather_s = gather(shared_bytes, lay.dp * lay.ep) + gather(expert_bytes, lay.dp);
+  t.dp_comm_s = reduce_s + gather_s;
+  // The bucketed reduction starts as the last micro-batch's backward produces gradients, so it
   // hides behind that backward (2 of the `passes` forward-equivalents of one stage time). The
-  // engine does that for the all-reduce (parallel.overlap_grad_sync); ZeRO-1's reduce-scatter and
-  // all-gather run after backward.
+  // engine does that with parallel.overlap_grad_sync, for the all-reduce and for ZeRO-1's
+  // reduce-scatter; ZeRO-1's all-gather runs after the optimizer, before the next forward.
   const double window = worst_compute * 2.0 / passes;
-  const bool overlapped = r.parallel.overlap_grad_sync && !lay.zero;
-  t.dp_exposed_s = overlapped ? std::max(0.0, t.dp_comm_s - window) : t.dp_comm_s;
+  const double reduce_exposed =
+      r.parallel.overlap_grad_sync ? std::max(0.0, reduce_s - window) : reduce_s;
+  t.dp_exposed_s = reduce_exposed + gather_s;
 
   t.step_s = m * worst_stage + t.bubble_s + t.dp_exposed_s;
   const double tokens = static_cast<double>(r.training.global_batch) * s.T;

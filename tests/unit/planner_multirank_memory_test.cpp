@@ -217,6 +217,13 @@ TEST_CASE(
         planner::estimate_rank_memory(r, machine, layout(1, 2, 1, 1, k), {0, 0, 0, stage});
     CHECK(m.comm_buffers == wte * 4);
   }
+  // Both (dp2 x pp2, ZeRO-1): the part and the peer gradient are separate buffers.
+  for (int stage = 0; stage < 2; ++stage) {
+    const planner::MemoryEstimate m =
+        planner::estimate_rank_memory(r, machine, layout(1, 2, 2, 1, k, 1), {0, 0, 0, stage});
+    const double part = m.optimizer / 8;
+    CHECK(m.comm_buffers == part * 4 + wte * 4 + part * 2 * 4);
+  }
   // tp2: the last stage's host vectors of the vocab-parallel loss (an upper bound).
   const planner::MemoryEstimate tp =
       planner::estimate_rank_memory(r, machine, layout(2, 1, 1, 1, k), {});

@@ -10,8 +10,9 @@
 //  - Operations run one at a time, in the order they were started. Every member must start the
 //    same operations in the same order, as for blocking collectives.
 //  - The start_* calls and wait are made from one thread (the training thread).
-//  - The buffers are the caller's: they must stay valid, and be neither read nor written (the
-//    input may be read), from start until wait() returns (the handle does not copy them).
+//  - The buffers are the caller's and must stay valid from start until wait() returns (the
+//    handle does not copy them). Meanwhile the caller writes neither and does not read the
+//    output; reading an input it left unchanged is fine.
 //  - A failure (timeout, dead peer) is rethrown by wait() of the failed operation, and by wait() of
 //    every later one (the communicator is broken); the destructor waits for queued operations
 //    and swallows their errors, so wait on every handle you care about.

@@ -73,6 +73,19 @@ std::shared_ptr<Work> BackgroundReducer::start_reduce_scatter_sum_v(const void* 
       });
 }
 
+std::shared_ptr<Work> BackgroundReducer::start_all_gather_v(const void* input, void* output,
+                                                            std::vector<size_t> bytes,
+                                                            std::function<void()> ready) {
+  size_t total = 0;
+  for (size_t b : bytes)
+    total += b;
+  return enqueue("all_gather_v of " + std::to_string(total) + " bytes",
+                 [this, input, output, bytes = std::move(bytes), ready = std::move(ready)] {
+                   if (ready) ready();
+                   communicator_->all_gather_v(input, output, bytes);
+                 });
+}
+
 std::shared_ptr<Work> BackgroundReducer::enqueue(std::string what,
                                                  std::function<void()> operation) {
   auto work = std::make_shared<Work>();

@@ -1,6 +1,7 @@
-// BackgroundReducer: all_reduce_sum and reduce_scatter_sum_v started now and waited for later
-// (c10d's Work idea), so the gradient reduction of one bucket can overlap the backward pass of the
-// layers before it (ZeRO-1 reduce-scatters each bucket into the owners' parts).
+// BackgroundReducer: all_reduce_sum, reduce_scatter_sum_v and all_gather_v started now and waited
+// for later (c10d's Work idea), so the gradient reduction of one bucket can overlap the backward
+// pass of the layers before it (ZeRO-1 reduce-scatters each bucket into the owners' parts), and
+// ZeRO-1's gather of the updated parameters the next forward.
 //
 // Threading rules (why they are safe with Gloo):
 //  - The reducer owns its communicator and a single worker thread that alone calls it. Give it a
@@ -77,6 +78,11 @@ class BackgroundReducer {
   std::shared_ptr<Work> start_reduce_scatter_sum_v(const void* input, void* output,
                                                    std::vector<size_t> counts, DType dtype,
                                                    std::function<void()> ready = {});
+  // Queues Communicator::all_gather_v(input, output, bytes): rank r's bytes[r] input bytes land
+  // as chunk r of `output`, packed in rank order. Zero byte counts are fine; `ready` as above.
+  std::shared_ptr<Work> start_all_gather_v(const void* input, void* output,
+                                           std::vector<size_t> bytes,
+                                           std::function<void()> ready = {});
 
   const Communicator& communicator() const { return *communicator_; }
 

@@ -107,8 +107,10 @@ TEST_CASE("a background all_reduce runs its ready step on the worker, before the
 
 // ZeRO-1's buckets: a reduce-scatter per bucket, cut from one buffer whose rank parts do not
 // follow the bucket edges (counts of zero included), must give each rank exactly the bits of one
-// blocking reduce_scatter_v of the whole buffer; the input is written late by `ready`.
-TEST_CASE("background reduce_scatter_v of buckets equals one blocking reduce_scatter_v",
+// blocking reduce_scatter_v of the whole buffer; the input is written late by `ready`. Then an
+// all-gather per bucket of the reduced parts must rebuild the whole buffer, as one blocking
+// all_gather_v does.
+TEST_CASE("background reduce_scatter_v and all_gather_v of buckets equal one blocking call each",
           "[dist][gloo]") {
   const dist_test::TempDir temp;
   const auto status = dist_test::run_ranks(3, [&](int rank) {
@@ -120,9 +122,8 @@ TEST_CASE("background reduce_scatter_v of buckets equals one blocking reduce_sca
     std::vector<float> grads(total, -1.0f);  // what the sums would see without the ready steps
     const size_t begin = rank == 0 ? 0 : rank == 1 ? parts[0] : parts[0] + parts[1];
     std::vector<float> background(parts[static_cast<size_t>(rank)], -7.0f);
-    std::vector<std::shared_ptr<Work>> works;
-    for (size_t b = 0; b + 1 < bucket_edges.size(); ++b) {
-      const size_t lo = bucket_edges[b], hi = bucket_edges[b + 1];
+    // Bucket b's elements in each rank's part, and where the bucket starts in this rank's part.
+    auto counts_of = [&](size_t lo, size_t hi) {
       std::vector<size_t> counts;
       size_t owner_begin = 0;
       for (size_t part : parts) {
@@ -130,7 +131,16 @@ TEST_CASE("background reduce_scatter_v of buckets equals one blocking reduce_sca
         counts.push_back(to > from ? to - from : 0);
         owner_begin += part;
       }
-      const size_t at = std::clamp(lo, begin, begin + parts[static_cast<size_t>(rank)]) - begin;
+      return counts;
+    };
+    auto at_of = [&](size_t lo) {
+      return std::clamp(lo, begin, begin + parts[static_cast<size_t>(rank)]) - begin;
+    };
+    std::vector<std::shared_ptr<Work>> works;
+    for (size_t b = 0; b + 1 < bucket_edges.size(); ++b) {
+      const size_t lo = bucket_edges[b], hi = bucket_edges[b + 1];
+      const std::vector<size_t> counts = counts_of(lo, hi);
+      const size_t at = at_of(lo);
       works.push_back(reducer.start_reduce_scatter_sum_v(
           grads.data() + lo, background.data() + at, counts, DType::f32, [&, lo, hi] {
             const std::vector<float> late = values(rank, total, 5);
@@ -147,6 +157,28 @@ TEST_CASE("background reduce_scatter_v of buckets equals one blocking reduce_sca
     expect(std::memcmp(blocking.data(), background.data(), blocking.size() * sizeof(float)) == 0,
            "rank " + std::to_string(rank) +
                ": the buckets' reduce-scatters differ from the whole buffer's");
+
+    // The gathers: `ready` writes the part late, as the optimizer's kernels would.
+    std::vector<float> part(background.size(), -3.0f), gathered(total, -5.0f);
+    works.clear();
+    for (size_t b = 0; b + 1 < bucket_edges.size(); ++b) {
+      const size_t lo = bucket_edges[b], hi = bucket_edges[b + 1];
+      std::vector<size_t> bytes = counts_of(lo, hi);
+      for (size_t& count : bytes)
+        count *= sizeof(float);
+      works.push_back(reducer.start_all_gather_v(part.data() + at_of(lo), gathered.data() + lo,
+                                                 std::move(bytes), [&] { part = background; }));
+    }
+    for (auto& work : works)
+      work->wait();
+    std::vector<size_t> part_bytes;
+    for (size_t count : parts)
+      part_bytes.push_back(count * sizeof(float));
+    std::vector<float> whole(total, -11.0f);
+    foreground->all_gather_v(blocking.data(), whole.data(), part_bytes);
+    expect(std::memcmp(whole.data(), gathered.data(), total * sizeof(float)) == 0,
+           "rank " + std::to_string(rank) +
+               ": the buckets' all-gathers differ from the whole buffer's");
     return 0;
   });
   CHECK(status == std::vector<int>{0, 0, 0});

@@ -68,6 +68,15 @@ class Transformer {
   using GradsReadyHook = std::function<void(const std::vector<IndexRange>& ranges)>;
   void set_grads_ready_hook(GradsReadyHook hook);  // an empty function disarms it
 
+  // Called by forward() before each unit reads its parameters, with the same units as the grads
+  // hook in forward order: the embedding (first stage), each block (first layer first), the final
+  // norm and head (last stage). `ranges` are element ranges of params().values(); every
+  // parameter of the table is announced exactly once per forward. ZeRO-1 waits here for the
+  // gather of the updated parameters (overlap); arm it for the step's first forward. Runs on the
+  // calling thread.
+  using ParamsNeededHook = std::function<void(const std::vector<IndexRange>& ranges)>;
+  void set_params_needed_hook(ParamsNeededHook hook);  // an empty function disarms it
+
   // Pipeline boundaries, [micro_batch * seq_len, hidden] tensors in the storage type.
   Tensor stage_input(int slot);   // non-first stage: receive the previous stage's output here
   Tensor stage_output(int slot);  // non-last stage: after forward, send this to the next stage

@@ -163,6 +163,7 @@ ForwardResult Transformer::Impl::forward(const int32_t* host_tokens, const int32
   be.copy_from_host(s.tokens, host_tokens);
   be.copy_from_host(s.targets, host_targets);
   if (par.first_stage()) {
+    announce(embedding_ranges);  // a tied head on this stage is embed.wte: announced here
     if (!tp_on()) {
       be.embedding_forward(s.resid[0], s.tokens, wte.value, wpe.value, T);
     } else {
@@ -178,6 +179,7 @@ ForwardResult Transformer::Impl::forward(const int32_t* host_tokens, const int32
   for (size_t i = 0; i < blocks.size(); ++i) {
     const Block& b = blocks[i];
     BlockActs& a = s.acts[i];
+    announce(block_ranges[i]);
     const backend::RouterLosses l = block_forward(b, a);
     if (b.moe) {
       result.aux_loss += l.aux_loss;
@@ -191,6 +193,7 @@ ForwardResult Transformer::Impl::forward(const int32_t* host_tokens, const int32
     }
   }
   if (par.last_stage()) {
+    announce(head_ranges);
     final_norm.forward(be, s.lnf_out, s.lnf_s, s.resid.back());
     head_forward(s);
     logits_slot = slot_index;
@@ -308,6 +311,11 @@ void Transformer::Impl::plan_grad_units() {
 void Transformer::set_grads_ready_hook(GradsReadyHook hook) {
   if (hook && !impl_->grad_units_planned) impl_->plan_grad_units();
   impl_->grads_ready = std::move(hook);
+}
+
+void Transformer::set_params_needed_hook(ParamsNeededHook hook) {
+  if (hook && !impl_->grad_units_planned) impl_->plan_grad_units();
+  impl_->params_needed = std::move(hook);
 }
 Tensor Transformer::stage_input(int slot) {
   if (impl_->par.first_stage())

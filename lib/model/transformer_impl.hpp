@@ -50,6 +50,7 @@ struct Slot {
 
 struct Transformer::Impl {
   using GradsReadyHook = Transformer::GradsReadyHook;
+  using ParamsNeededHook = Transformer::ParamsNeededHook;
   ModelConfig cfg;
   Backend& be;
   ModelParallel par;
@@ -74,7 +75,7 @@ struct Transformer::Impl {
   int logits_slot = -1;  // whose logits `logits` holds (the last stage recomputes them if not)
 
   // Transformer::set_grads_ready_hook: the hook and the grads() ranges each backward unit
-  // completes (filled on first arming).
+  // completes (filled on first arming of either hook).
   GradsReadyHook grads_ready;
   std::vector<IndexRange> head_ranges, embedding_ranges;
   std::vector<std::vector<IndexRange>> block_ranges;  // per blocks[i]
@@ -82,6 +83,11 @@ struct Transformer::Impl {
   void plan_grad_units();
   void report_ready(const std::vector<IndexRange>& ranges) const {
     if (grads_ready && !ranges.empty()) grads_ready(ranges);
+  }
+  // Transformer::set_params_needed_hook: forward announces the same units before using them.
+  ParamsNeededHook params_needed;
+  void announce(const std::vector<IndexRange>& ranges) const {
+    if (params_needed && !ranges.empty()) params_needed(ranges);
   }
 
   // transformer.cpp, except where marked

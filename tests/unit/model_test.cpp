@@ -1,9 +1,13 @@
 // Whole-model checks of lib/model: float64 finite differences of the full objective (cross-entropy
 // + MoE auxiliary losses) for small gpt, llama and MoE models; recompute modes giving
-// bit-identical gradients; initialisation that depends only on (seed, name, index).
+// bit-identical gradients; initialisation that depends only on (seed, name, index); the forward's
+// params-needed hook.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "backend_test_util.hpp"
 #include "model/model.hpp"
@@ -205,5 +209,68 @@ TEST_CASE("initial weights depend only on seed, name and index", "[model][init]"
     CHECK(tensor::get_element(master, i) == tensor::get_element(f32, i));
     CHECK(tensor::get_element(values, i) ==
           tensor::to_float(tensor::to_bf16(static_cast<float>(tensor::get_element(f32, i)))));
+  }
+}
+
+// The params-needed hook (ZeRO-1's parameter gather waits in it): every parameter a forward reads
+// must be announced before the read. The values start as NaN and the hook restores exactly the
+// announced ranges, so a read before its announcement turns the loss (or the stage output) into
+// NaN; the result must equal a plain forward's bit for bit, and every element must be announced
+// exactly once per forward. Whole models and both stages of pp2 (the last one holds the tied copy).
+TEST_CASE("forward announces every parameter once, before reading it", "[model][hook]") {
+  for (const model::ModelConfig& c : {gpt(), llama(), moe(gpt()), moe(llama())}) {
+    for (const auto& [pp_rank, pp_size] : {std::pair{0, 1}, std::pair{0, 2}, std::pair{1, 2}}) {
+      INFO(model::describe(c) << ", stage " << pp_rank << " of " << pp_size);
+      model::ModelParallel parallel;
+      parallel.pp_rank = pp_rank;
+      parallel.pp_size = pp_size;
+      const Batch batch = random_batch(c, 2, 5);
+      // One stage's result: the loss on the last stage, the stage output's bytes elsewhere.
+      auto run = [&](model::Transformer& m) {
+        if (!parallel.first_stage()) {
+          const tensor::Tensor in = m.stage_input(0);
+          REQUIRE(in.dtype == DType::f32);
+          std::vector<float> x(static_cast<size_t>(in.numel()));
+          for (size_t i = 0; i < x.size(); ++i)
+            x[i] = 0.1f * static_cast<float>(static_cast<int>(i % 17) - 8);
+          cpu().copy_from_host(in, x.data());
+        }
+        const double loss = m.forward(batch.tokens.data(), batch.targets.data()).loss;
+        if (parallel.last_stage())
+          return std::vector<unsigned char>(
+              reinterpret_cast<const unsigned char*>(&loss),
+              reinterpret_cast<const unsigned char*>(&loss) + sizeof loss);
+        const tensor::Tensor out = m.stage_output(0);
+        const auto* bytes = static_cast<const unsigned char*>(out.data);
+        return std::vector<unsigned char>(bytes, bytes + out.bytes());
+      };
+      model::Transformer plain(c, cpu(), 2, parallel);
+      plain.params().initialize(9);
+      const std::vector<unsigned char> expected = run(plain);
+
+      model::Transformer hooked(c, cpu(), 2, parallel);
+      hooked.params().initialize(9);
+      const tensor::Tensor values = hooked.params().values();
+      const size_t item = tensor::dtype_size(values.dtype);
+      std::vector<unsigned char> saved(values.bytes());
+      std::memcpy(saved.data(), values.data, values.bytes());
+      std::memset(values.data, 0xFF, values.bytes());  // NaN in every float format
+      std::vector<int> announced(static_cast<size_t>(values.numel()), 0);
+      hooked.set_params_needed_hook([&](const std::vector<model::IndexRange>& ranges) {
+        for (const model::IndexRange& r : ranges) {
+          for (int64_t i = r.begin; i < r.end; ++i)
+            ++announced[static_cast<size_t>(i)];
+          std::memcpy(static_cast<unsigned char*>(values.data) + r.begin * item,
+                      saved.data() + r.begin * item, static_cast<size_t>(r.size()) * item);
+        }
+      });
+      CHECK(run(hooked) == expected);
+      CHECK(std::all_of(announced.begin(), announced.end(), [](int n) { return n == 1; }));
+      run(hooked);  // announced again by the next forward
+      CHECK(std::all_of(announced.begin(), announced.end(), [](int n) { return n == 2; }));
+      hooked.set_params_needed_hook({});
+      run(hooked);
+      CHECK(std::all_of(announced.begin(), announced.end(), [](int n) { return n == 2; }));
+    }
   }
 }

@@ -136,7 +136,8 @@ struct ParallelConfig {
   // Seconds a collective (and the rendezvous) may wait for a peer before the job fails.
   double timeout_s;
   // Start each gradient bucket's reduction as soon as the last micro-batch's backward has
-  // produced it, overlapping communication with the rest of backward (results are identical).
+  // produced it, overlapping communication with the rest of backward; with ZeRO-1 also gather
+  // each bucket's updated parameters while the next forward runs (results are identical).
   bool overlap_grad_sync;
   // `parallel: auto` (YAML) or `--set parallel=auto`: the planner (lib/planner) chooses the keys
   // above and training.micro_batch; they hold their defaults until then. No parallel.* key may

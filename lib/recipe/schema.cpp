@@ -210,7 +210,8 @@ std::vector<KeySpec> build_schema() {
       "seconds a collective or the rendezvous waits for a peer before the job fails"));
   t.push_back(row<B(parallel, overlap_grad_sync)>(
       "parallel.overlap_grad_sync", true, none(),
-      "reduce each gradient bucket while backward still runs (results are identical)"));
+      "reduce each gradient bucket while backward still runs, and with zero 1 gather the updated "
+      "parameters while the next forward runs (results are identical)"));
   // precision
   t.push_back(row<B(precision, compute)>("precision.compute", Compute::bf16, none(),
                                          "compute dtype (fp64: CPU reference only)"));

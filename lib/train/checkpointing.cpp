@@ -316,6 +316,7 @@ nlohmann::json describe_model(const model::ModelConfig& c) {
 ckpt::SaveRequest capture_checkpoint(ckpt::SaveRequest request, const model::Transformer& model,
                                      const Trainer& trainer, backend::Backend& be,
                                      const std::string& recipe_hash, const nlohmann::json& layout) {
+  trainer.wait_parameters();  // ZeRO-1 with overlap: the other ranks' parts may still arrive
   const TrainerState state = trainer.state();
   request.header.step = state.step;
   request.header.recipe_hash = recipe_hash;
@@ -346,6 +347,7 @@ ckpt::SaveRequest capture_checkpoint(const model::Transformer& model, const Trai
 
 void restore_checkpoint(const ckpt::CheckpointReader& reader, model::Transformer& model,
                         Trainer& trainer, backend::Backend& be) {
+  trainer.wait_parameters();  // a gather still running would overwrite what is read
   const nlohmann::json expected = describe_model(model.config());
   const nlohmann::json& saved = reader.manifest().header.model;
   for (const auto& [key, value] : expected.items()) {

@@ -150,11 +150,13 @@ void GradSync::plan_overlap() {
   }
   unreported_.assign(buckets_.size(), 0);
   work_.assign(buckets_.size(), nullptr);
+  gathers_.assign(buckets_.size(), nullptr);
   overlap_ = dp_reducer_ || dp_ep_reducer_;
 }
 
 void GradSync::arm() {
   if (!overlap_) return;
+  finish_gather();
   for (size_t b = 0; b < buckets_.size(); ++b)
     unreported_[b] = buckets_[b].end - buckets_[b].begin;
   armed_ = true;
@@ -163,12 +165,8 @@ void GradSync::arm() {
 void GradSync::grads_ready(const std::vector<IndexRange>& ranges) {
   if (!armed_) return;
   for (const IndexRange& range : ranges) {
-    // Buckets are sorted and disjoint: the first one ending after range.begin, then onwards.
-    size_t b = static_cast<size_t>(
-        std::upper_bound(buckets_.begin(), buckets_.end(), range.begin,
-                         [](int64_t at, const GradBucket& bucket) { return at < bucket.end; }) -
-        buckets_.begin());
-    for (; b < buckets_.size() && buckets_[b].begin < range.end; ++b) {
+    for (size_t b = first_bucket_after(range.begin);
+         b < buckets_.size() && buckets_[b].begin < range.end; ++b) {
       const int64_t covered =
           std::min(range.end, buckets_[b].end) - std::max(range.begin, buckets_[b].begin);
       if (covered <= 0) continue;
@@ -194,19 +192,49 @@ void GradSync::start(size_t bucket) {
   } else {
     // Each dp rank receives the sum of the bucket's elements inside its part (often none: a
     // bucket inside one part is a reduce to its owner), at their place in zero_part_.
-    std::vector<size_t> counts;
-    for (size_t r = 0; r + 1 < zero_bounds_.size(); ++r)
-      counts.push_back(static_cast<size_t>(std::max<int64_t>(
-          0, std::min(b.end, zero_bounds_[r + 1]) - std::max(b.begin, zero_bounds_[r]))));
-    const model::ParamStore& params = model_.params();
-    const int64_t at = std::clamp(b.begin, params.optimizer_begin(), params.optimizer_end()) -
-                       params.optimizer_begin();
     void* output = static_cast<char*>(zero_part_.data()) +
-                   static_cast<size_t>(at) * tensor::dtype_size(part.dtype);
+                   static_cast<size_t>(zero_offset(b)) * tensor::dtype_size(part.dtype);
     work_[bucket] = reducer_of_[bucket]->start_reduce_scatter_sum_v(
-        part.data, output, std::move(counts), part.dtype, std::move(ready));
+        part.data, output, zero_shares(b), part.dtype, std::move(ready));
   }
   started_.push_back(bucket);
+}
+
+// Buckets are sorted and disjoint: the first one ending after `at`.
+size_t GradSync::first_bucket_after(int64_t at) const {
+  return static_cast<size_t>(
+      std::upper_bound(buckets_.begin(), buckets_.end(), at,
+                       [](int64_t x, const GradBucket& bucket) { return x < bucket.end; }) -
+      buckets_.begin());
+}
+
+std::vector<size_t> GradSync::zero_shares(const GradBucket& b) const {
+  std::vector<size_t> counts;
+  for (size_t r = 0; r + 1 < zero_bounds_.size(); ++r)
+    counts.push_back(static_cast<size_t>(std::max<int64_t>(
+        0, std::min(b.end, zero_bounds_[r + 1]) - std::max(b.begin, zero_bounds_[r]))));
+  return counts;
+}
+
+int64_t GradSync::zero_offset(const GradBucket& b) const {
+  const model::ParamStore& params = model_.params();
+  return std::clamp(b.begin, params.optimizer_begin(), params.optimizer_end()) -
+         params.optimizer_begin();
+}
+
+void GradSync::timed(const std::function<void()>& wait) {
+  const auto begin = std::chrono::steady_clock::now();
+  auto add_wait = [&] {
+    wait_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  };
+  try {
+    wait();
+  } catch (...) {
+    add_wait();
+    throw;
+  }
+  add_wait();
 }
 
 // In start order: every rank of a group queued its operations in the same order.
@@ -215,19 +243,10 @@ void GradSync::wait_all() {
   works.swap(work_);
   std::vector<size_t> order;
   order.swap(started_);
-  const auto begin = std::chrono::steady_clock::now();
-  auto add_wait = [&] {
-    wait_seconds_ +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  };
-  try {
+  timed([&] {
     for (size_t bucket : order)
       works[bucket]->wait();
-  } catch (...) {
-    add_wait();
-    throw;
-  }
-  add_wait();
+  });
 }
 
 void GradSync::exchange_tied_embedding() {
@@ -260,6 +279,9 @@ void GradSync::exchange_tied_embedding() {
 }
 
 void GradSync::reduce_gradients() {
+  gathered_early_ = gathered_in_forward_;
+  gathered_in_forward_ = 0;
+  finish_gather();
   exchange_tied_embedding();
   const Tensor grads = model_.params().grads();
   if (overlap_) {
@@ -308,18 +330,62 @@ double GradSync::global_sum_squares() {
 
 void GradSync::gather_parameters() {
   if (!zero_ || mesh_.dp().size() < 2) return;
+  finish_gather();
   const model::ParamStore& params = model_.params();
   const Tensor values = params.values();
   const size_t item = tensor::dtype_size(values.dtype);
-  std::vector<size_t> bytes;
-  for (size_t r = 0; r + 1 < zero_bounds_.size(); ++r)
-    bytes.push_back(static_cast<size_t>(zero_bounds_[r + 1] - zero_bounds_[r]) * item);
   // The own part goes through zero_part_ (free after the step): the gather's output covers its
   // input.
   const Tensor mine = range_of(values, params.optimizer_begin(), params.optimizer_end());
   const Tensor copy = zero_part_.view(values.dtype, {mine.numel()});
   be_.cast(copy, mine);
-  mesh_.dp().all_gather_v(copy.data, values.data, bytes);
+  if (!overlap_) {
+    std::vector<size_t> bytes;
+    for (size_t r = 0; r + 1 < zero_bounds_.size(); ++r)
+      bytes.push_back(static_cast<size_t>(zero_bounds_[r + 1] - zero_bounds_[r]) * item);
+    mesh_.dp().all_gather_v(copy.data, values.data, bytes);
+    return;
+  }
+  // One fence for every bucket: the optimizer's update and the copy above are what they read.
+  std::shared_ptr<backend::Backend::Fence> written = be_.fence();
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const GradBucket& bucket = buckets_[b];
+    std::vector<size_t> bytes = zero_shares(bucket);
+    for (size_t& count : bytes)
+      count *= item;
+    const char* input =
+        static_cast<const char*>(copy.data) + static_cast<size_t>(zero_offset(bucket)) * item;
+    char* output = static_cast<char*>(values.data) + static_cast<size_t>(bucket.begin) * item;
+    gathers_[b] = reducer_of_[b]->start_all_gather_v(input, output, std::move(bytes),
+                                                     [written] { written->wait(); });
+  }
+  gathering_ = true;
+}
+
+void GradSync::params_needed(const std::vector<IndexRange>& ranges) {
+  if (!gathering_) return;
+  timed([&] {
+    for (const IndexRange& range : ranges) {
+      for (size_t b = first_bucket_after(range.begin);
+           b < buckets_.size() && buckets_[b].begin < range.end; ++b)
+        if (gathers_[b]) {
+          gathers_[b]->wait();
+          gathers_[b].reset();
+          ++gathered_in_forward_;
+        }
+    }
+  });
+}
+
+void GradSync::finish_gather() {
+  if (!gathering_) return;
+  gathering_ = false;  // a failed gather is reported once; the group is broken after it anyway
+  std::vector<std::shared_ptr<dist::Work>> gathers(buckets_.size());
+  gathers.swap(gathers_);
+  timed([&] {
+    for (const std::shared_ptr<dist::Work>& gather : gathers)
+      if (gather) gather->wait();
+  });
 }
 
 }  // namespace trainctl::train

@@ -22,7 +22,11 @@
 // rank receiving the bucket's elements inside its part, into a buffer of its part) and the part is
 // copied into grads() after the waits. Gloo's reduce-scatter adds each element's terms in rank
 // order however the buffer is cut, so this equals the blocking path's one reduce-scatter of the
-// whole buffer bit for bit.
+// whole buffer bit for bit. After the optimizer, gather_parameters() starts an all_gather_v per
+// bucket of the updated values and returns: the next forward waits for each bucket just before
+// reading it (params_needed, from the model's params-needed hook), so the gather overlaps the
+// forward of the layers before. Whatever else reads values() calls finish_gather() first, and
+// reduce_gradients() does (the optimizer must not write the part while a gather copies it).
 // Between a bucket's start and its wait nothing on the training thread reads or writes that range:
 // backward only writes ranges not yet reported, the tied exchange only unstarted buckets (and its
 // own peer buffer), the norm runs after the waits.
@@ -37,6 +41,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -102,7 +107,14 @@ class GradSync {
   // (all-reduced over the world). Not finite when any gradient is not.
   double global_sum_squares();
   // ZeRO-1, after the optimizer updated this rank's part of values(): every dp rank gets all parts.
+  // With overlap it only starts the gathers (see the top of this file).
   void gather_parameters();
+  // Overlap: waits for the gathers of the buckets touching `ranges` of values() (the model's
+  // params-needed reports). Nothing to do when no gather is running.
+  void params_needed(const std::vector<model::IndexRange>& ranges);
+  // Waits for every gather still running: values() then holds every dp rank's part.
+  void finish_gather();
+  bool gathering() const { return gathering_; }
 
   const std::vector<GradBucket>& buckets() const { return buckets_; }
   // Seconds the calling thread spent waiting for background reductions (the exposed part of
@@ -110,6 +122,9 @@ class GradSync {
   double wait_seconds() const { return wait_seconds_; }
   // Buckets the last reduce_gradients() found already started by grads_ready (overlap at work).
   size_t started_during_backward() const { return started_early_; }
+  // ZeRO-1: buckets of the previous step's gather that this step's forward waited for itself
+  // (params_needed) rather than finish_gather; set by reduce_gradients().
+  size_t gathered_during_forward() const { return gathered_early_; }
 
  private:
   void exchange_tied_embedding();
@@ -118,6 +133,13 @@ class GradSync {
   void wait_all();
   // ZeRO-1: this rank's part of grads() <- the reduced part in zero_part_.
   void take_reduced_part();
+  size_t first_bucket_after(int64_t at) const;  // the first bucket ending after element `at`
+  // ZeRO-1: how many elements of `bucket` each dp rank's part holds, and where the bucket's
+  // share of this rank's part starts within the part.
+  std::vector<size_t> zero_shares(const GradBucket& bucket) const;
+  int64_t zero_offset(const GradBucket& bucket) const;
+  // Runs `wait`, adding the time it took to wait_seconds_ (also when it throws).
+  void timed(const std::function<void()>& wait);
 
   const dist::Mesh& mesh_;
   backend::Backend& be_;
@@ -139,7 +161,10 @@ class GradSync {
   std::vector<bool> after_exchange_;
   std::vector<int64_t> unreported_;
   std::vector<std::shared_ptr<dist::Work>> work_;
-  std::vector<size_t> started_;  // bucket indices in start order
+  std::vector<size_t> started_;                       // bucket indices in start order
+  std::vector<std::shared_ptr<dist::Work>> gathers_;  // ZeRO-1 overlap: per bucket, running
+  bool gathering_ = false;
+  size_t gathered_in_forward_ = 0, gathered_early_ = 0;
   bool armed_ = false;
   size_t started_early_ = 0;
   double wait_seconds_ = 0;

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -142,6 +144,29 @@ void Trainer::sum_over_job(std::vector<double>& values) const {
     if (group->size() > 1) group->all_reduce_sum(values.data(), values.size(), tensor::DType::f64);
 }
 
+namespace {
+
+// One of the model's hooks (Set: its setter), armed for one call and disarmed on every exit: it
+// must not outlive the call into the next step.
+using RangesHook = std::function<void(const std::vector<model::IndexRange>&)>;
+template <void (model::Transformer::*Set)(RangesHook)>
+class ScopedHook {
+ public:
+  ScopedHook(model::Transformer& model, RangesHook hook) : model_(model) {
+    (model_.*Set)(std::move(hook));
+  }
+  ~ScopedHook() { (model_.*Set)({}); }
+  ScopedHook(const ScopedHook&) = delete;
+  ScopedHook& operator=(const ScopedHook&) = delete;
+
+ private:
+  model::Transformer& model_;
+};
+using ParamsNeeded = ScopedHook<&model::Transformer::set_params_needed_hook>;
+using GradsReady = ScopedHook<&model::Transformer::set_grads_ready_hook>;
+
+}  // namespace
+
 // Runs this stage's 1F1B actions; with one stage that is forward, backward per micro-batch.
 void Trainer::run_schedule(double grad_scale, std::vector<double>& sums) {
   const model::ModelParallel& parallel = model_.parallel();
@@ -150,10 +175,15 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums) {
   const double weight = 1.0 / (config_.accum_steps(data_ranks_) * data_ranks_);
   // Only the step's last backward on this stage completes gradients: earlier ones still add to
   // the same buffer, so reporting them to the gradient sync would start reductions too early.
-  size_t last_backward = schedule_.size();
-  for (size_t i = 0; i < schedule_.size(); ++i)
-    if (schedule_[i].op == PipeOp::backward) last_backward = i;
+  size_t last_backward = schedule_.size(), first_forward = schedule_.size();
+  for (size_t i = schedule_.size(); i-- > 0;) {
+    if (schedule_[i].op == PipeOp::backward && last_backward == schedule_.size()) last_backward = i;
+    if (schedule_[i].op == PipeOp::forward) first_forward = i;
+  }
   const bool overlap = sync_ && sync_->overlaps();
+  // ZeRO-1 with overlap: the last step's parameter gather may still run; the step's first forward
+  // on this stage waits for each bucket just before reading it.
+  const bool gathering = sync_ && sync_->gathering();
   for (size_t i = 0; i < schedule_.size(); ++i) {
     const PipeAction& action = schedule_[i];
     const int slot = action.micro_batch % slots_;
@@ -166,6 +196,11 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums) {
       }
       case PipeOp::forward: {
         const size_t first = static_cast<size_t>(action.micro_batch) * tokens;
+        std::optional<ParamsNeeded> needed;
+        if (gathering && i == first_forward)
+          needed.emplace(model_, [this](const std::vector<model::IndexRange>& ranges) {
+            sync_->params_needed(ranges);
+          });
         add_result(model_.forward(inputs_.data() + first, targets_.data() + first, slot), weight,
                    sums);
         break;
@@ -183,13 +218,9 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums) {
       case PipeOp::backward:
         if (overlap && i == last_backward) {
           sync_->arm();
-          // Disarmed on every exit: the hook must not outlive this call into the next step.
-          struct Disarm {
-            model::Transformer& model;
-            ~Disarm() { model.set_grads_ready_hook({}); }
-          } disarm{model_};
-          model_.set_grads_ready_hook(
-              [this](const std::vector<model::IndexRange>& ranges) { sync_->grads_ready(ranges); });
+          const GradsReady ready(model_, [this](const std::vector<model::IndexRange>& ranges) {
+            sync_->grads_ready(ranges);
+          });
           model_.backward(grad_scale, slot);
         } else {
           model_.backward(grad_scale, slot);
@@ -204,7 +235,28 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums) {
   }
 }
 
+double Trainer::tokens_per_s(double step_ms) const {
+  return step_ms > 0 ? 1000.0 * config_.global_batch * model_.config().seq_len / step_ms : 0.0;
+}
+
 StepMetrics Trainer::step() {
+  StepMetrics m = step_leaving_gather();
+  if (!sync_ || !sync_->gathering()) return m;
+  // The gather the step started, waited for here: communication the step waited for.
+  const double before = sync_->wait_seconds();
+  wait_parameters();
+  const double waited_ms = 1000.0 * (sync_->wait_seconds() - before);
+  m.comm_ms += waited_ms;
+  m.step_ms += waited_ms;
+  m.tokens_per_s = tokens_per_s(m.step_ms);
+  return m;
+}
+
+void Trainer::wait_parameters() const {
+  if (sync_) sync_->finish_gather();
+}
+
+StepMetrics Trainer::step_leaving_gather() {
   const auto start = std::chrono::steady_clock::now();
   const double comm_start = mesh_ ? mesh_->comm_seconds() : 0.0;
   const double wait_start = sync_ ? sync_->wait_seconds() : 0.0;
@@ -268,13 +320,13 @@ StepMetrics Trainer::step() {
   }
   m.step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  m.tokens_per_s =
-      m.step_ms > 0 ? 1000.0 * config_.global_batch * model_.config().seq_len / m.step_ms : 0.0;
+  m.tokens_per_s = tokens_per_s(m.step_ms);
   return m;
 }
 
 double Trainer::evaluate() {
   if (!val_) throw std::logic_error("Trainer::evaluate without a validation set");
+  wait_parameters();
   const int64_t available = val_->num_batches(config_.micro_batch);
   if (available < 1)
     throw std::runtime_error("the validation data holds fewer than " +
@@ -311,14 +363,18 @@ double Trainer::evaluate() {
   return sum[0] / static_cast<double>(batches);
 }
 
+// ZeRO-1 with overlap: each step's parameter gather runs on through on_step into the next step's
+// forward; it has ended when run() returns. (After a throw the GradSync's reducer still drains it
+// when the trainer is destroyed, and any later reader waits for it: wait_parameters.)
 void Trainer::run(const std::function<bool(const StepMetrics&)>& on_step) {
   while (step_ < config_.steps) {
-    StepMetrics m = step();
+    StepMetrics m = step_leaving_gather();
     const bool last = step_ == config_.steps;
     const bool periodic = config_.eval_every_steps > 0 && step_ % config_.eval_every_steps == 0;
     if (val_ && (last || periodic)) m.val_loss = evaluate();
-    if (!on_step(m)) return;
+    if (!on_step(m)) break;
   }
+  wait_parameters();
 }
 
 TrainerState Trainer::state() const {
@@ -329,6 +385,7 @@ void Trainer::restore(const TrainerState& state) {
   if (state.step < 0 || state.step > config_.steps)
     throw std::invalid_argument("cannot resume at step " + std::to_string(state.step) +
                                 ": the run has " + std::to_string(config_.steps) + " steps");
+  wait_parameters();
   train_.restore(state.sampler);
   step_ = state.step;
   tokens_ = state.tokens;

@@ -35,8 +35,9 @@ struct TrainConfig {
   // (the model must then be built with ModelParallel::zero_parts = dp).
   int64_t bucket_bytes = int64_t{25} << 20;
   int zero = 0;
-  // Start each bucket's reduction as soon as the last micro-batch's backward has produced it
-  // (bit-identical to reducing after backward).
+  // Start each bucket's reduction as soon as the last micro-batch's backward has produced it, and
+  // with ZeRO-1 gather each bucket's updated parameters while the next forward runs
+  // (bit-identical to doing both between the steps).
   bool overlap_grad_sync = true;
 
   // Micro-batches per optimizer step on one rank; with `data_ranks` ranks reading different data
@@ -91,7 +92,14 @@ class Trainer {
   double evaluate();   // mean loss over eval_batches validation micro-batches
   // Runs until `steps`, calling `on_step` after each (with val_loss at evaluation steps). When
   // on_step returns false the loop stops after that step (preemption, a signal).
+  // ZeRO-1 with overlap: during on_step the other dp ranks' parts of the parameters may still be
+  // arriving (the gather overlaps the next forward). Whatever reads params().values() there calls
+  // wait_parameters() first, as capture_checkpoint and evaluate() do; run() returns with them
+  // complete, and step() always does.
   void run(const std::function<bool(const StepMetrics&)>& on_step);
+  // Waits for the parameter gather still running (ZeRO-1 with overlap), if any: then every rank
+  // holds all parameters. Cheap when there is none. Const: it completes state, changes none.
+  void wait_parameters() const;
 
   TrainerState state() const;
   // Continues from `state` (the ParamStore must hold the matching parameters). Throws
@@ -105,18 +113,28 @@ class Trainer {
   // 0 of 1 on one rank.
   int data_rank() const { return data_rank_; }
   int data_ranks() const { return data_ranks_; }
-  // Whether gradient reductions (all-reduce, or ZeRO-1's reduce-scatter) overlap backward: asked
-  // for (overlap_grad_sync) and the mesh was created with MeshOptions::background_groups.
+  // Whether gradient reductions (all-reduce, or ZeRO-1's reduce-scatter) overlap backward, and
+  // ZeRO-1's parameter gather the next forward: asked for (overlap_grad_sync) and the mesh was
+  // created with MeshOptions::background_groups.
   bool overlaps_grad_sync() const { return sync_ && sync_->overlaps(); }
   // Buckets the last step found already started during backward (0 without overlap).
   size_t buckets_started_during_backward() const {
     return sync_ ? sync_->started_during_backward() : 0;
   }
+  // ZeRO-1 with overlap: buckets of the previous step's parameter gather that the last step's
+  // first forward waited for as it reached them (0 otherwise).
+  size_t buckets_gathered_during_forward() const {
+    return sync_ ? sync_->gathered_during_forward() : 0;
+  }
+  size_t grad_buckets() const { return sync_ ? sync_->buckets().size() : 0; }
 
  private:
   // Splits `rows` window rows into inputs_ and targets_ (T tokens each).
   void load_windows(const int32_t* window, int rows);
   void run_schedule(double grad_scale, std::vector<double>& sums);
+  // step() without waiting for the parameter gather at its end (run() lets it overlap).
+  StepMetrics step_leaving_gather();
+  double tokens_per_s(double step_ms) const;  // the step's global batch over step_ms
   void add_result(const model::ForwardResult& r, double weight, std::vector<double>& sums) const;
   // Sums `values` over the pipeline stages, then over the data ranks (every rank gets the total).
   void sum_over_job(std::vector<double>& values) const;

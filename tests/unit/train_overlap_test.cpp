@@ -1,7 +1,8 @@
 // Overlapping the data-parallel gradient reduction with backward (TrainConfig::overlap_grad_sync,
 // GradSync with the Mesh's background groups): whole multi-process runs with overlap on and off
 // must end with the same parameters byte for byte, the overlap must really start buckets during
-// backward, and a background failure must surface as a DistError naming the op and the group.
+// backward (and, with ZeRO-1, the next forward must wait for the parameter gather bucket by
+// bucket), and a background failure must surface as a DistError naming the op and the group.
 // Every bucket reduced in the background is handed over with a backend fence that the reducer's
 // worker waits on (what makes it safe on a GPU, whose writes are still in flight at the hand-off).
 #include <catch2/catch.hpp>
@@ -17,6 +18,7 @@
 #include "dist/dist.hpp"
 #include "dist_test_util.hpp"
 #include "small_models.hpp"
+#include "train/checkpointing.hpp"
 #include "train/trainer.hpp"
 
 namespace {
@@ -42,17 +44,26 @@ struct Setup {
   int global_batch = 12;  // 3 micro-batches of 2 per data rank at dp2
   int micro_batch = 2;
   model::ModelConfig model = small_gpt();
+  // A fence waited on by the reducer's worker sleeps this long first (a slow GPU), so the
+  // background work is still running when the training thread goes on.
+  int fence_delay_ms = 0;
+  // on_step captures a checkpoint (as trainctl run does) before the step's values are read.
+  bool capture_each_step = false;
+  bool use_step = false;  // a loop of Trainer::step() instead of Trainer::run()
 };
 
 // The CPU backend, counting the fences taken on the training thread and those waited on by
-// another thread (the reducer's worker).
+// another thread (the reducer's worker; each fence counts once, however often it was waited on:
+// ZeRO-1's gather hands one fence to every bucket).
 class FenceCountingBackend final : public backend::cpu::CpuBackend {
  public:
+  explicit FenceCountingBackend(int delay_ms) : delay_(delay_ms) {}
   std::unique_ptr<Fence> fence() override {
     ++taken;
     return std::make_unique<Counted>(*this, std::this_thread::get_id());
   }
   std::atomic<uint64_t> taken{0}, waited_elsewhere{0};
+  const std::chrono::milliseconds delay_;
 
  private:
   class Counted final : public Fence {
@@ -60,21 +71,26 @@ class FenceCountingBackend final : public backend::cpu::CpuBackend {
     Counted(FenceCountingBackend& owner, std::thread::id taken_on)
         : owner_(owner), taken_on_(taken_on) {}
     void wait() override {
-      if (std::this_thread::get_id() != taken_on_) ++owner_.waited_elsewhere;
+      if (std::this_thread::get_id() == taken_on_) return;
+      if (!waited_.exchange(true)) ++owner_.waited_elsewhere;
+      std::this_thread::sleep_for(owner_.delay_);
     }
 
    private:
     FenceCountingBackend& owner_;
     std::thread::id taken_on_;
+    std::atomic<bool> waited_{false};
   };
 };
 
 // What one rank reports: whether its trainer overlapped, how many buckets each step started
-// during backward, the fences taken and waited on by another thread, and its whole parameter
+// during backward and how many of the previous step's ZeRO-1 gathers its forward waited for, its
+// gradient buckets, the fences taken and waited on by another thread, and its whole parameter
 // buffer as raw bytes.
 struct RankResult {
   bool overlapped = false;
-  std::vector<uint64_t> started;
+  std::vector<uint64_t> started, gathered, value_hashes;  // per step
+  uint64_t buckets = 0;
   uint64_t fences = 0, fences_waited_elsewhere = 0;
   std::vector<char> values;
 };
@@ -89,6 +105,11 @@ void write_result(const std::string& path, const RankResult& r) {
   out.write(reinterpret_cast<const char*>(&steps), sizeof steps);
   out.write(reinterpret_cast<const char*>(r.started.data()),
             static_cast<std::streamsize>(steps * sizeof(uint64_t)));
+  out.write(reinterpret_cast<const char*>(r.gathered.data()),
+            static_cast<std::streamsize>(steps * sizeof(uint64_t)));
+  out.write(reinterpret_cast<const char*>(r.value_hashes.data()),
+            static_cast<std::streamsize>(steps * sizeof(uint64_t)));
+  out.write(reinterpret_cast<const char*>(&r.buckets), sizeof r.buckets);
   out.write(reinterpret_cast<const char*>(&bytes), sizeof bytes);
   out.write(r.values.data(), static_cast<std::streamsize>(bytes));
   if (!out) throw std::runtime_error("cannot write " + path);
@@ -105,6 +126,13 @@ RankResult read_result(const std::string& path) {
   r.started.resize(steps);
   in.read(reinterpret_cast<char*>(r.started.data()),
           static_cast<std::streamsize>(steps * sizeof(uint64_t)));
+  r.gathered.resize(steps);
+  in.read(reinterpret_cast<char*>(r.gathered.data()),
+          static_cast<std::streamsize>(steps * sizeof(uint64_t)));
+  r.value_hashes.resize(steps);
+  in.read(reinterpret_cast<char*>(r.value_hashes.data()),
+          static_cast<std::streamsize>(steps * sizeof(uint64_t)));
+  in.read(reinterpret_cast<char*>(&r.buckets), sizeof r.buckets);
   in.read(reinterpret_cast<char*>(&bytes), sizeof bytes);
   r.values.resize(bytes);
   in.read(r.values.data(), static_cast<std::streamsize>(bytes));
@@ -144,7 +172,7 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
     parallel.zero_parts = mesh.dp().size();
     parallel.zero_rank = mesh.dp().rank();
   }
-  auto backend = std::make_unique<FenceCountingBackend>();
+  auto backend = std::make_unique<FenceCountingBackend>(s.fence_delay_ms);
   const data::SyntheticSource source(11, s.model.vocab, 1 << 16);
   data::Sampler sampler(source, s.model.seq_len, 3, true, s.model.vocab);
   model::Transformer m(s.model, *backend, tc.micro_batch, parallel);
@@ -152,10 +180,30 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
   train::Trainer trainer(tc, m, *backend, sampler, nullptr, &mesh);
   RankResult result;
   result.overlapped = trainer.overlaps_grad_sync();
-  trainer.run([&](const train::StepMetrics&) {
+  auto on_step = [&](const train::StepMetrics&) {
     result.started.push_back(trainer.buckets_started_during_backward());
+    result.gathered.push_back(trainer.buckets_gathered_during_forward());
+    if (s.capture_each_step) {
+      const ckpt::SaveRequest request =
+          train::capture_checkpoint(m, trainer, *backend, "recipe", nlohmann::json::object());
+      // The step's parameters, read right after the capture (which waits for the gather).
+      const tensor::Tensor values = m.params().values();
+      uint64_t hash = 1469598103934665603ull;  // FNV-1a
+      for (size_t i = 0; i < values.bytes(); ++i)
+        hash = (hash ^ static_cast<const unsigned char*>(values.data)[i]) * 1099511628211ull;
+      result.value_hashes.push_back(hash);
+    } else {
+      result.value_hashes.push_back(0);
+    }
     return true;
-  });
+  };
+  if (s.use_step) {
+    while (trainer.steps_done() < tc.steps)
+      on_step(trainer.step());
+  } else {
+    trainer.run(on_step);
+  }
+  result.buckets = trainer.grad_buckets();
   const tensor::Tensor values = m.params().values();
   result.values.resize(values.bytes());
   backend->copy_to_host(result.values.data(), values);
@@ -201,6 +249,7 @@ std::vector<RankResult> compare_overlap(Setup s) {
     for (size_t i = 0; i < on[r].values.size(); ++i)
       differing += on[r].values[i] != off[r].values[i];
     CHECK(differing == 0);
+    CHECK(on[r].value_hashes == off[r].value_hashes);  // each step's, when captured
   }
   return on;
 }
@@ -220,6 +269,19 @@ void check_overlapped(const std::vector<RankResult>& ranks, uint64_t at_least) {
     CHECK(ranks[r].fences >= started_early);                // and those started after backward
     CHECK(ranks[r].fences % ranks[r].started.size() == 0);  // the same buckets every step
     CHECK(ranks[r].fences_waited_elsewhere == ranks[r].fences);
+  }
+}
+
+// ZeRO-1: from the second step on, the first forward waited for every bucket of the previous
+// step's parameter gather itself, as it reached the bucket (none was left for after forward).
+void check_gathered_during_forward(const std::vector<RankResult>& ranks) {
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    INFO("rank " << r);
+    REQUIRE(ranks[r].gathered.size() >= 2);
+    CHECK(ranks[r].buckets > 1);
+    CHECK(ranks[r].gathered[0] == 0);  // no gather before the first step
+    for (size_t step = 1; step < ranks[r].gathered.size(); ++step)
+      CHECK(ranks[r].gathered[step] == ranks[r].buckets);
   }
 }
 
@@ -253,12 +315,43 @@ TEST_CASE("overlap: dp2 x ep2 MoE (experts over dp, the rest over dp_ep) is bit-
   check_overlapped(compare_overlap(s), 4);
 }
 
-TEST_CASE("overlap: ZeRO-1 dp2 (a reduce-scatter per bucket) is bit-identical",
+TEST_CASE("overlap: ZeRO-1 dp2 (reduce-scatter and gather per bucket) is bit-identical",
           "[train][overlap]") {
   Setup s;
   s.layout.dp = 2;
   s.zero = 1;
+  const std::vector<RankResult> on = compare_overlap(s);
+  check_overlapped(on, 4);
+  check_gathered_during_forward(on);
+}
+
+// trainctl run captures a checkpoint in on_step, while the step's parameter gather still runs
+// (here slowed by a 30 ms fence): the capture must wait for it, so the values read right after
+// it are every step's complete parameters, equal to those of the blocking run.
+TEST_CASE("overlap: ZeRO-1 checkpoint captured in on_step waits for the parameter gather",
+          "[train][overlap]") {
+  Setup s;
+  s.layout.dp = 2;
+  s.zero = 1;
+  s.fence_delay_ms = 30;
+  s.capture_each_step = true;
   check_overlapped(compare_overlap(s), 4);
+}
+
+// Trainer::step() (not run()) returns with the gather complete: the values read right after the
+// last step, while a slowed gather would still run, are the blocking run's; no gather is left
+// for the next forward.
+TEST_CASE("overlap: ZeRO-1 Trainer::step returns with the parameters gathered",
+          "[train][overlap]") {
+  Setup s;
+  s.layout.dp = 2;
+  s.zero = 1;
+  s.fence_delay_ms = 30;
+  s.use_step = true;
+  const std::vector<RankResult> on = compare_overlap(s);
+  check_overlapped(on, 4);
+  for (const RankResult& rank : on)
+    CHECK(rank.gathered == std::vector<uint64_t>(rank.gathered.size(), 0));
 }
 
 // The tied embedding's exchange runs while earlier buckets' reduce-scatters write this rank's part.
@@ -268,7 +361,9 @@ TEST_CASE("overlap: ZeRO-1 dp2 x pp2 with tied embeddings is bit-identical", "[t
   s.layout.pp = 2;
   s.zero = 1;
   s.global_batch = 16;
-  check_overlapped(compare_overlap(s), 2);
+  const std::vector<RankResult> on = compare_overlap(s);
+  check_overlapped(on, 2);
+  check_gathered_during_forward(on);
 }
 
 TEST_CASE("overlap without the mesh's background groups falls back to reducing after backward",

@@ -156,14 +156,16 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   const double reduce_s = reduce(shared_bytes, lay.dp * lay.ep) + reduce(expert_bytes, lay.dp);
   const double gather_s = gather(shared_bytes, lay.dp * lay.ep) + gather(expert_bytes, lay.dp);
   t.dp_comm_s = reduce_s + gather_s;
-  // The bucketed reduction starts as the last micro-batch's backward produces gradients, so it
-  // hides behind that backward (2 of the `passes` forward-equivalents of one stage time). The
-  // engine does that with parallel.overlap_grad_sync, for the all-reduce and for ZeRO-1's
-  // reduce-scatter; ZeRO-1's all-gather runs after the optimizer, before the next forward.
-  const double window = worst_compute * 2.0 / passes;
-  const double reduce_exposed =
-      r.parallel.overlap_grad_sync ? std::max(0.0, reduce_s - window) : reduce_s;
-  t.dp_exposed_s = reduce_exposed + gather_s;
+  // With parallel.overlap_grad_sync the bucketed reduction (all-reduce, or ZeRO-1's
+  // reduce-scatter) starts as the last micro-batch's backward produces gradients, so it hides
+  // behind that backward (2 of the `passes` forward-equivalents of one stage time), and ZeRO-1's
+  // bucketed all-gather of the updated parameters behind the next step's first forward (1 of
+  // them): that forward waits for each bucket only as it reaches it.
+  const double one_pass = worst_compute / passes;
+  const bool overlapped = r.parallel.overlap_grad_sync;
+  t.dp_exposed_s =
+      overlapped ? std::max(0.0, reduce_s - 2.0 * one_pass) + std::max(0.0, gather_s - one_pass)
+                 : reduce_s + gather_s;
 
   t.step_s = m * worst_stage + t.bubble_s + t.dp_exposed_s;
   const double tokens = static_cast<double>(r.training.global_batch) * s.T;

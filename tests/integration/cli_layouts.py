@@ -4,7 +4,9 @@
 For one recipe and seed in fp32, 20 steps under each layout (the local launcher starts the
 ranks): the per-step loss and the final weights (all tensors of the exported final checkpoint; see
 cli_layout_util for the exact measure) match the single-rank run within 1e-5 relative, for dp2,
-tp2, pp2 (4 micro-batches), dp2 with ZeRO-1, tp2 x pp2, dp2 x tp2 x pp2 (8 ranks), a MoE model with
+tp2, pp2 (4 micro-batches), dp2 with ZeRO-1, dp2 x pp2 with ZeRO-1 (the tied embedding's
+exchange beside the overlapped reduce-scatters and parameter gathers), tp2 x pp2, dp2 x tp2 x pp2
+(8 ranks), a MoE model with
 ep2, tp2 (tensor-parallel experts) and ep2 x tp2 (tokens are dropped at capacity: the test checks
 that dropping really happens, and happens alike), and a Llama model with grouped-query attention at
 tp2. Then the same layout run twice is bit-identical (losses, and the checkpoint's bytes of every
@@ -21,6 +23,7 @@ LAYOUTS = [
     ("gpt", "tp2"),
     ("gpt", "pp2"),
     ("gpt", "dp2-zero1"),
+    ("gpt", "dp2-pp2-zero1"),
     ("gpt", "tp2-pp2"),
     ("gpt", "dp2-tp2-pp2"),
     ("moe", "ep2"),

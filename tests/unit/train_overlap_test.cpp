@@ -272,6 +272,13 @@ void check_overlapped(const std::vector<RankResult>& ranks, uint64_t at_least) {
   }
 }
 
+Setup zero1_dp2() {
+  Setup s;
+  s.layout.dp = 2;
+  s.zero = 1;
+  return s;
+}
+
 // ZeRO-1: from the second step on, the first forward waited for every bucket of the previous
 // step's parameter gather itself, as it reached the bucket (none was left for after forward).
 void check_gathered_during_forward(const std::vector<RankResult>& ranks) {
@@ -317,9 +324,7 @@ TEST_CASE("overlap: dp2 x ep2 MoE (experts over dp, the rest over dp_ep) is bit-
 
 TEST_CASE("overlap: ZeRO-1 dp2 (reduce-scatter and gather per bucket) is bit-identical",
           "[train][overlap]") {
-  Setup s;
-  s.layout.dp = 2;
-  s.zero = 1;
+  Setup s = zero1_dp2();
   const std::vector<RankResult> on = compare_overlap(s);
   check_overlapped(on, 4);
   check_gathered_during_forward(on);
@@ -330,9 +335,7 @@ TEST_CASE("overlap: ZeRO-1 dp2 (reduce-scatter and gather per bucket) is bit-ide
 // it are every step's complete parameters, equal to those of the blocking run.
 TEST_CASE("overlap: ZeRO-1 checkpoint captured in on_step waits for the parameter gather",
           "[train][overlap]") {
-  Setup s;
-  s.layout.dp = 2;
-  s.zero = 1;
+  Setup s = zero1_dp2();
   s.fence_delay_ms = 30;
   s.capture_each_step = true;
   check_overlapped(compare_overlap(s), 4);
@@ -343,9 +346,7 @@ TEST_CASE("overlap: ZeRO-1 checkpoint captured in on_step waits for the paramete
 // for the next forward.
 TEST_CASE("overlap: ZeRO-1 Trainer::step returns with the parameters gathered",
           "[train][overlap]") {
-  Setup s;
-  s.layout.dp = 2;
-  s.zero = 1;
+  Setup s = zero1_dp2();
   s.fence_delay_ms = 30;
   s.use_step = true;
   const std::vector<RankResult> on = compare_overlap(s);
@@ -356,10 +357,8 @@ TEST_CASE("overlap: ZeRO-1 Trainer::step returns with the parameters gathered",
 
 // The tied embedding's exchange runs while earlier buckets' reduce-scatters write this rank's part.
 TEST_CASE("overlap: ZeRO-1 dp2 x pp2 with tied embeddings is bit-identical", "[train][overlap]") {
-  Setup s;
-  s.layout.dp = 2;
+  Setup s = zero1_dp2();
   s.layout.pp = 2;
-  s.zero = 1;
   s.global_batch = 16;
   const std::vector<RankResult> on = compare_overlap(s);
   check_overlapped(on, 2);

@@ -3,7 +3,8 @@
 had never stopped.
 
 A run at dp2 x tp2 saves at step 10 (its schedule is that of a 20-step run) and stops. Copies of its
-run directory resume to step 20 at pp2 and at dp4 (`trainctl resume DIR --set parallel...`). Both
+run directory resume to step 20 at pp2, at dp4 and at dp2 with ZeRO-1 (`trainctl resume DIR --set
+parallel...`; ZeRO-1 gathers each step's parameters while the next forward runs). All three
 continue the single-rank 20-step run within the layout tolerance: steps 11..20 have the same loss
 and token count (the global sample position carried over, so no sample is skipped or repeated when
 the number of data ranks changes from 2 to 1 or 4), and the final weights match. Each resumed
@@ -43,7 +44,7 @@ def body(binary, root):
         check(position == HALF * 4, f"{saved}/checkpoints/{name} records sample position "
                                     f"{position}; expected {HALF} steps * 4 = {HALF * 4}")
 
-        for target in ("pp2", "dp4"):
+        for target in ("pp2", "dp4", "dp2-zero1"):
             run_dir = os.path.join(tmp, f"resume-{target}")
             shutil.copytree(saved, run_dir)
             sets = ["parallel.dp=1", "parallel.tp=1", *lu.layout_sets(target),

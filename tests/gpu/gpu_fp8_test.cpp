@@ -126,6 +126,18 @@ void expect_fp8_close(Harness& h, const Fp8Case& f, const Twin& c) {
   CHECK(result.ok);
 }
 
+// A non-finite scale or operand poisons the whole product: every element of c is NaN, on the
+// GPU and on the CPU reference alike.
+void expect_all_nan(Harness& h, const Twin& c) {
+  size_t gpu_nan = 0, cpu_nan = 0;
+  for (const double value : h.values(c.gpu))
+    gpu_nan += std::isnan(value) ? 1u : 0u;
+  for (const double value : h.values(c.cpu))
+    cpu_nan += std::isnan(value) ? 1u : 0u;
+  CHECK(gpu_nan == static_cast<size_t>(c.numel()));
+  CHECK(cpu_nan == static_cast<size_t>(c.numel()));
+}
+
 std::vector<Fp8Case> fp8_cases() {
   std::vector<Fp8Case> cases;
   const std::pair<DType, DType> formats[] = {{DType::e4m3, DType::e4m3},
@@ -203,13 +215,7 @@ TEST_CASE("cuda fp8 gemm: a NaN or inf in an operand makes every output NaN") {
         h.cpu().gemm(shape_args(f, o.args(false)));
         h.gpu().gemm(shape_args(f, o.args(true)));
         INFO(f.describe() << ", " << bad << " in " << (in_a ? "a" : "b"));
-        size_t gpu_nan = 0, cpu_nan = 0;
-        for (const double value : h.values(o.c.gpu))
-          gpu_nan += std::isnan(value) ? 1u : 0u;
-        for (const double value : h.values(o.c.cpu))
-          cpu_nan += std::isnan(value) ? 1u : 0u;
-        CHECK(gpu_nan == static_cast<size_t>(o.c.numel()));
-        CHECK(cpu_nan == static_cast<size_t>(o.c.numel()));
+        expect_all_nan(h, o.c);
       }
     }
   }
@@ -543,13 +549,7 @@ TEST_CASE("cuda fp8 gemm with a given amax of +inf or NaN makes every output NaN
           (gpu ? h.gpu() : h.cpu()).gemm(g);
         }
         INFO(f.describe() << ", " << given_name(given) << " = " << bad);
-        size_t gpu_nan = 0, cpu_nan = 0;
-        for (const double value : h.values(o.c.gpu))
-          gpu_nan += std::isnan(value) ? 1u : 0u;
-        for (const double value : h.values(o.c.cpu))
-          cpu_nan += std::isnan(value) ? 1u : 0u;
-        CHECK(gpu_nan == static_cast<size_t>(o.c.numel()));
-        CHECK(cpu_nan == static_cast<size_t>(o.c.numel()));
+        expect_all_nan(h, o.c);
       }
     }
   }

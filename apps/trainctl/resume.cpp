@@ -13,10 +13,25 @@ namespace fs = std::filesystem;
 namespace trainctl::app {
 
 int resume_session(SessionInput input, const std::string& command) {
+  // The lock first: a save that another trainctl has in progress must not be seen half done.
+  files::RunDirLock lock;
+  if (int code = lock_run_dir(input, command, lock); code >= 0) return code;
   const fs::path dir = input.run_dir / "checkpoints";
   ckpt::ScanReport report = ckpt::scan(dir);
   if (report.entries.empty())
     return bad_input(command, fmt::format("{} holds no checkpoint to resume from", dir.string()));
+  // training.steps below the checkpoint's step cannot be met: bad input, found before the model
+  // is built.
+  const int64_t steps = input.loaded.recipe.training.steps;
+  if (const ckpt::ScanEntry* newest = report.newest_valid(); newest && newest->step > steps)
+    return report_problems(
+        {input.loaded.origins.problem(
+            "training.steps",
+            fmt::format("training.steps {} is below step {} of the checkpoint to resume from "
+                        "({}); a run cannot go back: set training.steps to {} or more (e.g. "
+                        "--set training.steps={}), or start again with trainctl run --overwrite",
+                        steps, newest->step, newest->path.string(), newest->step, newest->step))},
+        input.recipe_label);
   input.resuming = true;
   input.resume_candidates = std::move(report.entries);
   return start_session(std::move(input), command);
@@ -56,6 +71,7 @@ int run_resume(const ResumeOptions& options) {
   if (input.run_dir.empty())
     input.run_dir = options.run_dir.empty() ? fs::path("runs") / input.loaded.recipe.name
                                             : fs::path(options.run_dir);
+  if (int code = check_session_input(input, "resume"); code >= 0) return code;
   return resume_session(std::move(input), "resume");
 }
 

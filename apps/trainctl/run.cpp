@@ -52,6 +52,7 @@ int run_run(const RunOptions& options) {
   if (int code = check_rank_environment(input, "run"); code >= 0) return code;
 
   input.run_dir = options.run_dir.empty() ? fs::path("runs") / r.name : fs::path(options.run_dir);
+  if (int code = check_session_input(input, "run"); code >= 0) return code;
   const ckpt::ScanReport checkpoints = ckpt::scan(input.run_dir / "checkpoints");
   if (!options.overwrite) {
     if (!checkpoints.entries.empty()) {
@@ -62,15 +63,21 @@ int run_run(const RunOptions& options) {
                                "--overwrite to start again (deleting them)",
                                input.run_dir.string(), checkpoints.entries.front().name,
                                input.run_dir.string()));
-      return resume_session(std::move(input), "run");
+      return resume_session(std::move(input), "run");  // takes the lock itself
     }
     if (fs::exists(input.run_dir / "metrics.jsonl"))
       return bad_input(
           "run", fmt::format("run directory {} already holds a run (metrics.jsonl); choose another "
                              "with --run-dir or pass --overwrite to replace it",
                              input.run_dir.string()));
-  } else if (!input.rank.launched() ||
-             (input.rank.source != launch::RankSource::trainctl && input.rank.rank == 0)) {
+  }
+  // From here on the directory is this run's: a second run or resume on it is refused until the
+  // run ends (held across the local launcher's ranks too).
+  files::RunDirLock lock;
+  if (int code = lock_run_dir(input, "run", lock); code >= 0) return code;
+  if (options.overwrite &&
+      (!input.rank.launched() ||
+       (input.rank.source != launch::RankSource::trainctl && input.rank.rank == 0))) {
     // Our launcher has cleared the directory before starting the ranks; under an external
     // launcher rank 0 does it, before the rendezvous the others wait in.
     remove_previous_run(input.run_dir);

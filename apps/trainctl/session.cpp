@@ -22,6 +22,7 @@
 #include "data/sampler.hpp"
 #include "dist/error.hpp"
 #include "dist/mesh.hpp"
+#include "files/files.hpp"
 #include "launch/rank_env.hpp"
 #include "launch/signals.hpp"
 #include "model/model.hpp"
@@ -108,8 +109,14 @@ int train_session(SessionInput input, const std::string& command) {
 
   // ---- 1. input that depends on the environment: the data ----
   const backend::DeviceReport devices = backend::detect_gpus();
-  SessionData corpus;
-  if (const int code = open_session_data(input, corpus); code >= 0) return code;
+  // Opened by check_session_input before anything was created; opened here for callers that
+  // skip it (tests of the session).
+  std::shared_ptr<SessionData> corpus_data = input.data;
+  if (!corpus_data) {
+    corpus_data = std::make_shared<SessionData>();
+    if (const int code = open_session_data(input, *corpus_data); code >= 0) return code;
+  }
+  SessionData& corpus = *corpus_data;
 
   const fs::path& run_dir = input.run_dir;
   RankLog rank_log{command, multi, rank};
@@ -147,10 +154,10 @@ int train_session(SessionInput input, const std::string& command) {
     fs::create_directories(run_dir / "logs");
     const std::string hash = recipe::recipe_hash(r);
     if (leader) {
-      std::ofstream out(run_dir / "recipe.yaml.tmp");
-      out << "# resolved recipe (hash " << hash << ")\n" << recipe::dump_recipe(r);
-      out.close();
-      fs::rename(run_dir / "recipe.yaml.tmp", run_dir / "recipe.yaml");
+      // Atomic: a full disk leaves the old recipe.yaml (the one resume needs) as it was.
+      files::write_file_atomically(
+          run_dir / "recipe.yaml",
+          fmt::format("# resolved recipe (hash {})\n{}", hash, recipe::dump_recipe(r)));
       if (resuming) truncate_metrics(run_dir / "metrics.jsonl", start_step);
     }
     std::optional<telemetry::MetricsWriter> metrics;
@@ -234,6 +241,7 @@ int train_session(SessionInput input, const std::string& command) {
     const auto start = Clock::now();
     auto last_save = start;
     int64_t reported_save = -1;
+    int64_t saved_step = start_step;  // the newest step this run has a checkpoint of
     double stall_ms = 0;
     std::optional<double> last_val;
     train::StepMetrics last;
@@ -301,12 +309,40 @@ int train_session(SessionInput input, const std::string& command) {
           ckpt::SaveRequest request = train::capture_checkpoint(
               writer.new_request(), model, trainer, *be, hash, layout_json(r));  // reused memory
           writer.save(std::move(request));  // waits for the previous save first
+          saved_step = m.step;
           last_save = Clock::now();
           stall_ms = std::chrono::duration<double, std::milli>(last_save - before).count();
         }
         return !stopping;
       });
       writer.wait();
+    } catch (const data::DataError& e) {
+      // The data changed under the run (data_file.hpp). A step reads its batch before it touches
+      // the model, so the state after the last finished step is whole: one rank saves it (no
+      // peer waits in a collective for it); several ranks stop, and the newest checkpoint stays.
+      if (progress) progress->finish();
+      std::string outcome;
+      try {
+        writer.wait();
+        if (saves && !mesh && trainer.steps_done() > saved_step) {
+          writer.save(train::capture_checkpoint(writer.new_request(), model, trainer, *be, hash,
+                                                layout_json(r)));
+          writer.wait();
+          saved_step = trainer.steps_done();
+          outcome = fmt::format("saved a checkpoint of step {}; ", saved_step);
+        }
+      } catch (const ckpt::CheckpointError& save_error) {
+        outcome = fmt::format("saving a checkpoint failed too ({}); ", save_error.what());
+      }
+      const ckpt::ScanReport now = ckpt::scan(checkpoints_dir);
+      const ckpt::ScanEntry* good = now.newest_valid();
+      return rank_log.fail(
+          fmt::format("{}\n{}{}", e.what(), outcome,
+                      good ? fmt::format("after fixing the data, continue from {} with: trainctl "
+                                         "resume {}",
+                                         good->name, run_dir.string())
+                           : std::string("no checkpoint of this run has been saved yet")),
+          kExitFailure);
     } catch (const ckpt::CheckpointError& e) {
       if (progress) progress->finish();
       const ckpt::ScanReport now = ckpt::scan(checkpoints_dir);
@@ -365,7 +401,7 @@ int train_session(SessionInput input, const std::string& command) {
                              {"forward_flops_per_token", model.forward_flops_per_token()}};
       if (multi) summary["layout"] = layout_json(r);
       if (last_val) summary["final_val_loss"] = *last_val;
-      std::ofstream(run_dir / "summary.json") << summary.dump(2) << "\n";
+      files::write_file_atomically(run_dir / "summary.json", summary.dump(2) + "\n");
     }
     say(fmt::format("done: {} steps in {} | loss {:.4f}{} | {} tokens/s | weights {}", last.step,
                     telemetry::format_duration(seconds), last.loss,
@@ -376,6 +412,11 @@ int train_session(SessionInput input, const std::string& command) {
         memory.to_string());
     std::fclose(rank_log.file);
     return kExitOk;
+  } catch (const files::FileError& e) {
+    // A file of the run could not be written (a full disk): the file it would have replaced is
+    // intact (files::write_file_atomically).
+    return rank_log.fail(fmt::format("{}; the file it would have replaced is intact", e.what()),
+                         kExitFailure);
   } catch (const dist::DistError& e) {
     // A peer died or went silent, or the rendezvous failed: the message names the op, the group
     // and the peer. The launcher stops the other ranks.

@@ -5,15 +5,19 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "ckpt/ckpt.hpp"
+#include "files/run_lock.hpp"
 #include "launch/rank_env.hpp"
 #include "recipe/recipe.hpp"
 
 namespace trainctl::app {
+
+struct SessionData;  // session_internal.hpp
 
 struct SessionInput {
   recipe::LoadedRecipe loaded;
@@ -29,6 +33,8 @@ struct SessionInput {
   // This process's rank. world_size 1: the whole run in this process. More: one rank of a job
   // started by our launcher (launch.hpp) or an external one; every rank runs train_session.
   launch::RankInfo rank;
+  // The training data, opened and checked by check_session_input before anything is created.
+  std::shared_ptr<SessionData> data;
 };
 
 // Prints every problem (file:line:col, or the --set) and the summary line; returns exit code 2.
@@ -43,6 +49,19 @@ std::vector<recipe::Problem> unsupported_in_this_build(const recipe::LoadedRecip
 // layout. Returns -1 when it fits, else prints the problem and returns exit code 2 (nothing has
 // been created: called before the run directory is touched).
 int check_rank_environment(SessionInput& input, const std::string& command);
+
+// The input checks that need the environment, before anything is created: the run directory can
+// hold files (files::why_not_writable_directory; the run's own files, where they exist, are of
+// the right kind), and the data opens and every token id is below model.vocab (a full scan of the
+// files; ranks that our launcher started skip the scan, the launcher has done it). Fills
+// input.data. Returns -1, or exit code 2 after printing the problem.
+int check_session_input(SessionInput& input, const std::string& command);
+
+// Takes the run directory's lock (files/run_lock.hpp) when this process owns the run: one that
+// no launcher started, or rank 0 of an external launcher's job (our own launcher holds it for
+// its ranks). Creates the run directory. Returns -1, or exit code 2 when another trainctl holds
+// it. A lock taken over from a dead process adds a note.
+int lock_run_dir(SessionInput& input, const std::string& command, files::RunDirLock& lock);
 
 // What run and resume call once the input is checked: train in this process (one rank, or one
 // rank of a launched job), or, when the recipe needs more ranks and no launcher started this

@@ -1,12 +1,13 @@
 #include <fmt/core.h>
 
 #include <algorithm>
-#include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <stdexcept>
 
 #include "commands.hpp"
+#include "files/files.hpp"
 #include "session_internal.hpp"
 #include "train/checkpointing.hpp"
 
@@ -120,12 +121,9 @@ int resume_from_checkpoint(SessionInput& input, model::Transformer& model, train
   // later save of the same step cannot collide with them. They are kept, never read. One
   // rank moves them (rank 0), the others only report.
   for (const Skipped& k : skipped) {
-    const fs::path rejected = checkpoints_dir / "rejected" / k.entry.name;
-    if (leader) {
-      fs::create_directories(rejected.parent_path());
-      fs::remove_all(rejected);
-      fs::rename(k.entry.path, rejected);
-    }
+    // Never onto an earlier rejected one of the same name: that gets a suffix (.1, .2, ...).
+    fs::path rejected = checkpoints_dir / "rejected" / k.entry.name;
+    if (leader) rejected = files::move_aside(k.entry.path, checkpoints_dir / "rejected");
     input.notes.push_back(fmt::format("skipped {} ({}): moved to {}, never read", k.entry.name,
                                       k.reason, rejected.string()));
   }
@@ -135,20 +133,26 @@ int resume_from_checkpoint(SessionInput& input, model::Transformer& model, train
 }
 
 void truncate_metrics(const fs::path& path, int64_t last_step) {
-  std::ifstream in(path);
-  if (!in) return;
-  const fs::path tmp = path.string() + ".tmp";
-  std::ofstream out(tmp, std::ios::trunc);
-  std::string line;
-  while (std::getline(in, line)) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return;
+  const std::string text =
+      files::read_regular_file(path, std::numeric_limits<uint64_t>::max(), "metrics file");
+  std::string kept;
+  kept.reserve(text.size());
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view line(text.data() + start, end - start);
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
-        j["step"].get<int64_t>() <= last_step)
-      out << line << '\n';
+        j["step"].get<int64_t>() <= last_step) {
+      kept.append(line);
+      kept.push_back('\n');
+    }
+    start = end + 1;
   }
-  out.close();
-  if (!out) throw std::runtime_error("cannot rewrite " + path.string());
-  fs::rename(tmp, path);
+  files::write_file_atomically(path, kept);
 }
 
 }  // namespace trainctl::app

@@ -7,6 +7,7 @@
 
 #include "commands.hpp"
 #include "convert.hpp"
+#include "files/files.hpp"
 #include "launch/local.hpp"
 #include "launch/store_address.hpp"
 #include "session_internal.hpp"
@@ -140,10 +141,37 @@ Rendezvous open_rendezvous(const launch::RankInfo& rank, const fs::path& run_dir
 
 }  // namespace
 
+namespace {
+
+// A token id the model cannot embed, found by reading every token once (data::scan_vocab).
+std::string vocab_problem(const data::TokenSource& source, int32_t vocab, const char* key) {
+  const data::VocabScan scan = data::scan_vocab(source, vocab);
+  if (scan.first_outside < 0) return "";
+  return fmt::format(
+      "{}: token id {} is outside model.vocab {} (ids must be in [0, {})), and the largest id in "
+      "{} is {}; set model.vocab to at least {}, or point {} at data tokenized for this model",
+      source.where(scan.first_outside), scan.first_outside_id, vocab, vocab, key, scan.max_id,
+      scan.max_id + 1, key);
+}
+
+}  // namespace
+
 int open_session_data(const SessionInput& input, SessionData& out) {
   const recipe::Recipe& r = input.loaded.recipe;
   try {
     out.dataset = data::open_dataset(to_data_config(r));
+    // Every id is checked once here, not at the step that happens to read it. Ranks that our
+    // launcher started skip it: the launcher has read the same files.
+    if (input.rank.source != launch::RankSource::trainctl) {
+      if (std::string p = vocab_problem(*out.dataset.train, r.model.vocab, "data.path"); !p.empty())
+        return report_problems({input.loaded.origins.problem("model.vocab", p)},
+                               input.recipe_label);
+      const char* val_key = r.data.val_path.empty() ? "data.path" : "data.val_path";
+      if (out.dataset.val)
+        if (std::string p = vocab_problem(*out.dataset.val, r.model.vocab, val_key); !p.empty())
+          return report_problems({input.loaded.origins.problem("model.vocab", p)},
+                                 input.recipe_label);
+    }
     out.sampler.emplace(*out.dataset.train, r.model.seq_len,
                         static_cast<uint64_t>(r.determinism.seed), true, r.model.vocab);
     if (out.dataset.val && out.dataset.val->size() > r.model.seq_len) {
@@ -154,6 +182,53 @@ int open_session_data(const SessionInput& input, SessionData& out) {
     return report_problems({input.loaded.origins.problem(data_error_key(r, e.what()), e.what())},
                            input.recipe_label);
   }
+  return -1;
+}
+
+int check_session_input(SessionInput& input, const std::string& command) {
+  const fs::path& dir = input.run_dir;
+  if (std::string why = files::why_not_writable_directory(dir); !why.empty())
+    return bad_input(command, fmt::format("the run directory {} cannot hold the run's files: {}; "
+                                          "choose another with --run-dir",
+                                          dir.string(), why));
+  // The run's own files, where an earlier run left them, must be what trainctl writes there: a
+  // FIFO in metrics.jsonl's place would block the first write forever.
+  for (const char* name : {"logs", "checkpoints"}) {
+    struct stat st {};
+    if (::lstat((dir / name).c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+      return bad_input(command,
+                       fmt::format("{} is {}, not a directory; remove it or choose "
+                                   "another run directory",
+                                   (dir / name).string(), files::file_type_name(st.st_mode)));
+  }
+  for (const char* name : {"recipe.yaml", "metrics.jsonl", "summary.json", files::kRunLockFile}) {
+    struct stat st {};
+    if (::lstat((dir / name).c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+      return bad_input(command,
+                       fmt::format("{} is {}, not a regular file; remove it or choose "
+                                   "another run directory",
+                                   (dir / name).string(), files::file_type_name(st.st_mode)));
+  }
+  auto data = std::make_shared<SessionData>();
+  if (const int code = open_session_data(input, *data); code >= 0) return code;
+  input.data = std::move(data);
+  return -1;
+}
+
+int lock_run_dir(SessionInput& input, const std::string& command, files::RunDirLock& lock) {
+  const launch::RankInfo& rank = input.rank;
+  const bool owner =
+      !rank.launched() || (rank.source != launch::RankSource::trainctl && rank.rank == 0);
+  if (!owner) return -1;
+  try {
+    lock = files::RunDirLock::acquire(input.run_dir);
+  } catch (const files::RunDirBusy& e) {
+    return bad_input(command, e.what());
+  } catch (const files::FileError& e) {
+    return bad_input(command,
+                     fmt::format("{}; choose another run directory with --run-dir", e.what()));
+  }
+  if (lock.takeover_note()) input.notes.push_back(*lock.takeover_note());
   return -1;
 }
 

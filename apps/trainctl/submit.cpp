@@ -17,6 +17,7 @@
 
 #include "ckpt/ckpt.hpp"
 #include "commands.hpp"
+#include "files/files.hpp"
 #include "launch/sbatch.hpp"
 #include "recipe/schema.hpp"
 #include "session.hpp"
@@ -88,11 +89,9 @@ Completed run_program(const fs::path& program, const std::vector<std::string>& a
   return done;
 }
 
+// Atomic (files/files.hpp): a full disk leaves an earlier script of the run as it was.
 void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) throw std::runtime_error(fmt::format("cannot write {}", path.string()));
+  files::write_file_atomically(path, text);
 }
 
 }  // namespace

@@ -15,8 +15,8 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-// Checks one mapped shard against the llm.c layout and returns its token count.
-int64_t validate_shard(const detail::MappedFile& file) {
+// Checks one opened shard against the llm.c layout and returns its token count.
+int64_t validate_shard(const detail::DataFile& file) {
   using S = LlmcShardSource;
   const auto file_bytes = static_cast<int64_t>(file.size());
   if (file_bytes < S::kHeaderBytes) {
@@ -26,7 +26,7 @@ int64_t validate_shard(const detail::MappedFile& file) {
         file.path(), file_bytes, S::kHeaderBytes));
   }
   int32_t header[S::kHeaderInts];
-  std::memcpy(header, file.data(), sizeof(header));
+  file.read(0, sizeof(header), header);
   if (header[0] != S::kMagic) {
     throw DataError(fmt::format(
         "{}: not an llm.c token shard: header[0] is {}, expected the magic number {}; point the "
@@ -69,7 +69,7 @@ LlmcShardSource::LlmcShardSource(const std::vector<std::string>& paths) {
   }
   shards_.reserve(paths.size());
   for (const std::string& path : paths) {
-    detail::MappedFile file(path);
+    detail::DataFile file(path);
     const int64_t num_tokens = validate_shard(file);
     first_token_.push_back(total_tokens_);
     total_tokens_ += num_tokens;
@@ -88,17 +88,28 @@ void LlmcShardSource::read(int64_t offset, int64_t count, int32_t* out) const {
         shard + 1 < first_token_.size() ? first_token_[shard + 1] : total_tokens_;
     const int64_t local = offset - first_token_[shard];
     const int64_t take = std::min(count, shard_end - offset);
-    const unsigned char* bytes = shards_[shard].data() + kHeaderBytes + 2 * local;
-    for (int64_t i = 0; i < take; ++i) {
-      uint16_t token;
-      std::memcpy(&token, bytes + 2 * i, sizeof(token));
-      out[i] = token;
+    uint16_t tokens[8192];
+    for (int64_t done = 0; done < take;) {
+      const int64_t part = std::min<int64_t>(take - done, std::size(tokens));
+      shards_[shard].read(static_cast<uint64_t>(kHeaderBytes + 2 * (local + done)),
+                          static_cast<size_t>(2 * part), tokens);
+      for (int64_t i = 0; i < part; ++i)
+        out[done + i] = tokens[i];
+      done += part;
     }
     out += take;
     offset += take;
     count -= take;
     ++shard;
   }
+}
+
+std::string LlmcShardSource::where(int64_t offset) const {
+  if (offset < 0 || offset >= total_tokens_) return TokenSource::where(offset);
+  const auto shard =
+      static_cast<size_t>(std::upper_bound(first_token_.begin(), first_token_.end(), offset) -
+                          first_token_.begin() - 1);
+  return fmt::format("{}, token {}", shards_[shard].path(), offset - first_token_[shard]);
 }
 
 std::string LlmcShardSource::describe() const {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "data/mapped_file.hpp"
+#include "data/data_file.hpp"
 #include "data/token_source.hpp"
 
 namespace trainctl::data {
@@ -35,6 +35,7 @@ class SyntheticSource final : public TokenSource {
   int64_t size() const override { return num_tokens_; }
   void read(int64_t offset, int64_t count, int32_t* out) const override;
   int32_t vocab_hint() const override { return vocab_; }
+  bool ids_below_hint() const override { return true; }
   std::string describe() const override;
 
   // The mean entropy of the stream in nats per token: the floor of the next-token loss,
@@ -54,7 +55,8 @@ class SyntheticSource final : public TokenSource {
   int32_t branching_;
 };
 
-// A text file read byte by byte: each byte is one token (vocab 256). The file is memory-mapped.
+// A text file read byte by byte: each byte is one token (vocab 256). The file is read with pread
+// and checked for changes on every read (data_file.hpp).
 // Throws DataError when the file is missing, unreadable or empty.
 class TextSource final : public TokenSource {
  public:
@@ -63,18 +65,21 @@ class TextSource final : public TokenSource {
   int64_t size() const override { return static_cast<int64_t>(file_.size()); }
   void read(int64_t offset, int64_t count, int32_t* out) const override;
   int32_t vocab_hint() const override { return 256; }
+  bool ids_below_hint() const override { return true; }
   std::string describe() const override;
+  std::string where(int64_t offset) const override;  // "data/kjv.txt, byte 12"
 
  private:
-  detail::MappedFile file_;
+  detail::DataFile file_;
 };
 
 // llm.c token shards (the .bin files of llm.c's dev/data scripts), concatenated in the given order.
 // Layout of one shard: a header of 256 little-endian int32 (header[0] = 20240520 magic,
 // header[1] = 1 version, header[2] = number of tokens), then that many uint16 tokens.
 // Version 1 shards hold GPT-2 tokens, so vocab_hint() is 50257.
-// Each shard is memory-mapped and checked on open: magic, version, a token count > 0 and a file
-// length of exactly 1024 + 2 * tokens bytes; any mismatch is a DataError naming the file.
+// Each shard is checked on open (and for changes on every read, data_file.hpp): magic, version, a
+// token count > 0 and a file length of exactly 1024 + 2 * tokens bytes; any mismatch is a DataError
+// naming the file.
 class LlmcShardSource final : public TokenSource {
  public:
   static constexpr int32_t kMagic = 20240520;
@@ -89,11 +94,12 @@ class LlmcShardSource final : public TokenSource {
   void read(int64_t offset, int64_t count, int32_t* out) const override;
   int32_t vocab_hint() const override { return kGpt2Vocab; }
   std::string describe() const override;
+  std::string where(int64_t offset) const override;  // the shard file and the token in it
 
   int64_t num_shards() const { return static_cast<int64_t>(shards_.size()); }
 
  private:
-  std::vector<detail::MappedFile> shards_;
+  std::vector<detail::DataFile> shards_;
   std::vector<int64_t> first_token_;  // first_token_[i]: global index of shard i's first token
   int64_t total_tokens_ = 0;
 };

@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "data/sources.hpp"
@@ -8,9 +10,20 @@ TextSource::TextSource(const std::string& path) : file_(path) {}
 
 void TextSource::read(int64_t offset, int64_t count, int32_t* out) const {
   check_range(offset, count);
-  const unsigned char* bytes = file_.data() + offset;
-  for (int64_t i = 0; i < count; ++i)
-    out[i] = bytes[i];
+  unsigned char bytes[16384];
+  while (count > 0) {
+    const int64_t take = std::min<int64_t>(count, sizeof bytes);
+    file_.read(static_cast<uint64_t>(offset), static_cast<size_t>(take), bytes);
+    for (int64_t i = 0; i < take; ++i)
+      out[i] = bytes[i];
+    out += take;
+    offset += take;
+    count -= take;
+  }
+}
+
+std::string TextSource::where(int64_t offset) const {
+  return fmt::format("{}, byte {}", file_.path(), offset);
 }
 
 std::string TextSource::describe() const {

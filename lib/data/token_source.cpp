@@ -1,7 +1,9 @@
 #include "data/token_source.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -12,6 +14,41 @@ void TokenSource::check_range(int64_t offset, int64_t count) const {
     throw DataError(fmt::format("read of tokens [{}, {}) is outside {} which has {} tokens", offset,
                                 offset + count, describe(), size()));
   }
+}
+
+std::string TokenSource::where(int64_t offset) const {
+  return fmt::format("{}, token {}", describe(), offset);
+}
+
+VocabScan scan_vocab(const TokenSource& source, int32_t vocab) {
+  VocabScan scan;
+  if (source.ids_below_hint() && source.vocab_hint() <= vocab) return scan;
+  std::vector<int32_t> chunk(size_t{1} << 16);
+  const int64_t total = source.size();
+  for (int64_t offset = 0; offset < total;) {
+    const int64_t count = std::min<int64_t>(total - offset, static_cast<int64_t>(chunk.size()));
+    source.read(offset, count, chunk.data());
+    int32_t chunk_max = -1;
+    int32_t chunk_min = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      chunk_max = std::max(chunk_max, chunk[static_cast<size_t>(i)]);
+      chunk_min = std::min(chunk_min, chunk[static_cast<size_t>(i)]);
+    }
+    scan.max_id = std::max(scan.max_id, chunk_max);
+    if (scan.first_outside < 0 && (chunk_max >= vocab || chunk_min < 0)) {
+      for (int64_t i = 0; i < count; ++i) {
+        const int32_t id = chunk[static_cast<size_t>(i)];
+        if (id < 0 || id >= vocab) {
+          scan.first_outside = offset + i;
+          scan.first_outside_id = id;
+          break;
+        }
+      }
+    }
+    offset += count;
+    scan.tokens_read += count;
+  }
+  return scan;
 }
 
 namespace {
@@ -27,6 +64,8 @@ class SliceSource final : public TokenSource {
     base_->read(offset_ + offset, count, out);
   }
   int32_t vocab_hint() const override { return base_->vocab_hint(); }
+  bool ids_below_hint() const override { return base_->ids_below_hint(); }
+  std::string where(int64_t offset) const override { return base_->where(offset_ + offset); }
   std::string describe() const override {
     return fmt::format("{} tokens [{}, {})", base_->describe(), offset_, offset_ + count_);
   }

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -208,6 +209,69 @@ fs::path move_aside(const fs::path& from, const fs::path& into) {
   throw FileError(fmt::format("cannot move {} into {}: 100000 names taken; clear that folder",
                               from.string(), into.string()),
                   EEXIST);
+}
+
+namespace {
+
+// File systems the kernel makes up: nothing written there is a file.
+const char* pseudo_file_system(long type) {
+  switch (type) {
+    case 0x9fa0:  // PROC_SUPER_MAGIC
+      return "a proc file system";
+    case 0x62656572:  // SYSFS_MAGIC
+      return "a sysfs file system";
+    case 0x1cd1:  // DEVPTS_SUPER_MAGIC
+      return "a devpts file system";
+    case 0x27e0eb:    // CGROUP_SUPER_MAGIC
+    case 0x63677270:  // CGROUP2_SUPER_MAGIC
+      return "a cgroup file system";
+    case 0x64626720:  // DEBUGFS_MAGIC
+      return "a debugfs file system";
+    case 0x74726163:  // TRACEFS_MAGIC
+      return "a tracefs file system";
+    case 0x73636673:  // SECURITYFS_MAGIC
+      return "a securityfs file system";
+    case 0x6e736673:  // NSFS_MAGIC
+      return "an nsfs file system";
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+
+std::string why_not_writable_directory(const fs::path& dir) {
+  std::error_code ec;
+  fs::path path = fs::absolute(dir, ec);
+  if (ec) return fmt::format("{}: {}", dir.string(), ec.message());
+  // The nearest part of the path that exists decides; the rest would be created.
+  fs::path existing = path;
+  while (true) {
+    struct stat st {};
+    if (::lstat(existing.c_str(), &st) == 0) {
+      if (::stat(existing.c_str(), &st) != 0)
+        return fmt::format("{}: a symbolic link to nothing ({})", existing.string(),
+                           std::strerror(errno));
+      if (!S_ISDIR(st.st_mode))
+        return fmt::format("{} is {}, not a directory", existing.string(),
+                           file_type_name(st.st_mode));
+      break;
+    }
+    // ENOTDIR: a part of the path is a file; the walk up finds it and says so.
+    if (errno != ENOENT && errno != ENOTDIR)
+      return fmt::format("{}: {}", existing.string(), std::strerror(errno));
+    if (!existing.has_parent_path() || existing.parent_path() == existing)
+      return fmt::format("{}: no part of the path exists", path.string());
+    existing = existing.parent_path();
+  }
+  struct statfs fsinfo {};
+  if (::statfs(existing.c_str(), &fsinfo) == 0)
+    if (const char* pseudo = pseudo_file_system(static_cast<long>(fsinfo.f_type)))
+      return fmt::format("{} is on {}, where no file can be kept", existing.string(), pseudo);
+  if (::access(existing.c_str(), W_OK | X_OK) != 0)
+    return fmt::format("{}: {}{}", existing.string(), std::strerror(errno),
+                       errno == EROFS ? "" : " (no permission to create files there)");
+  return "";
 }
 
 }  // namespace trainctl::files

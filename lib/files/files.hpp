@@ -100,4 +100,11 @@ void fsync_directory(const fs::path& dir);
 // Creates `into`. Returns the path it was moved to. Throws FileError.
 fs::path move_aside(const fs::path& from, const fs::path& into);
 
+// Why files cannot be created in directory `dir` (which may not exist yet: then its nearest
+// existing ancestor decides), or "" when they can: "/proc/x: /proc is a proc file system, not a
+// place for files", "runs/a: it is a regular file, not a directory", "/mnt/ro: read-only file
+// system". Checked before anything is created, so a bad --run-dir is bad input, not a failure
+// after the model was built.
+std::string why_not_writable_directory(const fs::path& dir);
+
 }  // namespace trainctl::files

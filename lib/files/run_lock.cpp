@@ -81,10 +81,9 @@ RunDirLock RunDirLock::acquire(const fs::path& run_dir) {
   const std::string me = fmt::format("pid {} on {}, started {}\n", static_cast<long>(::getpid()),
                                      host_name(), utc_now());
   // Written in place: the lock lives on this inode, so the file must never be replaced by a
-  // rename. A reader that catches it half-written only prints less of it.
-  if (::ftruncate(fd.get(), 0) != 0) throw_os_error("cannot write", path, errno);
-  if (::pwrite(fd.get(), me.data(), me.size(), 0) != static_cast<ssize_t>(me.size()))
-    throw_os_error("cannot write", path, errno == 0 ? ENOSPC : errno);
+  // rename. Best effort: the flock is the lock, the text only names its holder, and a full disk
+  // is better reported by the first file the run cannot write.
+  if (::ftruncate(fd.get(), 0) == 0) (void)!::pwrite(fd.get(), me.data(), me.size(), 0);
   lock.fd_ = std::move(fd);
   return lock;
 }

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "files/files.hpp"
 #include "launch/rank_env.hpp"
 #include "launch/supervisor.hpp"
 
@@ -54,9 +55,7 @@ void write_ranks_json(const fs::path& path, const std::string& attempt,
     text += (i ? ", " : "") + std::string("{\"rank\": ") + std::to_string(i) +
             ", \"pid\": " + std::to_string(pids[i]) + "}";
   text += "]}\n";
-  const fs::path tmp = path.string() + ".tmp";
-  std::ofstream(tmp) << text;
-  fs::rename(tmp, path);
+  files::write_file_atomically(path, text);
 }
 
 }  // namespace

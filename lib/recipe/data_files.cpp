@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include "files/files.hpp"
+
 #include "recipe/internal.hpp"
 
 namespace trainctl::recipe::internal {
@@ -42,9 +44,11 @@ std::string check_one_file(DataSource source, const std::string& path) {
     return fmt::format("'{}' is a directory; give {}", path, what_to_give(source));
   if (!fs::is_regular_file(status))
     return fmt::format("'{}' is not a regular file; give {}", path, what_to_give(source));
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (!file) return fmt::format("'{}' cannot be read ({})", path, std::strerror(errno));
-  std::fclose(file);
+  try {
+    files::open_regular(path, "data file");  // without blocking: it may change since the stat
+  } catch (const files::FileError& e) {
+    return fmt::format("'{}' cannot be read ({})", path, e.what());
+  }
   return "";
 }
 

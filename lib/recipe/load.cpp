@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "files/files.hpp"
 #include "recipe/internal.hpp"
 
 namespace trainctl::recipe {
@@ -100,6 +101,31 @@ std::pair<int, int> indentation_tab(std::string_view text, int error_line) {
   return {0, 0};
 }
 
+// Where the second document of a file starts: its first node, or else (an empty document) the
+// line of the last "---" marker.
+KeyOrigin second_document_origin(std::string_view text, const YAML::Node& second) {
+  KeyOrigin at;
+  at.source = KeyOrigin::Source::file;
+  if (!second.Mark().is_null()) {
+    at.line = second.Mark().line + 1;
+    at.col = second.Mark().column + 1;
+    return at;
+  }
+  int line = 1;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    if (text.substr(start, end - start).starts_with("---")) {
+      at.line = line;
+      at.col = 1;
+    }
+    start = end + 1;
+    ++line;
+  }
+  return at;
+}
+
 void Loader::report_at(const YAML::Mark& mark, std::string message) {
   report(origin_of(mark), std::move(message));
 }
@@ -107,7 +133,17 @@ void Loader::report_at(const YAML::Mark& mark, std::string message) {
 void Loader::read_text(std::string_view text) {
   YAML::Node root;
   try {
-    root = YAML::Load(std::string(text));
+    // Every document is read, so a second one is refused instead of silently ignored.
+    std::vector<YAML::Node> documents = YAML::LoadAll(std::string(text));
+    if (documents.size() > 1) {
+      unreadable_ = true;
+      report(second_document_origin(text, documents[1]),
+             fmt::format("a recipe is one YAML document, and this file holds {} (separated by "
+                         "---); keep one recipe per file and remove the others",
+                         documents.size()));
+      return;
+    }
+    if (!documents.empty()) root = documents.front();
   } catch (const YAML::ParserException& e) {
     unreadable_ = true;
     if (auto [line, col] = indentation_tab(text, e.mark.line); line > 0) {
@@ -402,12 +438,18 @@ LoadedRecipe load_recipe_with_origins(const std::string& path,
   if (!fs::exists(path, ec)) return fail("no such file; check the recipe path");
   if (fs::is_directory(path, ec))
     return fail("is a directory; give the path of a recipe .yaml file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return fail(fmt::format("cannot be read ({})", std::strerror(errno)));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return fail(fmt::format("cannot be read ({})", std::strerror(errno)));
-  return parse_recipe_with_origins(text.str(), path, overrides);
+  // Without blocking (a FIFO in the recipe's place), and refused above the limit before a byte
+  // is parsed: YAML costs about a hundred times its text in memory.
+  std::string text;
+  try {
+    text = files::read_regular_file(path, kMaxRecipeBytes, "recipe");
+  } catch (const files::FileError& e) {
+    // The problem names the file already.
+    std::string message = e.what();
+    if (message.starts_with(path + ": ")) message.erase(0, path.size() + 2);
+    return fail(std::move(message));
+  }
+  return parse_recipe_with_origins(text, path, overrides);
 }
 
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {

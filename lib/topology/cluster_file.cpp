@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include "files/files.hpp"
 #include "recipe/suggest.hpp"
 #include "topology/cluster_schema.hpp"
 #include "topology/topology.hpp"
@@ -100,7 +101,15 @@ void Reader::report(const YAML::Mark& mark, std::string message) {
 void Reader::read(std::string_view text) {
   YAML::Node root;
   try {
-    root = YAML::Load(std::string(text));
+    std::vector<YAML::Node> documents = YAML::LoadAll(std::string(text));
+    if (documents.size() > 1) {
+      report(documents[1].Mark(),
+             fmt::format("a cluster file is one YAML document, and this one holds {} (separated "
+                         "by ---); keep one description per file",
+                         documents.size()));
+      return;
+    }
+    if (!documents.empty()) root = documents.front();
   } catch (const YAML::ParserException& e) {
     report(e.mark, fmt::format("YAML syntax error: {}", e.msg));
     return;
@@ -369,15 +378,17 @@ ClusterSpec parse_cluster(std::string_view yaml_text, const std::string& file_la
 }
 
 ClusterSpec load_cluster(const std::string& path, const ClusterOverrides& overrides) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw ClusterError({{path, 0, 0,
-                         fmt::format("cannot read the cluster file ({}); the shipped ones are in "
-                                     "configs/clusters/",
-                                     std::strerror(errno))}});
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_cluster(text.str(), path, overrides);
+  // Without blocking (a FIFO in the file's place), and refused above the limit before parsing.
+  std::string text;
+  try {
+    text = files::read_regular_file(path, kMaxClusterFileBytes, "cluster file");
+  } catch (const files::FileError& e) {
+    std::string message = e.what();
+    if (message.starts_with(path + ": ")) message.erase(0, path.size() + 2);
+    throw ClusterError(
+        {{path, 0, 0, fmt::format("{}; the shipped ones are in configs/clusters/", message)}});
+  }
+  return parse_cluster(text, path, overrides);
 }
 
 ClusterSpec apply_overrides(ClusterSpec spec, const ClusterOverrides& overrides) {

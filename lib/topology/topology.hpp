@@ -96,8 +96,13 @@ struct ClusterOverrides {
   int gpus_per_node = 0;
 };
 
-// Reads a cluster file (see docs/topology.md), then applies `overrides`. `source` is set to
-// `path`, `name` to the file's `name:` (else the file name without .yaml).
+// The largest cluster file read (1 MiB; the shipped ones are under 1 KiB): a larger one is refused
+// before it is parsed.
+inline constexpr uint64_t kMaxClusterFileBytes = uint64_t{1} << 20;
+
+// Reads a cluster file (see docs/topology.md), then applies `overrides`. A file that is not a
+// regular file, is larger than kMaxClusterFileBytes or holds several YAML documents is refused.
+// `source` is set to `path`, `name` to the file's `name:` (else the file name without .yaml).
 ClusterSpec load_cluster(const std::string& path, const ClusterOverrides& overrides = {});
 // The same from YAML text; `file_label` is what problems name as their file.
 ClusterSpec parse_cluster(std::string_view yaml_text, const std::string& file_label,

@@ -6,10 +6,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
 #include <fmt/format.h>
+#include <yaml-cpp/depthguard.h>
 
 #include "files/files.hpp"
 #include "recipe/internal.hpp"
@@ -101,19 +103,16 @@ std::pair<int, int> indentation_tab(std::string_view text, int error_line) {
   return {0, 0};
 }
 
-// Where the second document of a file starts: its first node, or else (an empty document) the
-// line of the last "---" marker.
+// Where the second document of a file starts: the "---" that opens it (the last one at or before
+// its first node; the last one of the file when it is empty).
 KeyOrigin second_document_origin(std::string_view text, const YAML::Node& second) {
+  const int node_line =
+      second.Mark().is_null() ? std::numeric_limits<int>::max() : second.Mark().line + 1;
   KeyOrigin at;
   at.source = KeyOrigin::Source::file;
-  if (!second.Mark().is_null()) {
-    at.line = second.Mark().line + 1;
-    at.col = second.Mark().column + 1;
-    return at;
-  }
   int line = 1;
   size_t start = 0;
-  while (start <= text.size()) {
+  while (start <= text.size() && line <= node_line) {
     size_t end = text.find('\n', start);
     if (end == std::string_view::npos) end = text.size();
     if (text.substr(start, end - start).starts_with("---")) {
@@ -144,6 +143,12 @@ void Loader::read_text(std::string_view text) {
       return;
     }
     if (!documents.empty()) root = documents.front();
+  } catch (const YAML::DeepRecursion& e) {
+    unreadable_ = true;
+    report_at(e.mark, fmt::format("YAML nested {} levels deep, more than a parser may follow; a "
+                                  "recipe needs a few levels: flatten it",
+                                  e.depth()));
+    return;
   } catch (const YAML::ParserException& e) {
     unreadable_ = true;
     if (auto [line, col] = indentation_tab(text, e.mark.line); line > 0) {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "recipe/recipe.hpp"
@@ -461,4 +462,46 @@ TEST_CASE("problems format as FILE:LINE:COL: error: MESSAGE and what() lists the
     CHECK(std::string(e.what()) == path + ":3:17: error: model.layers: must be >= 1, got 0\n" +
                                        "error: --set model.hidden=x: expected an integer, got 'x'");
   }
+}
+
+TEST_CASE("a recipe of two YAML documents is refused at the --- that starts the second") {
+  CHECK(problems_of(kOk + "---\nname: other\n", {}) ==
+        std::vector<std::string>{"3:1: a recipe is one YAML document, and this file holds 2 "
+                                 "(separated by ---); keep one recipe per file and remove the "
+                                 "others"});
+  CHECK(problems_of("---\n" + kOk + "---\n", {}).front().starts_with("4:1: a recipe is one YAML"));
+}
+
+TEST_CASE("a FIFO in the recipe's place is refused without waiting for a writer") {
+  const auto path = temp_dir() / "fifo.yaml";
+  REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+  ::alarm(10);  // a regression blocks in open(): fail instead of hanging the suite
+  try {
+    trainctl::recipe::load_recipe(path.string());
+    FAIL("loaded a FIFO");
+  } catch (const RecipeError& e) {
+    REQUIRE(e.problems().size() == 1);
+    CHECK(e.problems()[0].message ==
+          "the recipe is a FIFO (named pipe), not a regular file; give a regular file there");
+  }
+  ::alarm(0);
+}
+
+TEST_CASE("a recipe larger than kMaxRecipeBytes is refused before it is parsed") {
+  // Valid YAML up to the limit loads; one byte more is refused without parsing (a comment
+  // would parse fine, so only the size can be the reason).
+  const std::string at_limit =
+      kOk + "#" + std::string(trainctl::recipe::kMaxRecipeBytes - kOk.size() - 2, 'x') + "\n";
+  CHECK(problems_of(at_limit, {}) == std::vector<std::string>{"(loaded without problems)"});
+  CHECK(problems_of(at_limit + "\n", {}) ==
+        std::vector<std::string>{"the recipe has 1048577 bytes, more than the 1048576 a recipe "
+                                 "may have"});
+}
+
+TEST_CASE("YAML nested past the parser's depth is a problem, not a crash") {
+  const std::string deep = "name: t\nmodel: " + std::string(100000, '[') +
+                           std::string(100000, ']') + "\n";
+  const std::vector<std::string> problems = problems_of(deep, {});
+  REQUIRE(problems.size() == 1);
+  CHECK_THAT(problems[0], Catch::Contains("levels deep, more than a parser may follow"));
 }

@@ -5,63 +5,51 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 
 #include <fmt/format.h>
 
+#include "files/files.hpp"
+
 namespace trainctl::ckpt::io {
 
-namespace {
-const char* errno_name(int error) {
-  switch (error) {
-    case ENOSPC:
-      return "ENOSPC";
-    case EFBIG:
-      return "EFBIG";
-    case EACCES:
-      return "EACCES";
-    case EROFS:
-      return "EROFS";
-    case EDQUOT:
-      return "EDQUOT";
-    case EIO:
-      return "EIO";
-    case ENOENT:
-      return "ENOENT";
-    case EEXIST:
-      return "EEXIST";
-    case EPERM:
-      return "EPERM";
-    default:
-      return "errno";
-  }
-}
-}  // namespace
-
 void throw_os_error(const std::string& operation, const fs::path& path, int error) {
+  throw checkpoint_error(files::FileError(files::os_error_message(operation, path, error), error));
+}
+
+CheckpointError checkpoint_error(const files::FileError& error) {
+  const int e = error.os_error();
   std::string hint;
-  if (error == ENOSPC || error == EDQUOT)
-    hint = ": free space on that file system or move checkpoint.dir";
-  if (error == EFBIG) hint = ": the file size limit (ulimit -f) is too small for this checkpoint";
-  if (error == EACCES || error == EROFS || error == EPERM)
-    hint = ": make the directory writable or point checkpoint.dir elsewhere";
-  throw CheckpointError(fmt::format("{} {}: {} ({} {}){}", operation, path.string(),
-                                    std::strerror(error), errno_name(error), error, hint));
+  if (e == ENOSPC || e == EDQUOT) hint = " or move checkpoint.dir";
+  if (e == EFBIG) hint = " for this checkpoint";
+  if (e == EACCES || e == EROFS || e == EPERM) hint = " (checkpoint.dir)";
+  return CheckpointError(error.what() + hint);
 }
 
 File File::create(const fs::path& path) {
   File f;
   f.path_ = path;
-  f.fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // O_NONBLOCK: a FIFO in the file's place (with no reader) fails with ENXIO instead of blocking.
+  f.fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0644);
   if (f.fd_ < 0) throw_os_error("cannot create", path, errno);
+  struct stat st {};
+  if (::fstat(f.fd_, &st) != 0) throw_os_error("cannot stat", path, errno);
+  if (!S_ISREG(st.st_mode))
+    throw CheckpointError(fmt::format("cannot create {}: it is {}, not a regular file; remove it",
+                                      path.string(), files::file_type_name(st.st_mode)));
+  const int flags = ::fcntl(f.fd_, F_GETFL);
+  if (flags < 0 || ::fcntl(f.fd_, F_SETFL, flags & ~O_NONBLOCK) != 0)
+    throw_os_error("cannot create", path, errno);
   return f;
 }
 
 File File::open_read(const fs::path& path) {
   File f;
   f.path_ = path;
-  f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (f.fd_ < 0) throw_os_error("cannot open", path, errno);
+  try {
+    f.fd_ = files::open_regular(path, "checkpoint file").release();
+  } catch (const files::FileError& e) {
+    throw checkpoint_error(e);
+  }
   return f;
 }
 
@@ -84,36 +72,21 @@ File::~File() {
 }
 
 void File::write_all(const void* data, size_t bytes) {
-  const auto* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd_, p, std::min<size_t>(bytes, size_t{1} << 30));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw_os_error("cannot write", path_, errno);
-    }
-    if (n == 0) throw_os_error("cannot write", path_, ENOSPC);
-    p += n;
-    bytes -= static_cast<size_t>(n);
+  try {
+    files::write_all(fd_, path_, data, bytes);
+  } catch (const files::FileError& e) {
+    throw checkpoint_error(e);
   }
 }
 
 void File::read_exact(void* data, size_t bytes, uint64_t offset) const {
-  auto* p = static_cast<char*>(data);
-  while (bytes > 0) {
-    const ssize_t n =
-        ::pread(fd_, p, std::min<size_t>(bytes, size_t{1} << 30), static_cast<off_t>(offset));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw_os_error("cannot read", path_, errno);
-    }
-    if (n == 0)
-      throw CheckpointError(
-          fmt::format("{} is truncated: it ends before byte {}; the checkpoint is "
-                      "corrupt: use an earlier one",
-                      path_.string(), offset + bytes));
-    p += n;
-    offset += static_cast<uint64_t>(n);
-    bytes -= static_cast<size_t>(n);
+  try {
+    files::read_exact_at(fd_, path_, data, bytes, offset);
+  } catch (const files::FileError& e) {
+    if (e.os_error() != 0) throw checkpoint_error(e);
+    throw CheckpointError(fmt::format(
+        "{} is truncated: it ends before byte {}; the checkpoint is corrupt: use an earlier one",
+        path_.string(), offset + bytes));
   }
 }
 
@@ -151,34 +124,27 @@ void File::close() {
 }
 
 void fsync_directory(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) throw_os_error("cannot open directory", dir, errno);
-  const int rc = ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  if (rc != 0 && error != EINVAL) throw_os_error("cannot fsync directory", dir, error);
+  try {
+    files::fsync_directory(dir);
+  } catch (const files::FileError& e) {
+    throw checkpoint_error(e);
+  }
 }
 
 void write_file_atomically(const fs::path& path, const std::string& content) {
-  fs::path tmp = path;
-  tmp += ".tmp";
-  File f = File::create(tmp);
-  f.write_all(content.data(), content.size());
-  f.sync();
-  f.close();
-  if (::rename(tmp.c_str(), path.c_str()) != 0) throw_os_error("cannot rename onto", path, errno);
-  fsync_directory(path.parent_path());
+  try {
+    files::write_file_atomically(path, content);
+  } catch (const files::FileError& e) {
+    throw checkpoint_error(e);
+  }
 }
 
-std::string read_small_file(const fs::path& path, uint64_t max_bytes) {
-  File f = File::open_read(path);
-  const uint64_t size = f.size();
-  if (size > max_bytes)
-    throw CheckpointError(
-        fmt::format("{} has {} bytes, more than the {} allowed", path.string(), size, max_bytes));
-  std::string text(static_cast<size_t>(size), '\0');
-  f.read_exact(text.data(), text.size(), 0);
-  return text;
+std::string read_small_file(const fs::path& path, uint64_t max_bytes, std::string_view what) {
+  try {
+    return files::read_regular_file(path, max_bytes, what);
+  } catch (const files::FileError& e) {
+    throw checkpoint_error(e);
+  }
 }
 
 }  // namespace trainctl::ckpt::io

@@ -1,5 +1,7 @@
 // POSIX file helpers for checkpoints (internal to lib/ckpt): every failure becomes a
 // CheckpointError naming the path, the operation and the OS error ("No space left on device").
+// Reads go through lib/files: every file is opened without blocking and must be a regular file,
+// so a FIFO or a device in a checkpoint file's place is an error at once, never a hang.
 #pragma once
 
 #include <cstddef>
@@ -8,17 +10,25 @@
 
 #include "ckpt/format.hpp"
 
+namespace trainctl::files {
+class FileError;
+}
+
 namespace trainctl::ckpt::io {
 
 // "open /x/rank_0.bin: No space left on device (ENOSPC)" as a CheckpointError.
 [[noreturn]] void throw_os_error(const std::string& operation, const fs::path& path, int error);
+// A lib/files error as a CheckpointError, with the checkpoint's hint for the OS errors a user can
+// fix ("... or move checkpoint.dir").
+CheckpointError checkpoint_error(const files::FileError& error);
 
 // An open file descriptor, closed on destruction. Move-only.
 class File {
  public:
   File() = default;
-  static File create(const fs::path& path);     // write-only, truncating
-  static File open_read(const fs::path& path);  // read-only
+  static File create(const fs::path& path);  // write-only, truncating
+  // Read-only, without blocking; throws CheckpointError unless `path` is a regular file.
+  static File open_read(const fs::path& path);
   File(File&& other) noexcept;
   File& operator=(File&& other) noexcept;
   File(const File&) = delete;
@@ -48,9 +58,12 @@ class File {
 };
 
 void fsync_directory(const fs::path& dir);
-// Writes a small file atomically: path.tmp, fsync, rename over path, fsync the directory.
+// files::write_file_atomically (temporary file, fsync, rename over path, fsync the directory; on
+// failure the old file is untouched and the temporary file removed), as a CheckpointError.
 void write_file_atomically(const fs::path& path, const std::string& content);
-// The whole file as text, refusing files larger than max_bytes.
-std::string read_small_file(const fs::path& path, uint64_t max_bytes);
+// The whole of a regular file as text (files::read_regular_file): refuses a file larger than
+// max_bytes before reading it, and anything that is not a regular file without blocking. `what`
+// names the file in messages ("checkpoint manifest").
+std::string read_small_file(const fs::path& path, uint64_t max_bytes, std::string_view what);
 
 }  // namespace trainctl::ckpt::io

@@ -40,6 +40,19 @@ inline constexpr uint64_t kShardHeaderBytes = 64;
 inline constexpr uint64_t kSliceAlignment = 64;
 inline constexpr std::string_view kManifestFile = "manifest.json";
 inline constexpr std::string_view kLatestFile = "latest";
+// Size limits of what a reader reads, checked before a byte is parsed (docs/checkpoints.md,
+// "Limits"). A manifest is parsed into an nlohmann::json tree that costs up to ~37 bytes of memory
+// per byte of JSON (measured: an array of empty objects), so 16 MiB bounds a parse to ~0.6 GiB;
+// the compact manifest of a real run takes ~100 bytes per slice, so 16 MiB holds ~160k slices
+// (a 1024-rank MoE run has well under 150k). The writer refuses to commit a larger manifest, so
+// a run that would outgrow the limit fails at its first save, not at resume.
+inline constexpr uint64_t kMaxManifestBytes = uint64_t{16} << 20;
+inline constexpr uint64_t kMaxShardIndexBytes = kMaxManifestBytes;   // rank_<N>.index.json
+inline constexpr uint64_t kMaxShardErrorBytes = uint64_t{64} << 10;  // rank_<N>.error
+inline constexpr uint64_t kMaxLatestBytes = 4096;                    // checkpoints/latest
+// The most dimensions of a tensor along which its slices may be split (trainctl's tensors have at
+// most 4 dimensions): the tiling check costs 2^(split dimensions) per slice.
+inline constexpr size_t kMaxSplitDims = 4;
 // The manifest's self-checksum key (see manifest_checksum). Required in version 1.
 inline constexpr std::string_view kManifestChecksumKey = "manifest_crc32c";
 

@@ -8,13 +8,13 @@
 
 #include <fmt/format.h>
 
+#include "files/files.hpp"
 #include "tensor/checksum.hpp"
 
 namespace trainctl::ckpt {
 
 namespace {
 
-constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
 constexpr size_t kReadChunk = size_t{8} << 20;
 
 std::string corrupt_hint() {
@@ -91,15 +91,26 @@ CheckpointReader CheckpointReader::open(const fs::path& step_dir) {
         fmt::format("{} is missing: {} is not a complete checkpoint (a save that "
                     "never finished); use an earlier one",
                     manifest_path.string(), step_dir.string()));
-  reader.manifest_ =
-      parse_manifest(io::read_small_file(manifest_path, kMaxManifestBytes), manifest_path.string());
+  std::string text;
+  try {
+    text = io::read_small_file(manifest_path, kMaxManifestBytes, "checkpoint manifest");
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(fmt::format("{}; {}", e.what(), corrupt_hint()));
+  }
+  reader.manifest_ = parse_manifest(text, manifest_path.string());
   for (const auto& [name, entry] : reader.manifest_.files) {
     const fs::path path = step_dir / name;
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0)
       throw CheckpointError(fmt::format("shard file {} listed in {} is missing; {}", path.string(),
                                         manifest_path.string(), corrupt_hint()));
-    if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != entry.bytes)
+    // Only checked here; each read opens the file again without blocking (File::open_read), so
+    // a FIFO put in its place later is refused, never waited on.
+    if (!S_ISREG(st.st_mode))
+      throw CheckpointError(fmt::format("shard file {} is {}, not a regular file; {}",
+                                        path.string(), files::file_type_name(st.st_mode),
+                                        corrupt_hint()));
+    if (static_cast<uint64_t>(st.st_size) != entry.bytes)
       throw CheckpointError(
           fmt::format("shard file {} has {} bytes but {} says {} (truncated?); {}", path.string(),
                       st.st_size, manifest_path.string(), entry.bytes, corrupt_hint()));

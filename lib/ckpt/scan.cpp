@@ -92,12 +92,14 @@ ScanReport scan(const fs::path& checkpoints_dir, Verify verify) {
               return a.name < b.name;
             });
   try {
-    std::string latest = io::read_small_file(checkpoints_dir / kLatestFile, 4096);
+    std::string latest =
+        io::read_small_file(checkpoints_dir / kLatestFile, kMaxLatestBytes, "checkpoint pointer");
     while (!latest.empty() && (latest.back() == '\n' || latest.back() == '\r'))
       latest.pop_back();
     report.latest = latest;
   } catch (const std::exception&) {
-    // no latest pointer: readers never rely on it anyway
+    // no latest pointer, or a damaged one (too large, a FIFO, a directory...): readers never
+    // rely on it anyway
   }
   return report;
 }

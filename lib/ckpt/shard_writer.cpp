@@ -273,7 +273,14 @@ void write_manifest(const fs::path& dir, const ManifestHeader& header,
     }
   }
   validate_manifest(m, path.string());
-  const std::string text = manifest_to_json(m).dump(1);
+  // Compact (no indentation): half the bytes per slice of dump(1), so twice the slices fit the
+  // readers' limit. Too large for it, the save fails now instead of the resume later.
+  const std::string text = manifest_to_json(m).dump();
+  if (text.size() > kMaxManifestBytes)
+    throw CheckpointError(fmt::format(
+        "write_manifest: the manifest of step {} would have {} bytes ({} tensors), more than the "
+        "{} a reader accepts (docs/checkpoints.md, \"Limits\"); not saved",
+        header.step, text.size(), m.tensors.size(), kMaxManifestBytes));
   io::File file = io::File::create(path);
   file.write_all(text.data(), text.size());
   file.sync();
@@ -325,7 +332,7 @@ std::optional<ShardIndex> published_index(const fs::path& dir, int rank, int64_t
   const fs::path path = index_path(dir, rank);
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::nullopt;
-  const std::string text = io::read_small_file(path, uint64_t{1} << 30);
+  const std::string text = io::read_small_file(path, kMaxShardIndexBytes, "shard index");
   const json j = json::parse(text, nullptr, false);
   if (!j.is_object() || !j.contains("step") || !j.contains("index"))
     throw CheckpointError(fmt::format("{}: not a shard index (rank {})", path.string(), rank));
@@ -378,7 +385,8 @@ std::vector<ShardIndex> collect_shard_indices(const fs::path& dir, int64_t step,
         if (fs::exists(error_path(dir, r), ec)) {
           std::string reason;
           try {
-            reason = io::read_small_file(error_path(dir, r), 1 << 16);
+            reason =
+                io::read_small_file(error_path(dir, r), kMaxShardErrorBytes, "shard error report");
           } catch (const std::exception& e) {
             reason = e.what();
           }

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ckpt/format.hpp"
 #include "tensor/checksum.hpp"
@@ -203,38 +204,109 @@ bool boxes_overlap(const std::vector<Range>& a, const std::vector<Range>& b) {
   return true;
 }
 
-// Slices must not overlap: sweep along the dimension that separates them best.
-void check_no_overlap(const TensorEntry& t, const std::string& source) {
-  const size_t n = t.slices.size();
-  if (n < 2 || t.shape.empty()) {
-    if (n >= 2) fail(source, fmt::format("tensor '{}': {} slices of a scalar", t.name, n));
-    return;
-  }
-  size_t axis = 0, best = 0;
-  for (size_t d = 0; d < t.shape.size(); ++d) {
-    std::vector<int64_t> begins;
-    for (const auto& s : t.slices)
-      begins.push_back(s.index[d].begin);
-    std::sort(begins.begin(), begins.end());
-    const auto distinct =
-        static_cast<size_t>(std::unique(begins.begin(), begins.end()) - begins.begin());
-    if (distinct > best) best = distinct, axis = d;
-  }
-  std::vector<size_t> order(n);
-  for (size_t i = 0; i < n; ++i)
-    order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return t.slices[a].index[axis].begin < t.slices[b].index[axis].begin;
+[[noreturn]] void fail_overlap(const TensorEntry& t, const SliceRecord& a, const SliceRecord& b,
+                               const std::string& source) {
+  fail(source, fmt::format("tensor '{}': slices {} and {} overlap", t.name, format_index(a.index),
+                           format_index(b.index)));
+}
+
+// Looks for two overlapping slices by a sweep along dimension 0, giving up after a fixed number
+// of comparisons (the sweep is quadratic for some layouts); only run once an overlap is known to
+// exist, to name it.
+void find_overlap_bounded(const TensorEntry& t, const std::string& source) {
+  std::vector<const SliceRecord*> order;
+  for (const auto& s : t.slices)
+    order.push_back(&s);
+  std::sort(order.begin(), order.end(), [](const SliceRecord* a, const SliceRecord* b) {
+    return a->index[0].begin < b->index[0].begin;
   });
-  for (size_t i = 0; i < n; ++i) {
-    const auto& a = t.slices[order[i]];
-    for (size_t k = i + 1; k < n; ++k) {
-      const auto& b = t.slices[order[k]];
-      if (b.index[axis].begin >= a.index[axis].end) break;
-      if (boxes_overlap(a.index, b.index))
-        fail(source, fmt::format("tensor '{}': slices {} and {} overlap", t.name,
-                                 format_index(a.index), format_index(b.index)));
+  uint64_t budget = uint64_t{1} << 26;
+  for (size_t i = 0; i < order.size(); ++i)
+    for (size_t k = i + 1; k < order.size() && order[k]->index[0].begin < order[i]->index[0].end;
+         ++k) {
+      if (budget-- == 0) return;
+      if (boxes_overlap(order[i]->index, order[k]->index))
+        fail_overlap(t, *order[i], *order[k], source);
     }
+}
+
+// Checks that the slices of `t` (each already inside its shape) cover every element exactly once,
+// in O(n 2^k log n) for n slices split along k <= kMaxSplitDims dimensions, whatever their layout.
+//
+// Why it is exact: the indicator of a box [a, b) is a signed sum over its 2^k corners v
+// (v_d in {a_d, b_d}, sign (-1)^(number of d with v_d = b_d)) of "x >= v componentwise". So
+// sum(slice indicators) - (tensor box indicator) = sum over corners v of R(v) [x >= v], where R
+// adds up the signs of every slice corner and subtracts the tensor box's. R == 0 everywhere
+// means every element is covered exactly once. Otherwise let p be the lexicographically smallest
+// corner with R(p) != 0: every other corner v <= p (componentwise) is lexicographically smaller,
+// so R(v) == 0 and the coverage at p minus [p in the tensor] is R(p) != 0. p lies inside the
+// tensor (outside it both are 0), so p is covered by no slice (a hole) or by two or more
+// (named). Dimensions that every slice spans whole are left out: they change no coverage.
+void check_tiling(const TensorEntry& t, uint64_t numel, uint64_t covered,
+                  const std::string& source) {
+  if (numel == 0) return;     // no slice fits inside an empty shape: the range checks refused them
+  std::vector<size_t> split;  // the dimensions along which some slice is not whole
+  for (size_t d = 0; d < t.shape.size(); ++d)
+    if (std::any_of(t.slices.begin(), t.slices.end(), [&](const SliceRecord& s) {
+          return s.index[d].begin != 0 || s.index[d].end != t.shape[d];
+        }))
+      split.push_back(d);
+  if (split.size() > kMaxSplitDims)
+    fail(source, fmt::format("tensor '{}': slices split it along {} dimensions (at most {})",
+                             t.name, split.size(), kMaxSplitDims));
+  struct Corner {
+    std::array<int64_t, kMaxSplitDims> at{};
+    int64_t weight = 0;
+  };
+  const size_t corners = size_t{1} << split.size();
+  std::vector<Corner> all;
+  all.reserve((t.slices.size() + 1) * corners);
+  auto add_corners = [&](auto range_of, int64_t weight) {
+    for (size_t mask = 0; mask < corners; ++mask) {
+      Corner c;
+      c.weight = weight;
+      for (size_t j = 0; j < split.size(); ++j) {
+        const Range r = range_of(split[j]);
+        const bool end = (mask >> j) & 1;
+        c.at[j] = end ? r.end : r.begin;
+        if (end) c.weight = -c.weight;
+      }
+      all.push_back(c);
+    }
+  };
+  for (const auto& s : t.slices)
+    add_corners([&](size_t d) { return s.index[d]; }, 1);
+  add_corners([&](size_t d) { return Range{0, t.shape[d]}; }, -1);
+  std::sort(all.begin(), all.end(), [](const Corner& a, const Corner& b) { return a.at < b.at; });
+  for (size_t i = 0; i < all.size();) {
+    int64_t residual = 0;
+    size_t k = i;
+    for (; k < all.size() && all[k].at == all[i].at; ++k)
+      residual += all[k].weight;
+    if (residual == 0) {
+      i = k;
+      continue;
+    }
+    // p = all[i].at: covered by no slice or by two or more.
+    std::vector<int64_t> element(t.shape.size(), 0);
+    for (size_t j = 0; j < split.size(); ++j)
+      element[split[j]] = all[i].at[j];
+    const SliceRecord* first = nullptr;
+    for (const auto& s : t.slices) {
+      bool contains = true;
+      for (size_t j = 0; j < split.size() && contains; ++j)
+        contains = s.index[split[j]].begin <= all[i].at[j] && all[i].at[j] < s.index[split[j]].end;
+      if (!contains) continue;
+      if (first) fail_overlap(t, *first, s, source);
+      first = &s;
+    }
+    if (covered < numel)
+      fail(source,
+           fmt::format("tensor '{}': slices cover {} of its {} elements", t.name, covered, numel));
+    find_overlap_bounded(t, source);
+    fail(source, fmt::format("tensor '{}': slices add up to at least its {} elements but element "
+                             "[{}] is in none of them, so some overlap",
+                             t.name, numel, fmt::join(element, ",")));
   }
 }
 
@@ -353,7 +425,7 @@ void validate_manifest(const Manifest& m, const std::string& source) {
         fail(source, fmt::format("tensor '{}': shape too large", t.name));
       else
         numel *= static_cast<uint64_t>(d);
-    uint64_t covered = 0;
+    uint64_t covered = 0;  // the slices' volumes, summed up to numel + 1
     for (const auto& s : t.slices) {
       const std::string where =
           fmt::format("tensor '{}' slice {} in {}", t.name, format_index(s.index), s.file);
@@ -376,10 +448,11 @@ void validate_manifest(const Manifest& m, const std::string& source) {
         fail(source, fmt::format("{}: bytes [{}, {}) outside the file's {} bytes", where, s.offset,
                                  s.offset + s.length, file->second.bytes));
       extents[file->first].push_back({s.offset, s.length});
-      covered += volume;
-      if (covered > numel) break;  // overlap: reported below
+      covered = std::min(covered + volume, numel + 1);  // volume <= numel < 2^62: no overflow
     }
-    check_no_overlap(t, source);
+    if (t.shape.empty() && t.slices.size() > 1)
+      fail(source, fmt::format("tensor '{}': {} slices of a scalar", t.name, t.slices.size()));
+    check_tiling(t, numel, covered, source);
     if (covered != numel)
       fail(source,
            fmt::format("tensor '{}': slices cover {} of its {} elements", t.name, covered, numel));
@@ -393,21 +466,27 @@ void validate_manifest(const Manifest& m, const std::string& source) {
 }
 
 Manifest parse_manifest(std::string_view text, const std::string& source) {
+  // Before parsing: the JSON tree costs up to ~37 bytes per byte of text (format.hpp).
+  if (text.size() > kMaxManifestBytes)
+    fail(source, fmt::format("{} bytes, more than the {} a manifest may have", text.size(),
+                             kMaxManifestBytes));
   check_depth(text, source);
-  json root;
-  try {
-    root = json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    fail(source, fmt::format("not valid JSON ({})", e.what()));
-  }
   Manifest m;
-  try {
-    check_format_and_checksum(root);
-    m = parse_fields(root);
-  } catch (const CheckpointError&) {
-    throw;
-  } catch (const std::exception& e) {
-    fail(source, e.what());
+  {
+    json root;  // freed before the checks below, which need memory of their own
+    try {
+      root = json::parse(text.begin(), text.end());
+    } catch (const json::exception& e) {
+      fail(source, fmt::format("not valid JSON ({})", e.what()));
+    }
+    try {
+      check_format_and_checksum(root);
+      m = parse_fields(root);
+    } catch (const CheckpointError&) {
+      throw;
+    } catch (const std::exception& e) {
+      fail(source, e.what());
+    }
   }
   validate_manifest(m, source);
   return m;

@@ -201,13 +201,19 @@ int check_session_input(SessionInput& input, const std::string& command) {
                                    "another run directory",
                                    (dir / name).string(), files::file_type_name(st.st_mode)));
   }
-  for (const char* name : {"recipe.yaml", "metrics.jsonl", "summary.json", files::kRunLockFile}) {
+  std::vector<fs::path> own_files;
+  for (const char* name : {"recipe.yaml", "metrics.jsonl", "summary.json", files::kRunLockFile})
+    own_files.push_back(dir / name);
+  std::error_code ec;
+  if (fs::is_directory(dir / "logs", ec))
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir / "logs", ec))
+      own_files.push_back(entry.path());  // rank logs are appended to
+  for (const fs::path& path : own_files) {
     struct stat st {};
-    if (::lstat((dir / name).c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-      return bad_input(command,
-                       fmt::format("{} is {}, not a regular file; remove it or choose "
-                                   "another run directory",
-                                   (dir / name).string(), files::file_type_name(st.st_mode)));
+    if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+      return bad_input(command, fmt::format("{} is {}, not a regular file; remove it or choose "
+                                            "another run directory",
+                                            path.string(), files::file_type_name(st.st_mode)));
   }
   auto data = std::make_shared<SessionData>();
   if (const int code = open_session_data(input, *data); code >= 0) return code;

@@ -449,7 +449,9 @@ LoadedRecipe load_recipe_with_origins(const std::string& path,
   try {
     text = files::read_regular_file(path, kMaxRecipeBytes, "recipe");
   } catch (const files::FileError& e) {
-    // The problem names the file already.
+    if (e.os_error() != 0)
+      return fail(fmt::format("cannot be read ({})", std::strerror(e.os_error())));
+    // "<path>: the recipe is a FIFO ...": the problem names the file already.
     std::string message = e.what();
     if (message.starts_with(path + ": ")) message.erase(0, path.size() + 2);
     return fail(std::move(message));

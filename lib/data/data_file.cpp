@@ -18,9 +18,10 @@ DataFile::DataFile(std::string path) : path_(std::move(path)) {
   } catch (const files::FileError& e) {
     // Messages start with the path: the recipe key a data error belongs to is found by it.
     if (e.os_error() == 0) throw DataError(e.what());  // "<path>: the data file is a FIFO ..."
-    throw DataError(fmt::format("{}: cannot open data file: {}; check the path (relative paths "
-                                "are taken from the working directory)",
-                                path_, std::strerror(e.os_error())));
+    throw DataError(
+        fmt::format("{}: cannot open data file: {}; check the path (relative paths "
+                    "are taken from the working directory)",
+                    path_, std::strerror(e.os_error())));
   }
   struct stat info {};
   if (::fstat(fd_.get(), &info) != 0)

@@ -88,7 +88,7 @@ void LlmcShardSource::read(int64_t offset, int64_t count, int32_t* out) const {
         shard + 1 < first_token_.size() ? first_token_[shard + 1] : total_tokens_;
     const int64_t local = offset - first_token_[shard];
     const int64_t take = std::min(count, shard_end - offset);
-    uint16_t tokens[8192];
+    uint16_t tokens[32768];  // 64 KiB: one pread (and one change check) per scan chunk
     for (int64_t done = 0; done < take;) {
       const int64_t part = std::min<int64_t>(take - done, std::size(tokens));
       shards_[shard].read(static_cast<uint64_t>(kHeaderBytes + 2 * (local + done)),

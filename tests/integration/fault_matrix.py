@@ -51,7 +51,7 @@ class Outcome:
     def message(self):
         """The first error line, else the last line."""
         lines = [l for l in self.output.splitlines() if l.strip()]
-        for pattern in (r"(^|: )error: ", r"^(skipped|took over|stopped by) "):
+        for pattern in (r"(^|: )error: ", r"^(skipped|took over|stopped by) ", r"^done: "):
             for line in lines:
                 if re.search(pattern, line):
                     return line.strip()
@@ -458,9 +458,10 @@ GROUPS = {"lost_files": group_lost_files, "disk_full": group_disk_full, "lock": 
 def print_table():
     print("\n| fault | exit | message | files intact | s | peak MiB |\n|---|---|---|---|---|---|")
     for fault, rc, message, intact, seconds, peak in ROWS:
-        message = message.replace("|", "\\|")
-        if len(message) > 110:
-            message = message[:107] + "..."
+        # The test's own temporary folders say nothing: "<tmp>" instead.
+        message = re.sub(r"/tmp/trainctl-faults-[^/\s]+", "<tmp>", message).replace("|", "\\|")
+        if len(message) > 150:
+            message = message[:147] + "..."
         print(f"| {fault} | {rc} | {message} | {'yes' if intact else 'no'} | {seconds:.2f} | "
               f"{peak:.0f} |")
 

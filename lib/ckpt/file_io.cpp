@@ -19,9 +19,10 @@ void throw_os_error(const std::string& operation, const fs::path& path, int erro
 CheckpointError checkpoint_error(const files::FileError& error) {
   const int e = error.os_error();
   std::string hint;
-  if (e == ENOSPC || e == EDQUOT) hint = " or move checkpoint.dir";
+  // Checkpoints live in <run_dir>/checkpoints: the run directory is what a user can move.
+  if (e == ENOSPC || e == EDQUOT)
+    hint = ", or resume in a run directory on another file system (copy the run there)";
   if (e == EFBIG) hint = " for this checkpoint";
-  if (e == EACCES || e == EROFS || e == EPERM) hint = " (checkpoint.dir)";
   return CheckpointError(error.what() + hint);
 }
 

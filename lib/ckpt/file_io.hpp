@@ -19,7 +19,7 @@ namespace trainctl::ckpt::io {
 // "open /x/rank_0.bin: No space left on device (ENOSPC)" as a CheckpointError.
 [[noreturn]] void throw_os_error(const std::string& operation, const fs::path& path, int error);
 // A lib/files error as a CheckpointError, with the checkpoint's hint for the OS errors a user can
-// fix ("... or move checkpoint.dir").
+// fix ("... free space on that file system, or resume in a run directory on another file system").
 CheckpointError checkpoint_error(const files::FileError& error);
 
 // An open file descriptor, closed on destruction. Move-only.

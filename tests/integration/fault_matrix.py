@@ -370,6 +370,18 @@ def group_late(binary, root, tmp):
         out = invoke(binary, ru.run_args(where, 2), root)
         row(f"run directory {label}", out, os.path.isfile(a_file), 2,
             r"cannot hold the run's files")
+    read_only = os.path.join(tmp, "read-only")
+    os.makedirs(read_only)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", read_only],
+                      capture_output=True).returncode == 0:
+        try:
+            out = invoke(binary, ru.run_args(os.path.join(read_only, "run"), 2), root)
+            row("run directory on a read-only file system", out, not os.listdir(read_only), 2,
+                r"cannot hold the run's files: .*Read-only file system")
+        finally:
+            subprocess.run(["umount", "-l", read_only], capture_output=True)
+    else:
+        print("  (no read-only row: cannot mount a tmpfs here; root bypasses permission bits)")
     run_dir = os.path.join(tmp, "finished")
     make_run(binary, root, run_dir, 4)
     before = snapshot(run_dir)

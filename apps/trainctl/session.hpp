@@ -52,8 +52,9 @@ int check_rank_environment(SessionInput& input, const std::string& command);
 
 // The input checks that need the environment, before anything is created: the run directory can
 // hold files (files::why_not_writable_directory; the run's own files, where they exist, are of
-// the right kind), and the data opens and every token id is below model.vocab (a full scan of the
-// files; ranks that our launcher started skip the scan, the launcher has done it). Fills
+// the right kind), and the data opens and every token id is below model.vocab (a full read of the
+// data: by this process when no launcher started it; split into one part per rank under srun or
+// torchrun; skipped by the ranks our own launcher starts, which has read it all). Fills
 // input.data. Returns -1, or exit code 2 after printing the problem.
 int check_session_input(SessionInput& input, const std::string& command);
 

@@ -143,15 +143,28 @@ Rendezvous open_rendezvous(const launch::RankInfo& rank, const fs::path& run_dir
 
 namespace {
 
-// A token id the model cannot embed, found by reading every token once (data::scan_vocab).
-std::string vocab_problem(const data::TokenSource& source, int32_t vocab, const char* key) {
-  const data::VocabScan scan = data::scan_vocab(source, vocab);
+// A token id the model cannot embed, found by reading the tokens once (data::scan_vocab). With an
+// external launcher (srun, torchrun) every rank opens the data itself, so each reads its 1/W part:
+// the job reads the data once, not W times (a rank that finds one exits 2, and srun stops the
+// others). Our own launcher has read it all before starting its ranks, which read nothing here.
+std::string vocab_problem(const data::TokenSource& source, int32_t vocab, const char* key,
+                          const launch::RankInfo& rank) {
+  if (rank.source == launch::RankSource::trainctl) return "";
+  const int64_t size = source.size();
+  const int parts = std::max(1, rank.world_size);
+  const int part = rank.launched() ? rank.rank : 0;
+  const int64_t begin = rank.launched() ? size / parts * part : 0;
+  const int64_t end = rank.launched() && part + 1 < parts ? size / parts * (part + 1) : size;
+  const data::VocabScan scan = data::scan_vocab(source, vocab, begin, end);
   if (scan.first_outside < 0) return "";
   return fmt::format(
       "{}: token id {} is outside model.vocab {} (ids must be in [0, {})), and the largest id in "
       "{} is {}; set model.vocab to at least {}, or point {} at data tokenized for this model",
-      source.where(scan.first_outside), scan.first_outside_id, vocab, vocab, key, scan.max_id,
-      scan.max_id + 1, key);
+      source.where(scan.first_outside), scan.first_outside_id, vocab, vocab,
+      parts > 1 && rank.launched()
+          ? fmt::format("part {} of {} of {} (the part this rank checks)", part + 1, parts, key)
+          : std::string(key),
+      scan.max_id, scan.max_id + 1, key);
 }
 
 }  // namespace
@@ -160,18 +173,16 @@ int open_session_data(const SessionInput& input, SessionData& out) {
   const recipe::Recipe& r = input.loaded.recipe;
   try {
     out.dataset = data::open_dataset(to_data_config(r));
-    // Every id is checked once here, not at the step that happens to read it. Ranks that our
-    // launcher started skip it: the launcher has read the same files.
-    if (input.rank.source != launch::RankSource::trainctl) {
-      if (std::string p = vocab_problem(*out.dataset.train, r.model.vocab, "data.path"); !p.empty())
+    // Every id is checked once here, not at the step that happens to read it.
+    if (std::string p = vocab_problem(*out.dataset.train, r.model.vocab, "data.path", input.rank);
+        !p.empty())
+      return report_problems({input.loaded.origins.problem("model.vocab", p)}, input.recipe_label);
+    const char* val_key = r.data.val_path.empty() ? "data.path" : "data.val_path";
+    if (out.dataset.val)
+      if (std::string p = vocab_problem(*out.dataset.val, r.model.vocab, val_key, input.rank);
+          !p.empty())
         return report_problems({input.loaded.origins.problem("model.vocab", p)},
                                input.recipe_label);
-      const char* val_key = r.data.val_path.empty() ? "data.path" : "data.val_path";
-      if (out.dataset.val)
-        if (std::string p = vocab_problem(*out.dataset.val, r.model.vocab, val_key); !p.empty())
-          return report_problems({input.loaded.origins.problem("model.vocab", p)},
-                                 input.recipe_label);
-    }
     out.sampler.emplace(*out.dataset.train, r.model.seq_len,
                         static_cast<uint64_t>(r.determinism.seed), true, r.model.vocab);
     if (out.dataset.val && out.dataset.val->size() > r.model.seq_len) {

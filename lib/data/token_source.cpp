@@ -21,11 +21,15 @@ std::string TokenSource::where(int64_t offset) const {
 }
 
 VocabScan scan_vocab(const TokenSource& source, int32_t vocab) {
+  return scan_vocab(source, vocab, 0, source.size());
+}
+
+VocabScan scan_vocab(const TokenSource& source, int32_t vocab, int64_t begin, int64_t end) {
   VocabScan scan;
   if (source.ids_below_hint() && source.vocab_hint() <= vocab) return scan;
   std::vector<int32_t> chunk(size_t{1} << 16);
-  const int64_t total = source.size();
-  for (int64_t offset = 0; offset < total;) {
+  const int64_t total = std::min(end, source.size());
+  for (int64_t offset = std::max<int64_t>(begin, 0); offset < total;) {
     const int64_t count = std::min<int64_t>(total - offset, static_cast<int64_t>(chunk.size()));
     source.read(offset, count, chunk.data());
     int32_t chunk_max = -1;

@@ -70,6 +70,8 @@ struct VocabScan {
 // the read when ids_below_hint() and vocab_hint() <= vocab. Sequential reads through the page
 // cache: about 2 G tokens (4 GB) a second of llm.c shards on one core (bench/data_scan_bench).
 VocabScan scan_vocab(const TokenSource& source, int32_t vocab);
+// The same over tokens [begin, end) only: ranks of one job each check their part.
+VocabScan scan_vocab(const TokenSource& source, int32_t vocab, int64_t begin, int64_t end);
 
 // A view of tokens [offset, offset + count) of `base` (shared, so the view keeps it alive).
 // Throws DataError when the range does not fit inside base.

@@ -360,6 +360,17 @@ def group_late(binary, root, tmp):
     row("llm.c shard with a token id above model.vocab at its end", out,
         not os.path.exists(run_dir), 2,
         rf"{re.escape(shard)}, token 199990: token id 300 is outside model.vocab 256.*at least 301")
+    # Under torchrun or srun each rank reads its part: rank 1 of 2 holds the end of the shard.
+    os.environ.update(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1")
+    try:
+        out = invoke(binary, ru.run_args(run_dir, 2, ["data.source=llmc", f"data.path={shard}",
+                                                      "parallel.dp=2"]), root)
+    finally:
+        for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+            del os.environ[name]
+    row("the same, rank 1 of 2 under torchrun (each rank reads its half)", out,
+        not os.path.exists(run_dir), 2,
+        r"token 199990: token id 300 .*in part 2 of 2 of data\.path \(the part this rank checks\)")
     out = invoke(binary, ru.run_args(run_dir, 2, ["model.vocab=100"]), root)
     row("model.vocab 100 below the text's bytes", out, not os.path.exists(run_dir), 2,
         r"data/kjv\.txt, byte \d+: token id \d+ is outside model\.vocab 100")

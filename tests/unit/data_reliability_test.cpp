@@ -115,6 +115,22 @@ TEST_CASE("scan_vocab finds the first id outside the vocabulary and the largest 
         tmp.file("t_001.bin") + ", token 69990");
 }
 
+TEST_CASE("scan_vocab over a part reads only that part: ranks split the check") {
+  TempDir tmp;
+  std::vector<uint16_t> tokens(100000, 3);
+  tokens[80000] = 999;
+  write_shard(tmp.file("t_000.bin"), tokens);
+  const LlmcShardSource source({tmp.file("t_000.bin")});
+  const VocabScan first = scan_vocab(source, 256, 0, 50000);
+  CHECK(first.tokens_read == 50000);
+  CHECK(first.first_outside == -1);
+  CHECK(first.max_id == 3);
+  const VocabScan second = scan_vocab(source, 256, 50000, 100000);
+  CHECK(second.tokens_read == 50000);
+  CHECK(second.first_outside == 80000);
+  CHECK(second.max_id == 999);
+}
+
 TEST_CASE("scan_vocab does not read sources whose ids are below their hint by construction") {
   const SyntheticSource synthetic(1, 256, 1 << 20);
   CHECK(scan_vocab(synthetic, 256).tokens_read == 0);

@@ -413,10 +413,11 @@ int train_session(SessionInput input, const std::string& command) {
     std::fclose(rank_log.file);
     return kExitOk;
   } catch (const files::FileError& e) {
-    // A file of the run could not be written (a full disk): the file it would have replaced is
-    // intact (files::write_file_atomically).
-    return rank_log.fail(fmt::format("{}; the file it would have replaced is intact", e.what()),
-                         kExitFailure);
+    // A file of the run could not be written (a full disk). Files are only ever replaced whole
+    // (files::write_file_atomically), so the one it would have replaced is as it was.
+    return rank_log.fail(
+        fmt::format("{}; no file of the run was replaced by a partial one", e.what()),
+        kExitFailure);
   } catch (const dist::DistError& e) {
     // A peer died or went silent, or the rendezvous failed: the message names the op, the group
     // and the peer. The launcher stops the other ranks.

@@ -139,10 +139,6 @@ Rendezvous open_rendezvous(const launch::RankInfo& rank, const fs::path& run_dir
   return rv;
 }
 
-}  // namespace
-
-namespace {
-
 // A token id the model cannot embed, found by reading the tokens once (data::scan_vocab). With an
 // external launcher (srun, torchrun) every rank opens the data itself, so each reads its 1/W part:
 // the job reads the data once, not W times (a rank that finds one exits 2, and srun stops the
@@ -245,7 +241,14 @@ int lock_run_dir(SessionInput& input, const std::string& command, files::RunDirL
     return bad_input(command,
                      fmt::format("{}; choose another run directory with --run-dir", e.what()));
   }
-  if (lock.takeover_note()) input.notes.push_back(*lock.takeover_note());
+  if (lock.takeover_note()) {
+    // The ranks our launcher starts print the notes they find themselves; this one only the
+    // launcher knows.
+    if (!rank.launched() && input.loaded.recipe.world_size() > 1)
+      std::fprintf(stderr, "trainctl %s: %s\n", command.c_str(), lock.takeover_note()->c_str());
+    else
+      input.notes.push_back(*lock.takeover_note());
+  }
   return -1;
 }
 

@@ -8,6 +8,7 @@
 
 #include "ckpt/ckpt.hpp"
 #include "commands.hpp"
+#include "files/files.hpp"
 
 namespace app = trainctl::app;
 
@@ -100,6 +101,8 @@ int main(int argc, char** argv) {
   // A checkpoint write past RLIMIT_FSIZE must fail with EFBIG (reported, earlier checkpoints
   // intact), not kill the process with SIGXFSZ.
   trainctl::ckpt::ignore_file_size_signal();
+  // One descriptor per data shard stays open (lib/data reads with pread): use the hard limit.
+  trainctl::files::raise_open_file_limit();
   try {
     cli.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -18,6 +18,11 @@ DataFile::DataFile(std::string path) : path_(std::move(path)) {
   } catch (const files::FileError& e) {
     // Messages start with the path: the recipe key a data error belongs to is found by it.
     if (e.os_error() == 0) throw DataError(e.what());  // "<path>: the data file is a FIFO ..."
+    if (e.os_error() == EMFILE || e.os_error() == ENFILE)
+      throw DataError(fmt::format(
+          "{}: cannot open data file: {}; every shard stays open while the run reads it: raise "
+          "the open-file limit (ulimit -Hn, or the job's limits), or merge shards into fewer files",
+          path_, std::strerror(e.os_error())));
     throw DataError(
         fmt::format("{}: cannot open data file: {}; check the path (relative paths "
                     "are taken from the working directory)",

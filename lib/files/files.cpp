@@ -1,6 +1,7 @@
 #include "files/files.hpp"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -209,6 +210,17 @@ fs::path move_aside(const fs::path& from, const fs::path& into) {
   throw FileError(fmt::format("cannot move {} into {}: 100000 names taken; clear that folder",
                               from.string(), into.string()),
                   EEXIST);
+}
+
+uint64_t raise_open_file_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  return static_cast<uint64_t>(limit.rlim_cur);
 }
 
 namespace {

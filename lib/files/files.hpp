@@ -100,6 +100,11 @@ void fsync_directory(const fs::path& dir);
 // Creates `into`. Returns the path it was moved to. Throws FileError.
 fs::path move_aside(const fs::path& from, const fs::path& into);
 
+// Raises this process's soft limit of open files to its hard limit (as Go's runtime does at
+// start): a dataset of thousands of shards keeps one descriptor per shard open (lib/data reads
+// with pread, never through a memory map). Returns the limit now in force.
+uint64_t raise_open_file_limit();
+
 // Why files cannot be created in directory `dir` (which may not exist yet: then its nearest
 // existing ancestor decides), or "" when they can: "/proc/x: /proc is a proc file system, not a
 // place for files", "runs/a: it is a regular file, not a directory", "/mnt/ro: read-only file

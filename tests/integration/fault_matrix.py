@@ -279,6 +279,23 @@ def group_unbounded(binary, root, tmp):
         f.write("# " + "x" * (50 << 20) + "\n")
     out = invoke(binary, ["plan", "recipes/tiny.yaml", "--cluster", cluster], root)
     row("50 MiB cluster file, plan", out, True, 2, r"more than the 1048576")
+    # Thousands of shards: one descriptor each stays open, past a soft limit of 1024 (trainctl
+    # raises it to the hard limit, as Go's runtime does).
+    import resource
+    shards = os.path.join(tmp, "shards")
+    os.makedirs(shards)
+    for i in range(3000):
+        write_llmc_shard(os.path.join(shards, f"train_{i:05d}.bin"),
+                         [(i * 131 + t * 7) % 250 for t in range(200)])
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY or hard > 4000:
+        run_dir = os.path.join(tmp, "many-shards")
+        out = invoke(binary, ru.run_args(run_dir, 2, ["data.source=llmc",
+                                                      f"data.path={shards}/train_*.bin"]),
+                     root, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE,
+                                                                 (1024, hard)))
+        row("3000 data shards under a soft limit of 1024 open files", out,
+            os.path.isfile(os.path.join(run_dir, "summary.json")), 0, r"llm\.c shards .*3000 files")
     run = os.path.join(tmp, "manifest")
     make_run(binary, root, run, 2)
     manifest = os.path.join(run, "checkpoints", "step_00000002", "manifest.json")

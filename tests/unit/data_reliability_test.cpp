@@ -15,34 +15,11 @@
 #include <vector>
 
 #include "data/data.hpp"
+#include "data_test_util.hpp"
 
 namespace fs = std::filesystem;
 using namespace trainctl::data;
-
-namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char pattern[] = "/tmp/trainctl-data-rel-XXXXXX";
-    path = ::mkdtemp(pattern);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
-  std::array<int32_t, 256> header{};
-  header[0] = LlmcShardSource::kMagic;
-  header[1] = LlmcShardSource::kVersion;
-  header[2] = static_cast<int32_t>(tokens.size());
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header.data()), sizeof header);
-  out.write(reinterpret_cast<const char*>(tokens.data()),
-            static_cast<std::streamsize>(tokens.size() * 2));
-}
-
-}  // namespace
+using namespace trainctl::data::test;
 
 TEST_CASE("a FIFO in a data file's place is refused without waiting for a writer") {
   TempDir tmp;

@@ -26,18 +26,21 @@ import slurm_util
 from cli_util import check
 
 STEPS = 300  # long enough that the job is still training when the test kills a rank
+# Saves 100 steps apart: the kill lands between two saves, where rank 0's next collective fails
+# within milliseconds. A kill during a save made rank 0 wait for the dead rank's shard index until
+# the collective timeout (60 s), and srun --wait=30 killed it first, without its error line.
 SETS = [*cli_util.SMALL_MODEL, *ru.QUIET, f"training.steps={STEPS}", "parallel.dp=2",
-        "checkpoint.every_steps=5", "checkpoint.keep_last=100", "checkpoint.async=false"]
+        "checkpoint.every_steps=100", "checkpoint.keep_last=100", "checkpoint.async=false"]
 
 
 def body(binary, root):
     with cli_util.temp_dir("slurm-failure") as tmp, slurm_util.local_slurm(root) as cluster:
         run_dir = os.path.join(tmp, "failed")
         job_id, log = slurm_util.submit(cluster, binary, root, SETS, run_dir)
-        first = os.path.join(run_dir, "checkpoints", "step_00000005")
+        first = os.path.join(run_dir, "checkpoints", "step_00000100")
         deadline = time.monotonic() + 60
         while not os.path.isdir(first):
-            check(time.monotonic() < deadline, f"no checkpoint step_00000005 within 60 s\n"
+            check(time.monotonic() < deadline, f"no checkpoint step_00000100 within 60 s\n"
                   f"{slurm_util.read(log)}\n{cluster.logs()}")
             time.sleep(0.05)
         victims = slurm_util.task_pids(job_id, 1, binary)

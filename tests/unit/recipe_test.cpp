@@ -499,8 +499,8 @@ TEST_CASE("a recipe larger than kMaxRecipeBytes is refused before it is parsed")
 }
 
 TEST_CASE("YAML nested past the parser's depth is a problem, not a crash") {
-  const std::string deep = "name: t\nmodel: " + std::string(100000, '[') +
-                           std::string(100000, ']') + "\n";
+  const std::string deep =
+      "name: t\nmodel: " + std::string(100000, '[') + std::string(100000, ']') + "\n";
   const std::vector<std::string> problems = problems_of(deep, {});
   REQUIRE(problems.size() == 1);
   CHECK_THAT(problems[0], Catch::Contains("levels deep, more than a parser may follow"));

@@ -29,17 +29,11 @@ CheckpointError checkpoint_error(const files::FileError& error) {
 File File::create(const fs::path& path) {
   File f;
   f.path_ = path;
-  // O_NONBLOCK: a FIFO in the file's place (with no reader) fails with ENXIO instead of blocking.
-  f.fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0644);
-  if (f.fd_ < 0) throw_os_error("cannot create", path, errno);
-  struct stat st {};
-  if (::fstat(f.fd_, &st) != 0) throw_os_error("cannot stat", path, errno);
-  if (!S_ISREG(st.st_mode))
-    throw CheckpointError(fmt::format("cannot create {}: it is {}, not a regular file; remove it",
-                                      path.string(), files::file_type_name(st.st_mode)));
-  const int flags = ::fcntl(f.fd_, F_GETFL);
-  if (flags < 0 || ::fcntl(f.fd_, F_SETFL, flags & ~O_NONBLOCK) != 0)
-    throw_os_error("cannot create", path, errno);
+  try {
+    f.fd_ = files::create_regular(path, "checkpoint file").release();
+  } catch (const files::FileError& e) {
+    throw checkpoint_error(e);
+  }
   return f;
 }
 

@@ -96,22 +96,36 @@ std::string_view file_type_name(unsigned mode) {
   }
 }
 
-UniqueFd open_regular(const fs::path& path, std::string_view what) {
-  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever. O_NOCTTY: a
-  // terminal in a file's place must not become our controlling terminal.
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
-  if (!fd) throw_os_error(fmt::format("cannot open the {}", what), path, errno);
+namespace {
+
+// Opens with O_NONBLOCK (a FIFO would block in open() itself: for reading until a writer comes,
+// for writing until a reader does), refuses anything but a regular file, then clears O_NONBLOCK
+// so reads and writes behave normally. O_NOCTTY: a terminal in a file's place must not become
+// our controlling terminal.
+UniqueFd open_checked(const fs::path& path, std::string_view what, int flags,
+                      std::string_view verb) {
+  UniqueFd fd(::open(path.c_str(), flags | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, 0666));
+  if (!fd) throw_os_error(fmt::format("cannot {} the {}", verb, what), path, errno);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0)
     throw_os_error(fmt::format("cannot stat the {}", what), path, errno);
   if (!S_ISREG(st.st_mode))
-    throw FileError(fmt::format("{}: the {} is {}, not a regular file; give a regular file there",
-                                path.string(), what, file_type_name(st.st_mode)),
-                    0);
-  const int flags = ::fcntl(fd.get(), F_GETFL);
-  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0)
-    throw_os_error(fmt::format("cannot read the {}", what), path, errno);
+    throw FileError(path, fmt::format("the {} is {}, not a regular file; give a regular file there",
+                                      what, file_type_name(st.st_mode)));
+  const int status = ::fcntl(fd.get(), F_GETFL);
+  if (status < 0 || ::fcntl(fd.get(), F_SETFL, status & ~O_NONBLOCK) != 0)
+    throw_os_error(fmt::format("cannot {} the {}", verb, what), path, errno);
   return fd;
+}
+
+}  // namespace
+
+UniqueFd open_regular(const fs::path& path, std::string_view what) {
+  return open_checked(path, what, O_RDONLY, "open");
+}
+
+UniqueFd create_regular(const fs::path& path, std::string_view what) {
+  return open_checked(path, what, O_WRONLY | O_CREAT | O_TRUNC, "create");
 }
 
 uint64_t file_size(int fd, const fs::path& path) {
@@ -130,9 +144,7 @@ void read_exact_at(int fd, const fs::path& path, void* data, size_t bytes, uint6
       if (errno == EINTR) continue;
       throw_os_error("cannot read", path, errno);
     }
-    if (n == 0)
-      throw FileError(fmt::format("{} ends at byte {}, before byte {}", path.string(), offset, end),
-                      0);
+    if (n == 0) throw FileError(path, fmt::format("ends at byte {}, before byte {}", offset, end));
     p += n;
     offset += static_cast<uint64_t>(n);
     bytes -= static_cast<size_t>(n);
@@ -143,9 +155,8 @@ std::string read_regular_file(const fs::path& path, uint64_t max_bytes, std::str
   const UniqueFd fd = open_regular(path, what);
   const uint64_t size = file_size(fd.get(), path);
   if (size > max_bytes)
-    throw FileError(fmt::format("{}: the {} has {} bytes, more than the {} a {} may have",
-                                path.string(), what, size, max_bytes, what),
-                    0);
+    throw FileError(path, fmt::format("the {} has {} bytes, more than the {} a {} may have", what,
+                                      size, max_bytes, what));
   std::string text(static_cast<size_t>(size), '\0');
   read_exact_at(fd.get(), path, text.data(), text.size(), 0);
   return text;
@@ -176,8 +187,7 @@ void fsync_directory(const fs::path& dir) {
 void write_file_atomically(const fs::path& path, std::string_view content) {
   const fs::path tmp = path.parent_path() / fmt::format(".{}.tmp-{}", path.filename().string(),
                                                         static_cast<long>(::getpid()));
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
-  if (!fd) throw_os_error("cannot create", tmp, errno);
+  UniqueFd fd = create_regular(tmp, "temporary file");
   try {
     write_all(fd.get(), path, content.data(), content.size());
     if (::fsync(fd.get()) != 0) throw_os_error("cannot write (fsync)", path, errno);
@@ -212,15 +222,11 @@ fs::path move_aside(const fs::path& from, const fs::path& into) {
                   EEXIST);
 }
 
-uint64_t raise_open_file_limit() {
+void raise_open_file_limit() {
   rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
-  if (limit.rlim_cur < limit.rlim_max) {
-    rlimit raised = limit;
-    raised.rlim_cur = limit.rlim_max;
-    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
-  }
-  return static_cast<uint64_t>(limit.rlim_cur);
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  limit.rlim_cur = limit.rlim_max;
+  (void)::setrlimit(RLIMIT_NOFILE, &limit);
 }
 
 namespace {
@@ -280,9 +286,11 @@ std::string why_not_writable_directory(const fs::path& dir) {
   if (::statfs(existing.c_str(), &fsinfo) == 0)
     if (const char* pseudo = pseudo_file_system(static_cast<long>(fsinfo.f_type)))
       return fmt::format("{} is on {}, where no file can be kept", existing.string(), pseudo);
-  if (::access(existing.c_str(), W_OK | X_OK) != 0)
-    return fmt::format("{}: {}{}", existing.string(), std::strerror(errno),
-                       errno == EROFS ? "" : " (no permission to create files there)");
+  if (::access(existing.c_str(), W_OK | X_OK) != 0) {
+    const int error = errno;
+    return fmt::format("{}: {}{}", existing.string(), std::strerror(error),
+                       error == EROFS ? "" : " (no permission to create files there)");
+  }
   return "";
 }
 

@@ -26,12 +26,20 @@ namespace fs = std::filesystem;
 
 class FileError : public std::runtime_error {
  public:
+  // An OS call failed: `message` from os_error_message.
   FileError(const std::string& message, int os_error)
-      : std::runtime_error(message), os_error_(os_error) {}
-  // The errno behind the failure, or 0 when the file itself was wrong (a FIFO, too large).
+      : std::runtime_error(message), reason_(message), os_error_(os_error) {}
+  // The file itself is wrong (a FIFO, too large): what() is "<path>: <reason>".
+  FileError(const fs::path& path, const std::string& reason)
+      : std::runtime_error(path.string() + ": " + reason), reason_(reason), os_error_(0) {}
+  // The errno behind the failure, or 0 when the file itself was wrong.
   int os_error() const { return os_error_; }
+  // What was wrong without the leading path, for callers whose report names the file already
+  // ("the recipe is a FIFO (named pipe), not a regular file; ..."); what() for OS errors.
+  const std::string& reason() const { return reason_; }
 
  private:
+  std::string reason_;
   int os_error_;
 };
 
@@ -71,6 +79,9 @@ std::string_view file_type_name(unsigned mode);
 // "checkpoint manifest"): "runs/a/checkpoints/latest: the checkpoint pointer is a FIFO, not a
 // regular file; replace it with a regular file". Throws FileError.
 UniqueFd open_regular(const fs::path& path, std::string_view what);
+// The same checks for a file trainctl writes: creates or truncates `path` write-only (mode 0666
+// less the umask). A FIFO in its place fails at once (ENXIO without a reader) or is refused.
+UniqueFd create_regular(const fs::path& path, std::string_view what);
 
 // The size of an open file (fstat). Throws FileError naming `path`.
 uint64_t file_size(int fd, const fs::path& path);
@@ -102,8 +113,8 @@ fs::path move_aside(const fs::path& from, const fs::path& into);
 
 // Raises this process's soft limit of open files to its hard limit (as Go's runtime does at
 // start): a dataset of thousands of shards keeps one descriptor per shard open (lib/data reads
-// with pread, never through a memory map). Returns the limit now in force.
-uint64_t raise_open_file_limit();
+// with pread, never through a memory map). Best effort: a failure leaves the limit as it was.
+void raise_open_file_limit();
 
 // Why files cannot be created in directory `dir` (which may not exist yet: then its nearest
 // existing ancestor decides), or "" when they can: "/proc/x: /proc is a proc file system, not a

@@ -58,9 +58,8 @@ RunDirLock RunDirLock::acquire(const fs::path& run_dir) {
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw_os_error("cannot stat", path, errno);
   if (!S_ISREG(st.st_mode))
-    throw FileError(fmt::format("{}: the run lock is {}, not a regular file; remove it",
-                                path.string(), file_type_name(st.st_mode)),
-                    0);
+    throw FileError(path, fmt::format("the run lock is {}, not a regular file; remove it",
+                                      file_type_name(st.st_mode)));
   while (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EINTR) continue;
     if (errno == EWOULDBLOCK) {

@@ -451,10 +451,7 @@ LoadedRecipe load_recipe_with_origins(const std::string& path,
   } catch (const files::FileError& e) {
     if (e.os_error() != 0)
       return fail(fmt::format("cannot be read ({})", std::strerror(e.os_error())));
-    // "<path>: the recipe is a FIFO ...": the problem names the file already.
-    std::string message = e.what();
-    if (message.starts_with(path + ": ")) message.erase(0, path.size() + 2);
-    return fail(std::move(message));
+    return fail(e.reason());  // the problem names the file already
   }
   return parse_recipe_with_origins(text, path, overrides);
 }

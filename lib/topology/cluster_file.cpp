@@ -383,11 +383,10 @@ ClusterSpec load_cluster(const std::string& path, const ClusterOverrides& overri
   try {
     text = files::read_regular_file(path, kMaxClusterFileBytes, "cluster file");
   } catch (const files::FileError& e) {
-    std::string message = e.os_error() != 0
-                              ? fmt::format("cannot read the cluster file ({})",
-                                            std::strerror(e.os_error()))
-                              : std::string(e.what());  // "<path>: the cluster file is a FIFO"
-    if (message.starts_with(path + ": ")) message.erase(0, path.size() + 2);
+    const std::string message =
+        e.os_error() != 0
+            ? fmt::format("cannot read the cluster file ({})", std::strerror(e.os_error()))
+            : e.reason();  // the problem names the file already
     throw ClusterError(
         {{path, 0, 0, fmt::format("{}; the shipped ones are in configs/clusters/", message)}});
   }

@@ -36,7 +36,25 @@ class DataFile {
   // run. Thread-safe (pread).
   void read(uint64_t offset, size_t bytes, void* out) const;
 
+  // Reads `count` little-endian ids of type T (uint8_t bytes, uint16_t llm.c tokens) starting at
+  // byte `offset` into out[0, count) as int32, 64 KiB per read (one pread and one change check).
+  template <typename T>
+  void read_ids(uint64_t offset, int64_t count, int32_t* out) const {
+    T ids[kReadBytes / sizeof(T)];
+    constexpr int64_t kPerRead = static_cast<int64_t>(kReadBytes / sizeof(T));
+    for (int64_t done = 0; done < count;) {
+      const int64_t part = count - done < kPerRead ? count - done : kPerRead;
+      read(offset + static_cast<uint64_t>(done) * sizeof(T), static_cast<size_t>(part) * sizeof(T),
+           ids);
+      for (int64_t i = 0; i < part; ++i)
+        out[done + i] = ids[i];
+      done += part;
+    }
+  }
+
  private:
+  static constexpr size_t kReadBytes = size_t{64} << 10;
+
   [[noreturn]] void changed(const std::string& how) const;
 
   std::string path_;

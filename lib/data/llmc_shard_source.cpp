@@ -79,24 +79,13 @@ LlmcShardSource::LlmcShardSource(const std::vector<std::string>& paths) {
 
 void LlmcShardSource::read(int64_t offset, int64_t count, int32_t* out) const {
   check_range(offset, count);
-  // The shard holding `offset`: the last one whose first token is <= offset.
-  auto shard =
-      static_cast<size_t>(std::upper_bound(first_token_.begin(), first_token_.end(), offset) -
-                          first_token_.begin() - 1);
+  size_t shard = shard_of(offset);
   while (count > 0) {
     const int64_t shard_end =
         shard + 1 < first_token_.size() ? first_token_[shard + 1] : total_tokens_;
     const int64_t local = offset - first_token_[shard];
     const int64_t take = std::min(count, shard_end - offset);
-    uint16_t tokens[32768];  // 64 KiB: one pread (and one change check) per scan chunk
-    for (int64_t done = 0; done < take;) {
-      const int64_t part = std::min<int64_t>(take - done, std::size(tokens));
-      shards_[shard].read(static_cast<uint64_t>(kHeaderBytes + 2 * (local + done)),
-                          static_cast<size_t>(2 * part), tokens);
-      for (int64_t i = 0; i < part; ++i)
-        out[done + i] = tokens[i];
-      done += part;
-    }
+    shards_[shard].read_ids<uint16_t>(static_cast<uint64_t>(kHeaderBytes + 2 * local), take, out);
     out += take;
     offset += take;
     count -= take;
@@ -104,11 +93,15 @@ void LlmcShardSource::read(int64_t offset, int64_t count, int32_t* out) const {
   }
 }
 
+size_t LlmcShardSource::shard_of(int64_t offset) const {
+  // The last shard whose first token is <= offset.
+  return static_cast<size_t>(std::upper_bound(first_token_.begin(), first_token_.end(), offset) -
+                             first_token_.begin() - 1);
+}
+
 std::string LlmcShardSource::where(int64_t offset) const {
   if (offset < 0 || offset >= total_tokens_) return TokenSource::where(offset);
-  const auto shard =
-      static_cast<size_t>(std::upper_bound(first_token_.begin(), first_token_.end(), offset) -
-                          first_token_.begin() - 1);
+  const size_t shard = shard_of(offset);
   return fmt::format("{}, token {}", shards_[shard].path(), offset - first_token_[shard]);
 }
 

@@ -99,6 +99,8 @@ class LlmcShardSource final : public TokenSource {
   int64_t num_shards() const { return static_cast<int64_t>(shards_.size()); }
 
  private:
+  size_t shard_of(int64_t offset) const;  // the shard holding token `offset` (in range)
+
   std::vector<detail::DataFile> shards_;
   std::vector<int64_t> first_token_;  // first_token_[i]: global index of shard i's first token
   int64_t total_tokens_ = 0;

@@ -11,7 +11,6 @@
 #include <fmt/format.h>
 
 #include "files/files.hpp"
-
 #include "recipe/internal.hpp"
 
 namespace trainctl::recipe::internal {
@@ -47,7 +46,7 @@ std::string check_one_file(DataSource source, const std::string& path) {
   try {
     files::open_regular(path, "data file");  // without blocking: it may change since the stat
   } catch (const files::FileError& e) {
-    return fmt::format("'{}' cannot be read ({})", path, e.what());
+    return fmt::format("'{}' cannot be read ({})", path, e.reason());
   }
   return "";
 }

@@ -360,12 +360,12 @@ struct LoadedRecipe {
 };
 
 // ---- building, printing, fingerprinting --------------------------------------------------------
-// Reads the YAML recipe at `path`, applies `overrides` ("a.b=c", the value parsed as YAML, as from
-// --set) on top of the file, fills defaults and model.arch presets, and validates everything.
 // The largest recipe file read (1 MiB; the biggest shipped recipe is a few KiB): a larger one is
 // refused before it is parsed, since YAML costs about a hundred times its text in memory.
 inline constexpr uint64_t kMaxRecipeBytes = uint64_t{1} << 20;
 
+// Reads the YAML recipe at `path`, applies `overrides` ("a.b=c", the value parsed as YAML, as from
+// --set) on top of the file, fills defaults and model.arch presets, and validates everything.
 // Throws RecipeError listing all problems at once. A file that is not a regular file (a FIFO), is
 // larger than kMaxRecipeBytes or holds more than one YAML document is refused.
 // Data files are checked too (data.path and a non-empty data.val_path must name an existing,

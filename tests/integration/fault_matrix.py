@@ -278,7 +278,8 @@ def group_unbounded(binary, root, tmp):
     with open(deep, "w", encoding="utf-8") as f:
         f.write("name: deep\nmodel: " + "[" * 200000 + "]" * 200000 + "\n")
     out = invoke(binary, ["validate", deep], root)
-    row("recipe nested 200000 deep, validate", out, True, 2, r"deep\.yaml")
+    row("recipe nested 200000 deep, validate", out, True, 2,
+        r"deep\.yaml:2:\d+: error: YAML nested \d+ levels deep")
     cluster = os.path.join(tmp, "big-cluster.yaml")
     with open(cluster, "w", encoding="utf-8") as f:
         f.write("# " + "x" * (50 << 20) + "\n")
@@ -309,7 +310,8 @@ def group_unbounded(binary, root, tmp):
         f.write(b" " * (100 << 20))
     for command in (["ckpt", "verify"], ["ckpt", "inspect"]):
         out = invoke(binary, [*command, os.path.dirname(manifest)], root)
-        row(f"100 MiB manifest, {' '.join(command)}", out, True, (1, 2), r"manifest")
+        row(f"100 MiB manifest, {' '.join(command)}", out, True, (1, 2),
+            r"manifest\.json: the checkpoint manifest has \d+ bytes, more than the 16777216")
         check(out.seconds < REFUSE_S and out.peak_mib < REFUSE_MIB,
               f"100 MiB manifest: {out.seconds:.1f} s, {out.peak_mib:.0f} MiB")
 
@@ -360,6 +362,8 @@ def group_not_regular(binary, root, tmp):
             intact = (snapshot(run_dir) == before and
                       stat.S_ISFIFO(os.lstat(os.path.join(run_dir, name)).st_mode))
         pattern = {2: r"FIFO \(named pipe\)", 1: r"corrupt"}.get(rc)
+        if resume and "step_00000004" in name:  # set aside, never read, then trained past
+            pattern = r"skipped step_00000004 \(.*FIFO.*\): moved to .*rejected/step_00000004"
         row(f"FIFO {name}, {' '.join(command)}", out, intact, rc, pattern)
 
 

@@ -12,16 +12,12 @@ namespace fs = std::filesystem;
 
 namespace trainctl::app {
 
-int resume_session(SessionInput input, const std::string& command) {
-  // The lock first: a save that another trainctl has in progress must not be seen half done.
-  files::RunDirLock lock;
-  if (int code = lock_run_dir(input, command, lock); code >= 0) return code;
+int check_resume_input(const SessionInput& input, const std::string& command,
+                       const ckpt::ScanReport& report) {
   const fs::path dir = input.run_dir / "checkpoints";
-  ckpt::ScanReport report = ckpt::scan(dir);
   if (report.entries.empty())
     return bad_input(command, fmt::format("{} holds no checkpoint to resume from", dir.string()));
-  // training.steps below the checkpoint's step cannot be met: bad input, found before the model
-  // is built.
+  // training.steps below the checkpoint's step cannot be met.
   const int64_t steps = input.loaded.recipe.training.steps;
   if (const ckpt::ScanEntry* newest = report.newest_valid(); newest && newest->step > steps)
     return report_problems(
@@ -32,6 +28,16 @@ int resume_session(SessionInput input, const std::string& command) {
                         "--set training.steps={}), or start again with trainctl run --overwrite",
                         steps, newest->step, newest->path.string(), newest->step, newest->step))},
         input.recipe_label);
+  return -1;
+}
+
+int resume_session(SessionInput input, const std::string& command) {
+  // The lock first, then the scan it will train from: a save that another trainctl had in
+  // progress when the checks ran must not be seen half done.
+  files::RunDirLock lock;
+  if (int code = lock_run_dir(input, command, lock); code >= 0) return code;
+  ckpt::ScanReport report = ckpt::scan(input.run_dir / "checkpoints");
+  if (int code = check_resume_input(input, command, report); code >= 0) return code;
   input.resuming = true;
   input.resume_candidates = std::move(report.entries);
   return start_session(std::move(input), command);
@@ -71,6 +77,10 @@ int run_resume(const ResumeOptions& options) {
   if (input.run_dir.empty())
     input.run_dir = options.run_dir.empty() ? fs::path("runs") / input.loaded.recipe.name
                                             : fs::path(options.run_dir);
+  // Cheapest first: the checkpoints, then the data (a full read of it).
+  if (int code = check_resume_input(input, "resume", ckpt::scan(input.run_dir / "checkpoints"));
+      code >= 0)
+    return code;
   if (int code = check_session_input(input, "resume"); code >= 0) return code;
   return resume_session(std::move(input), "resume");
 }

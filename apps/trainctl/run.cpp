@@ -52,7 +52,8 @@ int run_run(const RunOptions& options) {
   if (int code = check_rank_environment(input, "run"); code >= 0) return code;
 
   input.run_dir = options.run_dir.empty() ? fs::path("runs") / r.name : fs::path(options.run_dir);
-  if (int code = check_session_input(input, "run"); code >= 0) return code;
+  // The cheap refusals first (what the run directory already holds), then the data, which
+  // check_session_input reads whole.
   const ckpt::ScanReport checkpoints = ckpt::scan(input.run_dir / "checkpoints");
   if (!options.overwrite) {
     if (!checkpoints.entries.empty()) {
@@ -63,6 +64,8 @@ int run_run(const RunOptions& options) {
                                "--overwrite to start again (deleting them)",
                                input.run_dir.string(), checkpoints.entries.front().name,
                                input.run_dir.string()));
+      if (int code = check_resume_input(input, "run", checkpoints); code >= 0) return code;
+      if (int code = check_session_input(input, "run"); code >= 0) return code;
       return resume_session(std::move(input), "run");  // takes the lock itself
     }
     if (fs::exists(input.run_dir / "metrics.jsonl"))
@@ -71,6 +74,7 @@ int run_run(const RunOptions& options) {
                              "with --run-dir or pass --overwrite to replace it",
                              input.run_dir.string()));
   }
+  if (int code = check_session_input(input, "run"); code >= 0) return code;
   // From here on the directory is this run's: a second run or resume on it is refused until the
   // run ends (held across the local launcher's ranks too).
   files::RunDirLock lock;

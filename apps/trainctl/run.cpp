@@ -79,9 +79,7 @@ int run_run(const RunOptions& options) {
   // run ends (held across the local launcher's ranks too).
   files::RunDirLock lock;
   if (int code = lock_run_dir(input, "run", lock); code >= 0) return code;
-  if (options.overwrite &&
-      (!input.rank.launched() ||
-       (input.rank.source != launch::RankSource::trainctl && input.rank.rank == 0))) {
+  if (options.overwrite && owns_run_dir(input.rank)) {
     // Our launcher has cleared the directory before starting the ranks; under an external
     // launcher rank 0 does it, before the rendezvous the others wait in.
     remove_previous_run(input.run_dir);

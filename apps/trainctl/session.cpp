@@ -241,7 +241,6 @@ int train_session(SessionInput input, const std::string& command) {
     const auto start = Clock::now();
     auto last_save = start;
     int64_t reported_save = -1;
-    int64_t saved_step = start_step;  // the newest step this run has a checkpoint of
     double stall_ms = 0;
     std::optional<double> last_val;
     train::StepMetrics last;
@@ -309,7 +308,6 @@ int train_session(SessionInput input, const std::string& command) {
           ckpt::SaveRequest request = train::capture_checkpoint(
               writer.new_request(), model, trainer, *be, hash, layout_json(r));  // reused memory
           writer.save(std::move(request));  // waits for the previous save first
-          saved_step = m.step;
           last_save = Clock::now();
           stall_ms = std::chrono::duration<double, std::milli>(last_save - before).count();
         }
@@ -324,12 +322,12 @@ int train_session(SessionInput input, const std::string& command) {
       std::string outcome;
       try {
         writer.wait();
-        if (saves && !mesh && trainer.steps_done() > saved_step) {
+        const auto saved = writer.last_stats();  // the newest step this run has saved, if any
+        if (saves && !mesh && trainer.steps_done() > (saved ? saved->step : start_step)) {
           writer.save(train::capture_checkpoint(writer.new_request(), model, trainer, *be, hash,
                                                 layout_json(r)));
           writer.wait();
-          saved_step = trainer.steps_done();
-          outcome = fmt::format("saved a checkpoint of step {}; ", saved_step);
+          outcome = fmt::format("saved a checkpoint of step {}; ", trainer.steps_done());
         }
       } catch (const ckpt::CheckpointError& save_error) {
         outcome = fmt::format("saving a checkpoint failed too ({}); ", save_error.what());

@@ -58,10 +58,13 @@ int check_rank_environment(SessionInput& input, const std::string& command);
 // input.data. Returns -1, or exit code 2 after printing the problem.
 int check_session_input(SessionInput& input, const std::string& command);
 
-// Takes the run directory's lock (files/run_lock.hpp) when this process owns the run: one that
-// no launcher started, or rank 0 of an external launcher's job (our own launcher holds it for
-// its ranks). Creates the run directory. Returns -1, or exit code 2 when another trainctl holds
-// it. A lock taken over from a dead process adds a note.
+// Whether this process owns the run directory: no launcher started it, or it is rank 0 of an
+// external launcher's job. Our own launcher owns it for the ranks it starts.
+bool owns_run_dir(const launch::RankInfo& rank);
+
+// Takes the run directory's lock (files/run_lock.hpp) when this process owns it (owns_run_dir).
+// Creates the run directory. Returns -1, or exit code 2 when another trainctl holds it. A lock
+// taken over from a dead process adds a note.
 int lock_run_dir(SessionInput& input, const std::string& command, files::RunDirLock& lock);
 
 // What run and resume call once the input is checked: train in this process (one rank, or one

@@ -228,11 +228,13 @@ int check_session_input(SessionInput& input, const std::string& command) {
   return -1;
 }
 
+bool owns_run_dir(const launch::RankInfo& rank) {
+  return !rank.launched() || (rank.source != launch::RankSource::trainctl && rank.rank == 0);
+}
+
 int lock_run_dir(SessionInput& input, const std::string& command, files::RunDirLock& lock) {
   const launch::RankInfo& rank = input.rank;
-  const bool owner =
-      !rank.launched() || (rank.source != launch::RankSource::trainctl && rank.rank == 0);
-  if (!owner) return -1;
+  if (!owns_run_dir(rank)) return -1;
   try {
     lock = files::RunDirLock::acquire(input.run_dir);
   } catch (const files::RunDirBusy& e) {

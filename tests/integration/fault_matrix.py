@@ -18,10 +18,10 @@ not_regular, late, changing_data, yaml, signals. Without a group, all of them (s
 prints the whole table). disk_full mounts small tmpfs file systems and exits 77 (skipped) where
 this process may not mount.
 """
-import json
 import os
 import random
 import re
+import resource
 import shutil
 import signal
 import stat
@@ -287,7 +287,6 @@ def group_unbounded(binary, root, tmp):
     row("50 MiB cluster file, plan", out, True, 2, r"more than the 1048576")
     # Thousands of shards: one descriptor each stays open, past a soft limit of 1024 (trainctl
     # raises it to the hard limit, as Go's runtime does).
-    import resource
     shards = os.path.join(tmp, "shards")
     os.makedirs(shards)
     for i in range(3000):

@@ -18,8 +18,10 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "dist/error.hpp"
@@ -67,6 +69,8 @@ namespace {
 
 using std::chrono::milliseconds;
 constexpr uint8_t kSendRecvSlotPrefix = 0x7f;  // Gloo's own collectives use small prefixes
+// How long a survivor of a closed connection watches the process table for the peer to exit.
+constexpr milliseconds kExitSettle{1000};
 
 // Our Store seen as Gloo's rendezvous store. Gloo calls wait() and get() during connectFullMesh.
 class GlooStoreAdapter final : public gloo::rendezvous::Store {
@@ -417,17 +421,38 @@ class GlooCommunicator final : public Communicator {
         what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
     // The process table: a dead or stopped local peer is the most useful thing to name.
     std::vector<std::pair<int, detail::PeerState>> suspects;
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_ || static_cast<size_t>(r) >= peers_.size()) continue;
-      const detail::PeerState s = detail::probe(peers_[static_cast<size_t>(r)]);
-      if (s == detail::PeerState::gone || s == detail::PeerState::stopped)
-        suspects.emplace_back(r, s);
+    bool local_alive = false;  // a member on this host that still looks alive
+    const auto survey = [&] {
+      suspects.clear();
+      local_alive = false;
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_ || static_cast<size_t>(r) >= peers_.size()) continue;
+        const detail::PeerState s = detail::probe(peers_[static_cast<size_t>(r)]);
+        if (s == detail::PeerState::gone || s == detail::PeerState::stopped)
+          suspects.emplace_back(r, s);
+        local_alive = local_alive || s == detail::PeerState::alive;
+      }
+    };
+    survey();
+    // A killed process closes its sockets before it becomes a zombie, and on a loaded machine the
+    // rest of its exit can lag the closed connection by many milliseconds: a survivor that looks
+    // at once sees every peer alive. So on a closed connection, look again for up to a second.
+    const auto any_gone = [&] {
+      return std::any_of(suspects.begin(), suspects.end(),
+                         [](const auto& s) { return s.second == detail::PeerState::gone; });
+    };
+    const auto settle = std::chrono::steady_clock::now() + kExitSettle;
+    while (!timed_out && !any_gone() && local_alive && std::chrono::steady_clock::now() < settle) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      survey();
     }
     // The culprit: on a timeout a stopped peer (a peer that already exited may be another victim
     // that timed out first and gave up); on a closed connection a peer that is gone.
     const detail::PeerState culprit =
         timed_out ? detail::PeerState::stopped : detail::PeerState::gone;
     int peer = !suspects.empty() ? suspects.front().first : hinted_peer;
+    // In a group of two there is one connection: whoever closed it is the other member.
+    if (peer < 0 && size_ == 2) peer = 1 - rank_;
     for (const auto& [r, s] : suspects) {
       if (s == culprit) {
         peer = r;
@@ -439,8 +464,10 @@ class GlooCommunicator final : public Communicator {
       message += "timed out after " + std::to_string(t.count()) + " ms";
       if (suspects.empty() && peer >= 0)
         message += "; rank " + std::to_string(peer) + " did not answer";
-    } else if (peer >= 0) {
+    } else if (peer >= 0 && any_gone()) {
       message += "rank " + std::to_string(peer) + " is gone (connection closed)";
+    } else if (peer >= 0) {  // named by the send/recv or as the only other member, not seen exit
+      message += "rank " + std::to_string(peer) + " closed its connection";
     } else {
       message += "a peer closed its connection (Gloo names only its address)";
     }

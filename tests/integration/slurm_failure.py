@@ -49,17 +49,18 @@ def body(binary, root):
 
         fields = cluster.wait_done(job_id, 60)
         text = slurm_util.read(log)
+        shown = slurm_util.without_steps(text)
         check(fields["JobState"] == "FAILED" and fields.get("ExitCode") != "0:0",
-              f"job {job_id} ended {fields['JobState']} ({fields.get('ExitCode')})\n{text}")
-        check(fields.get("Restarts") == "0", f"a failed rank must not requeue the job\n{text}")
+              f"job {job_id} ended {fields['JobState']} ({fields.get('ExitCode')})\n{shown}")
+        check(fields.get("Restarts") == "0", f"a failed rank must not requeue the job\n{shown}")
         check(re.search(r"^srun: error: \S+: task 1: Killed$", text, re.M),
-              f"srun did not name task 1 in the log\n{text}")
+              f"srun did not name task 1 in the log\n{shown}")
         check(re.search(r"^trainctl run: error: rank 0: .*\brank 1\b", text, re.M),
-              f"rank 0's error does not name its peer rank 1 on one line\n{text}")
+              f"rank 0's error does not name its peer rank 1 on one line\n{shown}")
         reason = re.search(r"^trainctl-slurm: job \d+ attempt 0: training failed: the step exited "
                            r"with code (\d+).*trainctl resume (\S+)$", text, re.M)
         check(reason and reason.group(1) != "0" and reason.group(2) == run_dir,
-              f"the script's one-line reason is missing\n{text}")
+              f"the script's one-line reason is missing\n{shown}")
         deadline = time.monotonic() + 10
         while slurm_util.task_pids(job_id):
             check(time.monotonic() < deadline, f"processes of job {job_id} still run: "

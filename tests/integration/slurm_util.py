@@ -187,6 +187,18 @@ def read(path):
         return f.read()
 
 
+def without_steps(text, keep=5):
+    """`text` without its progress lines ("step N/M | ..."), but for the last `keep` of them: what a
+    failure message shows of a job log, so that the lines that matter are not cut from CI's view."""
+    lines = text.splitlines()
+    steps = [i for i, line in enumerate(lines) if line.startswith("step ")]
+    dropped = set(steps[:-keep] if keep else steps)
+    kept = [line for i, line in enumerate(lines) if i not in dropped]
+    if dropped:
+        kept.insert(min(dropped), f"({len(dropped)} progress lines left out)")
+    return "\n".join(kept)
+
+
 def wait_for_text(path, pattern, what, timeout, cluster=None):
     """Waits until the file at `path` matches the regular expression `pattern` (multiline)."""
     deadline = time.monotonic() + timeout

@@ -81,6 +81,63 @@ TEST_CASE("a peer that exits: the others get DistError naming op and peer, not a
   CHECK(Clock::now() - started < std::chrono::seconds(8));
 }
 
+TEST_CASE("a peer whose connections close before it exits is still named once it has exited",
+          "[dist][gloo][failure]") {
+  // A killed process closes its sockets before the process table shows it exited; on a loaded
+  // machine the gap is long enough that a survivor looking at once sees every peer alive. Rank 2
+  // makes the gap 300 ms on purpose: it closes its connections, then exits.
+  const dist_test::TempDir temp;
+  const std::string& dir = temp.path;
+  const auto status = dist_test::run_ranks(3, [&](int rank) {
+    auto comm = join(dir, rank, 3, Milliseconds(10000));
+    comm->barrier();
+    if (rank == 2) {
+      comm.reset();
+      std::this_thread::sleep_for(Milliseconds(300));
+      ::_exit(0);
+    }
+    std::vector<float> data(1 << 16, 1.0f);
+    try {
+      comm->all_reduce_sum(std::span<float>(data));
+      expect(false, "all_reduce succeeded without rank 2");
+    } catch (const DistError& error) {
+      const std::string what = error.what();
+      std::fprintf(stderr, "rank %d saw: %s\n", rank, what.c_str());
+      expect(contains(what, "rank 2 is gone (connection closed)"), "exited peer named: " + what);
+      expect(error.kind() == DistError::Kind::peer_gone && error.peer() == 2, "kind and peer");
+    }
+    return 0;
+  });
+  CHECK(status == std::vector<int>{0, 0, 0});
+}
+
+TEST_CASE("in a group of two, a closed connection names the other rank even while it lives on",
+          "[dist][gloo][failure]") {
+  const dist_test::TempDir temp;
+  const std::string& dir = temp.path;
+  const auto status = dist_test::run_ranks(2, [&](int rank) {
+    auto comm = join(dir, rank, 2, Milliseconds(10000));
+    comm->barrier();
+    if (rank == 1) {
+      comm.reset();  // closes its connection and stays alive past rank 0's look at the table
+      std::this_thread::sleep_for(Milliseconds(2000));
+      return 0;
+    }
+    std::vector<float> data(1 << 16, 1.0f);
+    try {
+      comm->all_reduce_sum(std::span<float>(data));
+      expect(false, "all_reduce succeeded after rank 1 closed its connection");
+    } catch (const DistError& error) {
+      const std::string what = error.what();
+      expect(contains(what, "rank 1 closed its connection"), "the other member named: " + what);
+      expect(!contains(what, "is gone"), "a live peer is not called gone: " + what);
+      expect(error.kind() == DistError::Kind::peer_gone && error.peer() == 1, "kind and peer");
+    }
+    return 0;
+  });
+  CHECK(status == std::vector<int>{0, 0});
+}
+
 TEST_CASE("a peer that stops answering (SIGSTOP): the others time out naming op and peer",
           "[dist][gloo][failure]") {
   const dist_test::TempDir temp;

@@ -7,6 +7,7 @@
 
 #include "commands.hpp"
 #include "convert.hpp"
+#include "dist/error.hpp"
 #include "files/files.hpp"
 #include "launch/local.hpp"
 #include "launch/store_address.hpp"
@@ -45,6 +46,39 @@ std::vector<recipe::Problem> unsupported_in_this_build(const recipe::LoadedRecip
   return problems;
 }
 
+namespace {
+
+// Whether this rank meets the others through rank 0's TCP store (else a file store).
+bool uses_tcp_store(const launch::RankInfo& rank, bool shared_fs) {
+  return !shared_fs && rank.source == launch::RankSource::slurm && rank.world_size > 1;
+}
+
+// The job's secret from the environment; DistError (usage) naming the variable and the fix.
+dist::StoreSecret job_store_secret() {
+  const char* text = std::getenv(launch::kEnvStoreSecret);
+  const std::string fix = fmt::format(
+      "trainctl submit's batch script sets it for each job; in a batch script of your own, "
+      "before srun: export {}=\"$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')\"",
+      launch::kEnvStoreSecret);
+  if (text == nullptr || *text == '\0')
+    throw dist::DistError(
+        dist::DistError::Kind::usage,
+        fmt::format("{} is not set: without a shared file system (cluster.shared_fs: false) the "
+                    "ranks meet through rank 0's TCP store, which lets in only the ranks that "
+                    "hold the job's secret; {}",
+                    launch::kEnvStoreSecret, fix),
+        "store.secret");
+  try {
+    return dist::StoreSecret::from_hex(text);
+  } catch (const dist::DistError& error) {
+    throw dist::DistError(dist::DistError::Kind::usage,
+                          fmt::format("{}: {}; {}", launch::kEnvStoreSecret, error.what(), fix),
+                          "store.secret");
+  }
+}
+
+}  // namespace
+
 int check_rank_environment(SessionInput& input, const std::string& command) {
   try {
     input.rank = launch::rank_info_from_environment();
@@ -52,6 +86,13 @@ int check_rank_environment(SessionInput& input, const std::string& command) {
     return bad_input(command, e.what());
   }
   const recipe::Recipe& r = input.loaded.recipe;
+  if (uses_tcp_store(input.rank, r.cluster.shared_fs)) {
+    try {
+      job_store_secret();
+    } catch (const dist::DistError& e) {
+      return bad_input(command, e.what());
+    }
+  }
   if (input.rank.launched() && input.rank.world_size != r.world_size())
     return bad_input(
         command,
@@ -120,11 +161,16 @@ int rank_gpu(const launch::RankInfo& rank, const backend::DeviceReport& devices)
 Rendezvous open_rendezvous(const launch::RankInfo& rank, const fs::path& run_dir, bool shared_fs,
                            std::chrono::milliseconds timeout) {
   Rendezvous rv;
-  if (!shared_fs && rank.source == launch::RankSource::slurm) {
+  if (uses_tcp_store(rank, shared_fs)) {
     const launch::StoreAddress address =
         launch::tcp_store_address(rank, [](const char* name) { return std::getenv(name); });
-    if (rank.rank == 0) rv.server = std::make_unique<dist::TcpStoreServer>("", address.port);
-    rv.base = std::make_unique<dist::TcpStore>(address.host, address.port, timeout);
+    const dist::StoreSecret secret = job_store_secret();
+    if (rank.rank == 0) {
+      dist::TcpStoreServerOptions options;
+      options.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+      rv.server = std::make_unique<dist::TcpStoreServer>("", address.port, secret, options);
+    }
+    rv.base = std::make_unique<dist::TcpStore>(address.host, address.port, secret, timeout);
     rv.how = fmt::format("{} ({})", rv.base->describe(), address.how);
   } else {
     const fs::path dir =

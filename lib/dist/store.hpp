@@ -17,11 +17,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "dist/store_protocol.hpp"
 
 namespace trainctl::dist {
 
@@ -61,17 +64,37 @@ class FileStore : public Store {
   std::string dir_;
 };
 
-// A small TCP key-value server (one thread, poll loop) that rank 0 runs; every rank, rank 0
-// included, talks to it through a TcpStore client. For clusters without a shared file system.
+// The bounds and deadlines of a TcpStoreServer. Defaults suit a job of up to 65,536 ranks.
+struct TcpStoreServerOptions {
+  size_t max_bytes = size_t{256} << 20;  // keys + values stored (StoreData); a set past it fails
+  size_t max_clients = 65536;  // connections that passed the handshake; more are closed at once
+  // Connections still in their handshake; a new one beyond this closes the oldest, so a flood of
+  // silent connections can delay a rank's handshake (it retries) but never lock it out.
+  size_t max_pending = 256;
+  Milliseconds handshake_timeout{10000};  // from accept to a correct proof
+  Milliseconds request_timeout{30000};    // from a request's first byte to its reply sent
+  // Called from the server's thread, one line per event worth a log line (refused connections,
+  // rate-limited to one line per 10 s with counts); never with the secret.
+  std::function<void(const std::string&)> log;
+};
+
+// A small TCP key-value server that rank 0 runs; every rank, rank 0 included, talks to it through
+// a TcpStore client. For clusters without a shared file system. One thread with a poll loop over
+// non-blocking sockets: no client can stall it (each connection has its own buffers, bounded,
+// and its own deadline). Only clients that prove they hold the job's secret (store_protocol.hpp)
+// may read or write; the others are disconnected and counted in the log.
 class TcpStoreServer {
  public:
   // Listens on host:port; port 0 picks a free port (see port()). host "" or "0.0.0.0": every
   // interface.
-  TcpStoreServer(const std::string& host, int port);
+  TcpStoreServer(const std::string& host, int port, const StoreSecret& secret,
+                 TcpStoreServerOptions options = {});
   ~TcpStoreServer();  // stops the thread and closes every connection
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
   int port() const;
+  // Connections refused so far (wrong secret, handshake deadline, malformed, over a bound).
+  uint64_t refused() const;
 
  private:
   struct Impl;
@@ -80,8 +103,11 @@ class TcpStoreServer {
 
 class TcpStore : public Store {
  public:
-  // Connects to a TcpStoreServer, retrying until connect_timeout (the server may start later).
-  TcpStore(std::string host, int port, Milliseconds connect_timeout);
+  // Connects to a TcpStoreServer and proves it holds `secret` (and checks that the server does),
+  // retrying until `timeout` (the server may start later). Each later request must be answered
+  // within `timeout` too. Throws DistError: usage when the server refuses the secret or is not
+  // this job's store; timeout when no store answers.
+  TcpStore(std::string host, int port, const StoreSecret& secret, Milliseconds timeout);
   ~TcpStore() override;
   void set(const std::string& key, std::string_view value) override;
   std::optional<std::string> try_get(const std::string& key) override;

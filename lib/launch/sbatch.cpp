@@ -1,5 +1,6 @@
 // Rendering of the batch script; see sbatch.hpp for the contract.
 #include "launch/sbatch.hpp"
+#include "launch/store_address.hpp"
 
 #include <fmt/core.h>
 
@@ -175,6 +176,11 @@ std::string check_env_name(std::string_view name) {
   if (name.starts_with("SLURM_") || name == "PATH")
     return fmt::format("'{}' is set by Slurm or the system; the job must not override it",
                        printable(name));
+  if (name == kEnvStoreSecret)
+    return fmt::format(
+        "{} is made fresh for each job by the batch script (a value here would "
+        "be written into the script, readable as a file); leave it out",
+        kEnvStoreSecret);
   return "";
 }
 
@@ -363,6 +369,18 @@ forward() {
 }
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM
+
+# The job's secret: the ranks prove with it that they belong to this job when they meet through
+# rank 0's TCP store (cluster.shared_fs: false). Fresh for each attempt from the kernel's random
+# source; srun hands it to the ranks in their environment, never in a file, argv or the log.
+if [[ -z "${TRAINCTL_STORE_SECRET:-}" ]]; then
+  TRAINCTL_STORE_SECRET="$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')"
+  export TRAINCTL_STORE_SECRET
+fi
+if [[ ${#TRAINCTL_STORE_SECRET} -ne 64 ]]; then
+  say "TRAINCTL_STORE_SECRET must be 64 hexadecimal digits (could /dev/urandom be read?)" >&2
+  exit 1
+fi
 
 # When a rank ends, srun gives the others 30 s to end by themselves before it kills them: a rank
 # whose peer died fails its next collective within milliseconds and prints which peer it lost,

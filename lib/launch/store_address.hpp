@@ -23,6 +23,11 @@ inline constexpr int kStorePortBase = 20000;
 inline constexpr int kStorePortCount = 10000;
 inline constexpr const char* kEnvStoreHost = "TRAINCTL_STORE_HOST";
 inline constexpr const char* kEnvStorePort = "TRAINCTL_STORE_PORT";
+// The job's secret (64 hexadecimal digits, dist::StoreSecret): every rank proves it holds it to
+// the TCP store, which refuses everyone else. trainctl submit's batch script makes a fresh one per
+// attempt from /dev/urandom and srun hands it to the ranks in their environment: never in argv
+// (which `ps` shows), a file or a log.
+inline constexpr const char* kEnvStoreSecret = "TRAINCTL_STORE_SECRET";
 
 // Slurm's compressed host list to host names, in order: "node[1-3,7],gpu-a" -> node1 node2 node3
 // node7 gpu-a; ranges keep their zero padding ("n[08-10]" -> n08 n09 n10); several bracket groups

@@ -54,9 +54,10 @@ TEST_CASE("mesh tp2 x dp2 on 4 processes (file store)", "[dist][mesh]") {
 }
 
 TEST_CASE("mesh tp2 x ep2 x dp2 on 8 processes (tcp store)", "[dist][mesh]") {
-  TcpStoreServer server("127.0.0.1", 0);
+  const StoreSecret secret = StoreSecret::generate();
+  TcpStoreServer server("127.0.0.1", 0, secret);
   const auto status = dist_test::run_ranks(8, [&](int rank) {
-    TcpStore base("127.0.0.1", server.port(), Milliseconds(5000));
+    TcpStore base("127.0.0.1", server.port(), secret, Milliseconds(5000));
     PrefixStore store = job_store(base, "job", 3);
     return run_mesh(store, 8, rank, Layout{.tp = 2, .ep = 2, .dp = 2});
   });

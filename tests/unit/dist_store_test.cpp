@@ -70,12 +70,14 @@ TEST_CASE("file store: set, get, add, wait, timeouts", "[dist][store]") {
 }
 
 TEST_CASE("tcp store: set, get, add, wait, timeouts", "[dist][store]") {
-  TcpStoreServer server("127.0.0.1", 0);
+  const StoreSecret secret = StoreSecret::generate();
+  TcpStoreServer server("127.0.0.1", 0, secret);
   REQUIRE(server.port() > 0);
-  TcpStore store("127.0.0.1", server.port(), Milliseconds(2000));
+  TcpStore store("127.0.0.1", server.port(), secret, Milliseconds(2000));
   check_basics(store);
-  check_counter_across_processes(
-      [&] { return std::make_unique<TcpStore>("127.0.0.1", server.port(), Milliseconds(2000)); });
+  check_counter_across_processes([&] {
+    return std::make_unique<TcpStore>("127.0.0.1", server.port(), secret, Milliseconds(2000));
+  });
   // A value larger than a socket buffer crosses intact.
   std::string big(3 << 20, '\0');
   for (size_t i = 0; i < big.size(); ++i)
@@ -97,8 +99,9 @@ TEST_CASE("tcp store: a client waits for a late server, and says so when there i
   socklen_t length = sizeof(address);
   REQUIRE(::getsockname(holder, reinterpret_cast<sockaddr*>(&address), &length) == 0);
   const int port = ntohs(address.sin_port);
+  const StoreSecret secret = StoreSecret::generate();
   try {
-    TcpStore store("127.0.0.1", port, Milliseconds(100));
+    TcpStore store("127.0.0.1", port, secret, Milliseconds(100));
     FAIL("connected to nothing");
   } catch (const DistError& error) {
     CHECK(error.kind() == DistError::Kind::timeout);
@@ -110,9 +113,9 @@ TEST_CASE("tcp store: a client waits for a late server, and says so when there i
   std::thread starter([&] {
     std::this_thread::sleep_for(Milliseconds(200));
     ::close(holder);  // hand the port to the server
-    late = std::make_unique<TcpStoreServer>("127.0.0.1", port);
+    late = std::make_unique<TcpStoreServer>("127.0.0.1", port, secret);
   });
-  TcpStore client("127.0.0.1", port, Milliseconds(5000));
+  TcpStore client("127.0.0.1", port, secret, Milliseconds(5000));
   starter.join();
   client.set("hello", "world");
   CHECK(client.get("hello", Milliseconds(100)) == "world");

@@ -82,15 +82,33 @@ void Store::wait(const std::vector<std::string>& keys, Milliseconds timeout) {
 
 // ---- FileStore ----------------------------------------------------------------------------------
 
-FileStore::FileStore(std::string dir) : dir_(std::move(dir)) {
-  std::error_code error;
-  std::filesystem::create_directories(dir_, error);
-  if (error || !std::filesystem::is_directory(dir_)) {
+namespace {
+
+// Creates `dir` and any missing parent, each new folder 0700: the keys (transport addresses, a
+// communicator id) are the job's own. Folders that exist already keep their mode.
+void create_private_directories(const std::filesystem::path& dir) {
+  std::filesystem::path path;
+  for (const auto& part : dir) {
+    path /= part;
+    if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+      throw DistError(DistError::Kind::io,
+                      "file store: cannot create folder '" + path.string() + "': " + errno_text() +
+                          "; pick a writable folder that every rank can see",
+                      "store.open");
+    }
+  }
+  if (!std::filesystem::is_directory(dir)) {
     throw DistError(DistError::Kind::io,
-                    "file store: cannot create folder '" + dir_ + "': " + error.message() +
-                        "; pick a writable folder that every rank can see",
+                    "file store: '" + dir.string() +
+                        "' is not a folder; pick a writable folder that every rank can see",
                     "store.open");
   }
+}
+
+}  // namespace
+
+FileStore::FileStore(std::string dir) : dir_(std::move(dir)) {
+  create_private_directories(dir_);
 }
 
 std::string FileStore::describe() const {
@@ -119,17 +137,33 @@ namespace {
 
 std::atomic<uint64_t> temp_counter{0};
 
+// The value in a new file (0600: only the job's user reads the keys), renamed over the key's.
 void write_atomically(const std::string& path, std::string_view value) {
   const std::string temp =
       path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(temp_counter.fetch_add(1));
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    out.write(value.data(), static_cast<std::streamsize>(value.size()));
-    out.close();
-    if (!out) {
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    throw DistError(DistError::Kind::io,
+                    "file store: cannot create '" + temp + "': " + errno_text(), "store.set");
+  }
+  size_t written = 0;
+  while (written < value.size()) {
+    const ssize_t n = ::write(fd, value.data() + written, value.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = errno_text();
+      ::close(fd);
       std::remove(temp.c_str());
-      throw DistError(DistError::Kind::io, "file store: cannot write '" + temp + "'", "store.set");
+      throw DistError(DistError::Kind::io, "file store: cannot write '" + temp + "': " + why,
+                      "store.set");
     }
+    written += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0) {
+    const std::string why = errno_text();
+    std::remove(temp.c_str());
+    throw DistError(DistError::Kind::io, "file store: cannot write '" + temp + "': " + why,
+                    "store.set");
   }
   if (std::rename(temp.c_str(), path.c_str()) != 0) {
     const std::string why = errno_text();
@@ -165,7 +199,7 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
   std::lock_guard<std::mutex> guard(add_mutex);
   const std::string path = path_of(key);
   const std::string lock_path = path + ".lock";
-  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) {
     throw DistError(DistError::Kind::io,
                     "file store: cannot open lock file '" + lock_path + "': " + errno_text(),

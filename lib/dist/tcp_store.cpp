@@ -313,10 +313,9 @@ TcpStoreServer::~TcpStoreServer() {
   const char stop = 1;
   [[maybe_unused]] const ssize_t n = ::write(impl_->wake_pipe[1], &stop, 1);
   impl_->thread.join();
-  if (impl_->unlogged > 0 && impl_->options.log) {
+  if (impl_->refused.load() > 0 && impl_->options.log) {
     impl_->options.log("tcp store: refused " + std::to_string(impl_->refused.load()) +
-                       " connection(s) in all (" + std::to_string(impl_->unlogged) +
-                       " not logged one by one)");
+                       " connection(s) in all while it served this job");
   }
   ::close(impl_->listen_fd);
   ::close(impl_->wake_pipe[0]);

@@ -10,8 +10,9 @@ dp2 (two rank processes started by `trainctl run` itself).
     plus the grace period, naming the collective and the silent rank; nothing is left running;
     the last checkpoint verifies and resume finishes;
   - SIGINT to the launcher: every rank saves the same step and exits 75; resume finishes;
-  - layout errors (world size of an external launcher, tp not dividing heads): exit 2 before any
-    process starts, no run directory created.
+  - layout errors (world size of an external launcher, tp not dividing heads) and a Slurm rank
+    without (or with a malformed) TRAINCTL_STORE_SECRET where the ranks meet through the TCP
+    store: exit 2 before any process starts, no run directory created.
 Usage: cli_multirank_faults.py TRAINCTL_BINARY REPO_ROOT [CASE...] (all cases by default)."""
 import json
 import os
@@ -270,6 +271,35 @@ def case_layout_errors(binary, root, tmp):
           f"the message should show the divisibility rule\n{result.describe()}")
     check(not os.path.exists(run_dir), "a layout error must not create the run directory")
     check("starting" not in result.stderr, "no rank may start on a layout error")
+
+    # A rank of a Slurm step without a shared file system meets the others through the TCP
+    # store, which needs the job's secret: missing or malformed, it is refused before anything.
+    slurm = env_for_test()
+    slurm.update(SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_STEP_ID="0", SLURM_JOB_ID="7",
+                 SLURM_NODELIST="node1", SLURM_STEP_NODELIST="node1", SLURM_LOCALID="0",
+                 SLURM_NODEID="0", SLURM_STEP_TASKS_PER_NODE="2")
+    bad = "0123456789abcdef" * 3 + "0123456789abcdeZ"
+    for secret, expected in ((None, "TRAINCTL_STORE_SECRET is not set: without a shared file "
+                                    "system (cluster.shared_fs: false) the ranks meet through "
+                                    "rank 0's TCP store"),
+                             ("12ab", "TRAINCTL_STORE_SECRET: the store secret has 4 characters, "
+                                      "not 64 hexadecimal digits"),
+                             (bad, "TRAINCTL_STORE_SECRET: the store secret has a character that "
+                                   "is not a hexadecimal digit at position 64")):
+        env = dict(slurm)
+        if secret is not None:
+            env["TRAINCTL_STORE_SECRET"] = secret
+        completed = subprocess.run(
+            [binary, *run_args(run_dir, extra=("cluster.shared_fs=false", "checkpoint.every_steps=0"))],
+            cwd=root, env=env,
+            capture_output=True, text=True, timeout=60)
+        check(completed.returncode == 2 and expected in completed.stderr,
+              f"secret {secret!r}: expected exit 2 and '{expected}'\n{completed.stderr}")
+        check("od -An -tx1 -N32 /dev/urandom" in completed.stderr,
+              f"the message should say how to make a secret\n{completed.stderr}")
+        check(secret is None or secret not in completed.stderr,
+              f"the message repeats the secret\n{completed.stderr}")
+        check(not os.path.exists(run_dir), "a missing secret must not create the run directory")
 
 
 CASES = {"layout_errors": case_layout_errors, "clean": case_clean, "sigkill": case_sigkill,

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -67,6 +68,35 @@ TEST_CASE("file store: set, get, add, wait, timeouts", "[dist][store]") {
   FileStore store(temp.path + "/store");
   check_basics(store);
   check_counter_across_processes([&] { return std::make_unique<FileStore>(store.dir()); });
+}
+
+TEST_CASE(
+    "file store: new folders 0700 and key files 0600 whatever the umask; existing folders "
+    "keep their mode",
+    "[dist][store][security]") {
+  const dist_test::TempDir temp;
+  const auto mode_of = [](const std::string& path) {
+    struct stat st {};
+    REQUIRE(::stat(path.c_str(), &st) == 0);
+    return st.st_mode & 07777;
+  };
+  ::chmod(temp.path.c_str(), 0755);
+  const mode_t old_umask = ::umask(0);
+  {
+    FileStore store(temp.path + "/run/rendezvous/job");
+    store.set("k", "v");
+    store.add("c", 1);
+  }
+  ::umask(old_umask);
+  CHECK(mode_of(temp.path) == 0755);
+  for (const char* folder : {"/run", "/run/rendezvous", "/run/rendezvous/job"}) {
+    INFO(folder);
+    CHECK(mode_of(temp.path + folder) == 0700);
+  }
+  for (const char* file : {"k", "c", "c.lock"}) {
+    INFO(file);
+    CHECK(mode_of(temp.path + "/run/rendezvous/job/" + file) == 0600);
+  }
 }
 
 TEST_CASE("tcp store: set, get, add, wait, timeouts", "[dist][store]") {

@@ -97,6 +97,7 @@ struct FakeSlurm {
                "#!/bin/bash\n"
                "printf '%s\\n' \"$@\" > \"$FAKE_DIR/srun.args\"\n"
                "printf '%s' \"${ODD-unset}\" > \"$FAKE_DIR/srun.env\"\n"
+               "printf '%s' \"${TRAINCTL_STORE_SECRET-unset}\" > \"$FAKE_DIR/srun.secret\"\n"
                "if [ -n \"${FAKE_SRUN_WAIT:-}\" ]; then\n"
                "  trap 'echo usr1 > \"$FAKE_DIR/srun.signal\"; exit 75' USR1\n"
                "  touch \"$FAKE_DIR/ready\"\n"
@@ -210,7 +211,7 @@ TEST_CASE("slurm.env: names are checked, values are kept byte for byte", "[sbatc
   CHECK(env[2].second == "x=y");
   CHECK(env[3].second.empty());
   for (const char* bad : {"1A=x", "A-B=x", "NOEQUALS", "A=1 A=2", "SLURM_NTASKS=3", "PATH=/x",
-                          "A=1\nB=2", "$(id)=1"}) {
+                          "TRAINCTL_STORE_SECRET=0123", "A=1\nB=2", "$(id)=1"}) {
     INFO(bad);
     CHECK_THROWS_AS(launch::parse_environment(bad), SbatchError);
   }
@@ -263,6 +264,33 @@ TEST_CASE("injection: values with $(...), backticks and quotes reach srun litera
     CHECK_FALSE(slurm.exists(marker));
     CHECK_FALSE(fs::exists(fs::current_path() / marker));
   }
+}
+
+TEST_CASE("each attempt hands the ranks a fresh 64-digit secret that the script never holds",
+          "[sbatch]") {
+  FakeSlurm slurm(job_of(recipe_with("")));
+  const std::string script = slurm.file("job.sbatch");
+  CHECK(slurm.run() == 0);
+  const std::string first = slurm.file("srun.secret");
+  CHECK(slurm.run() == 0);
+  const std::string second = slurm.file("srun.secret");
+  const auto hex64 = [](const std::string& s) {
+    return s.size() == 64 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+  };
+  CHECK(hex64(first));
+  CHECK(hex64(second));
+  CHECK(first != second);
+  CHECK(script.find(first) == std::string::npos);
+  CHECK(slurm.file("job.sbatch") == script);  // nothing wrote it into the script
+  // A secret the job was given (exported before sbatch) is kept; a malformed one stops the job.
+  const std::string given(64, 'a');
+  CHECK(slurm.run("TRAINCTL_STORE_SECRET=" + given) == 0);
+  CHECK(slurm.file("srun.secret") == given);
+  fs::remove(slurm.dir.path / "srun.secret");
+  CHECK(slurm.run("TRAINCTL_STORE_SECRET=abc") == 1);
+  CHECK_FALSE(slurm.exists("srun.secret"));
+  CHECK_THROWS_WITH(launch::parse_environment("TRAINCTL_STORE_SECRET=" + given),
+                    Catch::Contains("made fresh for each job by the batch script"));
 }
 
 TEST_CASE("a run directory with a checkpoint is resumed, not started again", "[sbatch]") {

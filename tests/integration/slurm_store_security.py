@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""slurm:store_security: a 4-rank job (dp 2 x tp 2 over two emulated nodes, cluster.shared_fs:
+false) meets through rank 0's TCP store while a stranger on the network tries to get in.
+
+From the moment the job is submitted, the stranger (this test, with no access to the job's
+environment) connects to the store's port again and again and answers each greeting with a proof
+made of random bytes, and holds one more connection open after sending half a handshake. Checks:
+  - the job ends COMPLETED, and its losses equal the same recipe under trainctl's local launcher;
+  - every stranger's handshake got the refusal (one zero byte) and a closed connection; at least
+    one reached the server while the ranks were meeting or training;
+  - the job log counts the refusals ("... (wrong secret); 1 refused so far ... the job goes on",
+    and "refused N connection(s) in all" with N at least the stranger's count);
+  - the job's secret, read from a rank's environment as only the job's user (and root) can, is
+    nowhere else: not in any process's command line (ps), the batch script, the job log, any file
+    of the run directory (recipe.yaml, metrics.jsonl, summary.json, the rank logs).
+Skips (exit 77) when Slurm cannot be started here. Run as: slurm_store_security.py TRAINCTL REPO.
+"""
+import os
+import re
+import socket
+import subprocess
+import threading
+import time
+
+import cli_resume_util as ru
+import cli_util
+import slurm_util
+from cli_util import check
+
+STEPS = 60
+EXTRA = ["parallel.dp=2", "parallel.tp=2", "cluster.nodes=2", "cluster.shared_fs=false",
+         "checkpoint.every_steps=0"]
+SETS = [*cli_util.SMALL_MODEL, *ru.QUIET, f"training.steps={STEPS}", *EXTRA]
+GREETING = 4 + 32  # "TCS2" and the server's nonce
+
+
+def recv_exact(sock, size):
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+class Stranger:
+    """Knocks on the store's port until stopped; counts what it was answered."""
+
+    def __init__(self, port):
+        self.port, self.stop = port, threading.Event()
+        self.refused, self.odd, self.silent = 0, [], None
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                sock = socket.create_connection(("127.0.0.1", self.port), timeout=2)
+            except OSError:
+                time.sleep(0.02)  # the server is not up (yet, or any more)
+                continue
+            with sock:
+                try:
+                    greeting = recv_exact(sock, GREETING)
+                    if len(greeting) < GREETING:
+                        continue  # the job ended while we knocked
+                    if greeting[:4] != b"TCS2":
+                        self.odd.append(f"greeting {greeting!r}")
+                        continue
+                    if self.silent is None:  # half a handshake, then nothing, for the whole job
+                        self.silent = socket.create_connection(("127.0.0.1", self.port), 2)
+                        self.silent.sendall(b"half")
+                    sock.sendall(os.urandom(64))
+                    answer, rest = recv_exact(sock, 1), recv_exact(sock, 1)
+                    if answer == b"\0" and rest == b"":
+                        self.refused += 1
+                    else:
+                        self.odd.append(f"answered {answer!r} then {rest!r}")
+                except OSError as error:
+                    self.odd.append(f"{type(error).__name__}: {error}")
+            time.sleep(0.05)
+
+    def finish(self):
+        self.stop.set()
+        self.thread.join(10)
+        if self.silent is not None:
+            self.silent.close()
+
+
+def job_secret(job_id, binary, deadline):
+    """TRAINCTL_STORE_SECRET from rank 0's environment, and `ps`'s command lines at that time."""
+    while time.monotonic() < deadline:
+        for pid in slurm_util.task_pids(job_id, 0, binary):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+            except OSError:
+                continue
+            for item in environ:
+                if item.startswith(b"TRAINCTL_STORE_SECRET="):
+                    ps = subprocess.run(["ps", "-eww", "-o", "args="], capture_output=True,
+                                        text=True, check=True).stdout
+                    return item.split(b"=", 1)[1].decode(), ps
+        time.sleep(0.02)
+    return None, ""
+
+
+def files_holding(folder, needle):
+    found = []
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(parent, name)
+            try:
+                with open(path, "rb") as f:
+                    if needle in f.read():
+                        found.append(path)
+            except OSError:
+                pass
+    return found
+
+
+def body(binary, root):
+    with cli_util.temp_dir("slurm-store-security") as tmp, \
+            slurm_util.local_slurm(root, nodes=2) as cluster:
+        run_dir = os.path.join(tmp, "submitted")
+        job_id, log = slurm_util.submit(cluster, binary, root, SETS, run_dir)
+        stranger = Stranger(20000 + int(job_id) % 10000)
+        try:
+            secret, ps = job_secret(job_id, binary, time.monotonic() + 60)
+            fields = cluster.wait_done(job_id, 120)
+        finally:
+            stranger.finish()
+        text = slurm_util.read(log)
+        shown = slurm_util.without_steps(text)
+        check(fields["JobState"] == "COMPLETED",
+              f"job {job_id} ended {fields['JobState']} ({fields.get('ExitCode')})\n{shown}")
+        check(not stranger.odd, f"the stranger was answered otherwise: {stranger.odd[:5]}")
+        check(stranger.refused >= 1, f"the stranger never reached the store\n{shown}")
+        check(re.search(r"^tcp store: closed the connection from 127\.0\.0\.1:\d+ \(wrong "
+                        r"secret\); 1 refused so far; the job goes on$", text, re.M),
+              f"the job log does not name the first refused stranger\n{shown}")
+        total = re.search(r"^tcp store: refused (\d+) connection\(s\) in all", text, re.M)
+        check(total and int(total.group(1)) >= stranger.refused,
+              f"the job log does not count the {stranger.refused} refusals\n{shown}")
+
+        check(secret and re.fullmatch(r"[0-9a-f]{64}", secret),
+              f"no 64-digit TRAINCTL_STORE_SECRET in rank 0's environment: {secret!r}")
+        check(secret not in ps, "the secret is on a command line that ps shows")
+        check(secret not in text, "the secret is in the job log")
+        leaks = files_holding(run_dir, secret.encode())
+        check(not leaks, f"the secret is written in {leaks}")
+
+        local_dir = os.path.join(tmp, "local")
+        cli_util.run_ok(binary, ru.run_args(local_dir, STEPS, EXTRA), root)
+        ru.check_same_run(local_dir, run_dir, STEPS, "TCP store with a stranger vs local")
+        print(f"the stranger was refused {stranger.refused} times")
+
+
+if __name__ == "__main__":
+    cli_util.main_wrapper(body)

@@ -114,11 +114,7 @@ struct TcpStoreServer::Impl {
   Impl(const StoreSecret& secret, TcpStoreServerOptions options)
       : secret(secret), options(std::move(options)), data(this->options.max_bytes) {}
 
-  size_t pending() const {
-    return static_cast<size_t>(std::count_if(clients.begin(), clients.end(), [](const Client& c) {
-      return !c.connection.authenticated();
-    }));
-  }
+  size_t pending = 0;  // clients still in their handshake
 
   void note_refusal(const std::string& peer, const std::string& why) {
     const uint64_t total = ++refused;
@@ -147,6 +143,7 @@ struct TcpStoreServer::Impl {
 
   void close_client(std::list<Client>::iterator it, const std::string& why) {
     if (!why.empty()) note_refusal(it->peer, why);
+    if (!it->connection.authenticated()) --pending;
     ::close(it->fd);
     clients.erase(it);
   }
@@ -160,13 +157,13 @@ struct TcpStoreServer::Impl {
       if (fd < 0) return;  // EAGAIN: none left; EMFILE and friends: try again on the next poll
       set_nodelay(fd);
       const std::string peer = peer_name(address);
-      if (clients.size() - pending() >= options.max_clients) {
+      if (clients.size() - pending >= options.max_clients) {
         note_refusal(
             peer, "the store already serves " + std::to_string(options.max_clients) + " clients");
         ::close(fd);
         continue;
       }
-      if (pending() >= options.max_pending) {  // the oldest connection still in its handshake
+      if (pending >= options.max_pending) {  // the oldest connection still in its handshake
         const auto oldest = std::find_if(clients.begin(), clients.end(), [](const Client& c) {
           return !c.connection.authenticated();
         });
@@ -174,6 +171,7 @@ struct TcpStoreServer::Impl {
                                  " newer connections waiting");
       }
       clients.emplace_back(fd, peer, secret, data);
+      ++pending;
       Client& c = clients.back();
       c.connection.out() = c.connection.greeting();
       write_some(c);
@@ -198,6 +196,14 @@ struct TcpStoreServer::Impl {
 
   // Handles readiness on c; false (with *why set, empty for a plain hang-up) when it must close.
   bool serve(Client& c, short revents, std::string* why) {
+    const bool was_authenticated = c.connection.authenticated();
+    const bool open = serve_io(c, revents, why);
+    if (!was_authenticated && c.connection.authenticated()) --pending;
+    return open;
+  }
+
+  // serve() without the count of pending handshakes.
+  bool serve_io(Client& c, short revents, std::string* why) {
     if (revents & POLLOUT) {
       if (!write_some(c)) return false;
       // The reply is out: answer what the client sent meanwhile (held back by the high water).

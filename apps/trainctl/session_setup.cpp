@@ -48,9 +48,19 @@ std::vector<recipe::Problem> unsupported_in_this_build(const recipe::LoadedRecip
 
 namespace {
 
-// Whether this rank meets the others through rank 0's TCP store (else a file store).
-bool uses_tcp_store(const launch::RankInfo& rank, bool shared_fs) {
-  return !shared_fs && rank.source == launch::RankSource::slurm && rank.world_size > 1;
+// Whether the ranks meet through a TCP store (else a file store in the run directory): without a
+// shared file system, under Slurm (rank 0 serves it) and under trainctl's own launcher (which
+// serves it). torchrun's ranks keep the file store.
+bool uses_tcp_store(bool shared_fs, launch::RankSource source = launch::RankSource::trainctl) {
+  return !shared_fs &&
+         (source == launch::RankSource::slurm || source == launch::RankSource::trainctl);
+}
+
+// Refused connections go to this process's stderr (rank 0's or the launcher's: the job log).
+dist::TcpStoreServerOptions store_server_options() {
+  dist::TcpStoreServerOptions options;
+  options.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  return options;
 }
 
 // The job's secret from the environment; DistError (usage) naming the variable and the fix.
@@ -86,7 +96,7 @@ int check_rank_environment(SessionInput& input, const std::string& command) {
     return bad_input(command, e.what());
   }
   const recipe::Recipe& r = input.loaded.recipe;
-  if (uses_tcp_store(input.rank, r.cluster.shared_fs)) {
+  if (input.rank.world_size > 1 && uses_tcp_store(r.cluster.shared_fs, input.rank.source)) {
     try {
       job_store_secret();
     } catch (const dist::DistError& e) {
@@ -130,6 +140,16 @@ int start_session(SessionInput input, const std::string& command) {
   local.layout = fmt::format("tp{} ep{} dp{} pp{}", r.parallel.tp, r.parallel.ep, r.parallel.dp,
                              r.parallel.pp);
   local.command = command;  // the notes are rank 0's to print
+  // Without a shared file system the ranks meet through a TCP store, as a Slurm job's do; here
+  // the launcher serves it on loopback for as long as the ranks run, with a secret of its own.
+  std::unique_ptr<dist::TcpStoreServer> store;
+  if (uses_tcp_store(r.cluster.shared_fs)) {
+    const dist::StoreSecret secret = dist::StoreSecret::generate();
+    store = std::make_unique<dist::TcpStoreServer>("127.0.0.1", 0, secret, store_server_options());
+    local.env = {{launch::kEnvStoreHost, "127.0.0.1"},
+                 {launch::kEnvStorePort, std::to_string(store->port())},
+                 {launch::kEnvStoreSecret, secret.hex()}};
+  }
   return launch::launch_local(local);
 }
 
@@ -161,15 +181,15 @@ int rank_gpu(const launch::RankInfo& rank, const backend::DeviceReport& devices)
 Rendezvous open_rendezvous(const launch::RankInfo& rank, const fs::path& run_dir, bool shared_fs,
                            std::chrono::milliseconds timeout) {
   Rendezvous rv;
-  if (uses_tcp_store(rank, shared_fs)) {
+  if (uses_tcp_store(shared_fs, rank.source)) {
+    const auto getenv = [](const char* name) { return std::getenv(name); };
+    const bool slurm = rank.source == launch::RankSource::slurm;
     const launch::StoreAddress address =
-        launch::tcp_store_address(rank, [](const char* name) { return std::getenv(name); });
+        slurm ? launch::tcp_store_address(rank, getenv) : launch::launcher_store_address(getenv);
     const dist::StoreSecret secret = job_store_secret();
-    if (rank.rank == 0) {
-      dist::TcpStoreServerOptions options;
-      options.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
-      rv.server = std::make_unique<dist::TcpStoreServer>("", address.port, secret, options);
-    }
+    if (slurm && rank.rank == 0)
+      rv.server =
+          std::make_unique<dist::TcpStoreServer>("", address.port, secret, store_server_options());
     rv.base = std::make_unique<dist::TcpStore>(address.host, address.port, secret, timeout);
     rv.how = fmt::format("{} ({})", rv.base->describe(), address.how);
   } else {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "dist/error.hpp"
+#include "files/files.hpp"
 
 namespace trainctl::dist {
 namespace {
@@ -82,33 +83,16 @@ void Store::wait(const std::vector<std::string>& keys, Milliseconds timeout) {
 
 // ---- FileStore ----------------------------------------------------------------------------------
 
-namespace {
-
-// Creates `dir` and any missing parent, each new folder 0700: the keys (transport addresses, a
-// communicator id) are the job's own. Folders that exist already keep their mode.
-void create_private_directories(const std::filesystem::path& dir) {
-  std::filesystem::path path;
-  for (const auto& part : dir) {
-    path /= part;
-    if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
-      throw DistError(DistError::Kind::io,
-                      "file store: cannot create folder '" + path.string() + "': " + errno_text() +
-                          "; pick a writable folder that every rank can see",
-                      "store.open");
-    }
-  }
-  if (!std::filesystem::is_directory(dir)) {
+// The keys (transport addresses, a communicator id) are the job's own: new folders are 0700.
+FileStore::FileStore(std::string dir) : dir_(std::move(dir)) {
+  try {
+    files::create_private_directories(dir_);
+  } catch (const files::FileError& error) {
     throw DistError(DistError::Kind::io,
-                    "file store: '" + dir.string() +
-                        "' is not a folder; pick a writable folder that every rank can see",
+                    std::string("file store: ") + error.what() +
+                        "; pick a writable folder that every rank can see",
                     "store.open");
   }
-}
-
-}  // namespace
-
-FileStore::FileStore(std::string dir) : dir_(std::move(dir)) {
-  create_private_directories(dir_);
 }
 
 std::string FileStore::describe() const {

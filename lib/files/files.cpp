@@ -176,6 +176,19 @@ void write_all(int fd, const fs::path& path, const void* data, size_t bytes) {
   }
 }
 
+void create_private_directories(const fs::path& dir) {
+  fs::path path;
+  for (const fs::path& part : dir) {
+    path /= part;
+    if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)
+      throw_os_error("cannot create directory", path, errno);
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) throw_os_error("cannot create directory", dir, errno);
+  if (!S_ISDIR(st.st_mode))
+    throw FileError(dir, fmt::format("it is {}, not a directory", file_type_name(st.st_mode)));
+}
+
 void fsync_directory(const fs::path& dir) {
   const fs::path d = dir.empty() ? fs::path(".") : dir;
   UniqueFd fd(::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));

@@ -103,6 +103,11 @@ void write_all(int fd, const fs::path& path, const void* data, size_t bytes);
 // untouched and no temporary file is left.
 void write_file_atomically(const fs::path& path, std::string_view content);
 
+// Creates `dir` and its missing parents, each new folder with mode 0700 whatever the umask (for
+// what only the job's user may read: the rendezvous keys). Folders that exist keep their mode.
+// Throws FileError, also when `dir` exists and is not a folder.
+void create_private_directories(const fs::path& dir);
+
 // fsync of a folder, so a rename or a new entry in it survives a crash. Throws FileError.
 void fsync_directory(const fs::path& dir);
 

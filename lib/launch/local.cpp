@@ -65,7 +65,7 @@ int launch_local(const LocalLaunch& launch) {
   const fs::path logs = launch.run_dir / "logs";
   const fs::path rendezvous = launch.run_dir / "rendezvous" / attempt;
   fs::create_directories(logs);
-  fs::create_directories(rendezvous);
+  files::create_private_directories(rendezvous);  // the ranks' keys are theirs alone
 
   // Each rank's BLAS threads share the cores; results depend on the thread count, so it is
   // written into every log.
@@ -90,6 +90,7 @@ int launch_local(const LocalLaunch& launch) {
                 {kEnvRendezvous, rendezvous.string()},
                 {kEnvJobId, attempt},
                 {"OPENBLAS_NUM_THREADS", threads}};
+    spec.env.insert(spec.env.end(), launch.env.begin(), launch.env.end());
     spec.log = logs / ("rank_" + std::to_string(rank) + ".log");
     spec.stderr_to_terminal = rank == 0;
     std::ofstream(spec.log, std::ios::app)

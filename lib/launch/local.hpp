@@ -3,7 +3,9 @@
 // (supervisor.hpp). Run directory layout it adds:
 //   logs/rank_<N>.log        each rank's stdout and stderr (rank 0's stderr stays on the terminal)
 //   logs/ranks.json          the attempt id and the pid of every rank (for tools and tests)
-//   rendezvous/<attempt>/    the ranks' file store, removed when they have all exited
+//   rendezvous/<attempt>/    the ranks' file store (0700), removed when they have all exited
+// With cluster.shared_fs: false the caller serves a TCP store instead and passes its address and
+// secret through LocalLaunch::env (apps/trainctl/session_setup.cpp).
 #pragma once
 
 #include <chrono>
@@ -21,6 +23,9 @@ struct LocalLaunch {
   std::string command;      // "run" or "resume", prefixes messages
   int available_cores = 0;  // 0: std::thread::hardware_concurrency()
   std::chrono::milliseconds grace{5000};
+  // More variables for every rank, e.g. the address and secret of a TCP store the caller serves
+  // (cluster.shared_fs: false). Handed over in the environment only: never argv, never a log.
+  std::vector<std::pair<std::string, std::string>> env;
 };
 
 // This process's command line with argv[0] replaced by the path of its executable

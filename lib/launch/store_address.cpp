@@ -113,6 +113,24 @@ bool host_resolves(const std::string& host) {
   return true;
 }
 
+StoreAddress launcher_store_address(const Getenv& getenv) {
+  const char* host = getenv(kEnvStoreHost);
+  const char* port = getenv(kEnvStorePort);
+  if (host == nullptr || *host == '\0' || port == nullptr || *port == '\0')
+    throw RankEnvError(std::string("a rank of trainctl's launcher without a shared file system "
+                                   "needs ") +
+                       kEnvStoreHost + " and " + kEnvStorePort +
+                       ", which the launcher sets; start the run with `trainctl run`");
+  const std::optional<long long> value = parse_number(port);
+  if (!value || *value < 1 || *value > 65535)
+    throw RankEnvError(std::string(kEnvStorePort) + "='" + port + "' is not a TCP port (1..65535)");
+  StoreAddress address;
+  address.host = host;
+  address.port = static_cast<int>(*value);
+  address.how = "served by trainctl's launcher";
+  return address;
+}
+
 StoreAddress tcp_store_address(const RankInfo& info, const Getenv& getenv,
                                const Resolves& resolves) {
   auto text = [&](const char* name) {

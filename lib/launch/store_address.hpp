@@ -60,4 +60,9 @@ bool host_resolves(const std::string& host);
 StoreAddress tcp_store_address(const RankInfo& info, const Getenv& getenv,
                                const Resolves& resolves = host_resolves);
 
+// The TCP store that trainctl's own launcher serves for its ranks (cluster.shared_fs: false on
+// one machine): TRAINCTL_STORE_HOST and TRAINCTL_STORE_PORT, both set by the launcher. Throws
+// RankEnvError when either is missing or the port is not a port.
+StoreAddress launcher_store_address(const Getenv& getenv);
+
 }  // namespace trainctl::launch

@@ -10,6 +10,9 @@ dp2 (two rank processes started by `trainctl run` itself).
     plus the grace period, naming the collective and the silent rank; nothing is left running;
     the last checkpoint verifies and resume finishes;
   - SIGINT to the launcher: every rank saves the same step and exits 75; resume finishes;
+  - cluster.shared_fs: false: the ranks meet through the TCP store the launcher serves; a
+    stranger knocking on it is refused and counted while the run goes on; the secret is in no
+    command line, output or file of the run directory;
   - layout errors (world size of an external launcher, tp not dividing heads) and a Slurm rank
     without (or with a malformed) TRAINCTL_STORE_SECRET where the ranks meet through the TCP
     store: exit 2 before any process starts, no run directory created.
@@ -23,6 +26,7 @@ import sys
 import time
 
 import cli_util
+import store_util
 from cli_util import check
 
 STEPS = 400  # about 10 ms a step: long enough to hit a run mid-way
@@ -302,8 +306,51 @@ def case_layout_errors(binary, root, tmp):
         check(not os.path.exists(run_dir), "a missing secret must not create the run directory")
 
 
+def case_tcp_store(binary, root, tmp):
+    """cluster.shared_fs: false on one machine: the launcher serves a TCP store on loopback with a
+    secret of its own; a stranger knocking on it is refused and counted, the run goes on, and the
+    secret is in no command line and no file of the run directory."""
+    run_dir = os.path.join(tmp, "tcp")
+    process = start(binary, root, run_args(run_dir, steps=300, extra=(
+        "cluster.shared_fs=false", "checkpoint.every_steps=0")))
+    log = os.path.join(run_dir, "logs", "rank_0.log")
+    deadline = time.monotonic() + 60
+    port = None
+    while port is None and time.monotonic() < deadline and process.poll() is None:
+        if os.path.exists(log):
+            with open(log) as f:
+                found = re.search(r"rendezvous tcp store 127\.0\.0\.1:(\d+) \(served by "
+                                  r"trainctl's launcher\)", f.read())
+            port = int(found.group(1)) if found else None
+        time.sleep(0.02)
+    check(port is not None, "rank 0's log does not name the launcher's TCP store")
+    stranger = store_util.Stranger(port)
+    secrets = {store_util.secret_of(pid) for pid in rank_pids(run_dir)}
+    lines = store_util.command_lines()
+    time.sleep(0.5)
+    stranger.finish()
+    rc, _, err = finish(process, 120)
+    check(rc == 0, f"the run should exit 0 with a stranger at its store\n{err}")
+    check(not stranger.odd, f"the stranger was answered otherwise: {stranger.odd[:5]}")
+    check(stranger.refused >= 1, f"the stranger never reached the store\n{err}")
+    check(re.search(r"^tcp store: closed the connection from 127\.0\.0\.1:\d+ \(wrong secret\); "
+                    r"1 refused so far; the job goes on$", err, re.M),
+          f"the launcher does not log the first refusal\n{err}")
+    total = re.search(r"^tcp store: refused (\d+) connection\(s\) in all", err, re.M)
+    check(total and int(total.group(1)) >= stranger.refused,
+          f"the launcher does not count the {stranger.refused} refusals\n{err}")
+    check(len(secrets) == 1 and None not in secrets,
+          f"every rank should hold the one secret of the run: {len(secrets)} values")
+    secret = secrets.pop()
+    check(secret not in lines, "the secret is on a command line")
+    check(secret not in err, "the secret is in the launcher's output")
+    leaks = store_util.files_holding(run_dir, secret.encode())
+    check(not leaks, f"the secret is written in {leaks}")
+    check_nothing_left(run_dir)
+
+
 CASES = {"layout_errors": case_layout_errors, "clean": case_clean, "sigkill": case_sigkill,
-         "sigstop": case_sigstop, "sigint": case_sigint}
+         "sigstop": case_sigstop, "sigint": case_sigint, "tcp_store": case_tcp_store}
 
 
 def main(binary, root, wanted):

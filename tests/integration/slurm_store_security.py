@@ -17,107 +17,27 @@ Skips (exit 77) when Slurm cannot be started here. Run as: slurm_store_security.
 """
 import os
 import re
-import socket
-import subprocess
-import threading
 import time
 
 import cli_resume_util as ru
 import cli_util
 import slurm_util
+import store_util
 from cli_util import check
 
 STEPS = 60
 EXTRA = ["parallel.dp=2", "parallel.tp=2", "cluster.nodes=2", "cluster.shared_fs=false",
          "checkpoint.every_steps=0"]
 SETS = [*cli_util.SMALL_MODEL, *ru.QUIET, f"training.steps={STEPS}", *EXTRA]
-GREETING = 4 + 32  # "TCS2" and the server's nonce
-
-
-def recv_exact(sock, size):
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
-class Stranger:
-    """Knocks on the store's port until stopped; counts what it was answered."""
-
-    def __init__(self, port):
-        self.port, self.stop = port, threading.Event()
-        self.refused, self.odd, self.silent = 0, [], None
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self):
-        while not self.stop.is_set():
-            try:
-                sock = socket.create_connection(("127.0.0.1", self.port), timeout=2)
-            except OSError:
-                time.sleep(0.02)  # the server is not up (yet, or any more)
-                continue
-            with sock:
-                try:
-                    greeting = recv_exact(sock, GREETING)
-                    if len(greeting) < GREETING:
-                        continue  # the job ended while we knocked
-                    if greeting[:4] != b"TCS2":
-                        self.odd.append(f"greeting {greeting!r}")
-                        continue
-                    if self.silent is None:  # half a handshake, then nothing, for the whole job
-                        self.silent = socket.create_connection(("127.0.0.1", self.port), 2)
-                        self.silent.sendall(b"half")
-                    sock.sendall(os.urandom(64))
-                    answer, rest = recv_exact(sock, 1), recv_exact(sock, 1)
-                    if answer == b"\0" and rest == b"":
-                        self.refused += 1
-                    else:
-                        self.odd.append(f"answered {answer!r} then {rest!r}")
-                except OSError as error:
-                    self.odd.append(f"{type(error).__name__}: {error}")
-            time.sleep(0.05)
-
-    def finish(self):
-        self.stop.set()
-        self.thread.join(10)
-        if self.silent is not None:
-            self.silent.close()
-
-
 def job_secret(job_id, binary, deadline):
-    """TRAINCTL_STORE_SECRET from rank 0's environment, and `ps`'s command lines at that time."""
+    """TRAINCTL_STORE_SECRET from rank 0's environment, and every command line at that time."""
     while time.monotonic() < deadline:
         for pid in slurm_util.task_pids(job_id, 0, binary):
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as f:
-                    environ = f.read().split(b"\0")
-            except OSError:
-                continue
-            for item in environ:
-                if item.startswith(b"TRAINCTL_STORE_SECRET="):
-                    ps = subprocess.run(["ps", "-eww", "-o", "args="], capture_output=True,
-                                        text=True, check=True).stdout
-                    return item.split(b"=", 1)[1].decode(), ps
+            secret = store_util.secret_of(pid)
+            if secret is not None:
+                return secret, store_util.command_lines()
         time.sleep(0.02)
     return None, ""
-
-
-def files_holding(folder, needle):
-    found = []
-    for parent, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(parent, name)
-            try:
-                with open(path, "rb") as f:
-                    if needle in f.read():
-                        found.append(path)
-            except OSError:
-                pass
-    return found
 
 
 def body(binary, root):
@@ -125,7 +45,7 @@ def body(binary, root):
             slurm_util.local_slurm(root, nodes=2) as cluster:
         run_dir = os.path.join(tmp, "submitted")
         job_id, log = slurm_util.submit(cluster, binary, root, SETS, run_dir)
-        stranger = Stranger(20000 + int(job_id) % 10000)
+        stranger = store_util.Stranger(20000 + int(job_id) % 10000)
         try:
             secret, ps = job_secret(job_id, binary, time.monotonic() + 60)
             fields = cluster.wait_done(job_id, 120)
@@ -148,7 +68,7 @@ def body(binary, root):
               f"no 64-digit TRAINCTL_STORE_SECRET in rank 0's environment: {secret!r}")
         check(secret not in ps, "the secret is on a command line that ps shows")
         check(secret not in text, "the secret is in the job log")
-        leaks = files_holding(run_dir, secret.encode())
+        leaks = store_util.files_holding(run_dir, secret.encode())
         check(not leaks, f"the secret is written in {leaks}")
 
         local_dir = os.path.join(tmp, "local")

@@ -141,6 +141,28 @@ TEST_CASE("move_aside never replaces what is already there") {
   CHECK(read_text(into / "step_00000004.2" / "manifest.json") == "2");
 }
 
+TEST_CASE("create_private_directories: new folders 0700 under any umask, old ones untouched") {
+  TempDir tmp;
+  const auto mode_of = [](const fs::path& p) { return fs::status(p).permissions(); };
+  fs::create_directories(tmp.path / "run");
+  fs::permissions(tmp.path / "run", fs::perms(0755));
+  const mode_t old_umask = ::umask(0);
+  files::create_private_directories(tmp.path / "run" / "rendezvous" / "job");
+  files::create_private_directories(tmp.path / "run" / "rendezvous" / "job");  // exists: fine
+  ::umask(old_umask);
+  CHECK(mode_of(tmp.path / "run") == fs::perms(0755));
+  CHECK(mode_of(tmp.path / "run" / "rendezvous") == fs::perms(0700));
+  CHECK(mode_of(tmp.path / "run" / "rendezvous" / "job") == fs::perms(0700));
+  std::ofstream(tmp.path / "file") << "x";
+  try {
+    files::create_private_directories(tmp.path / "file");
+    FAIL("a regular file passed for a folder");
+  } catch (const files::FileError& error) {
+    CHECK_THAT(error.what(), Catch::Contains("it is a regular file, not a directory"));
+  }
+  CHECK_THROWS_AS(files::create_private_directories(tmp.path / "file" / "below"), files::FileError);
+}
+
 TEST_CASE("the run lock refuses a second holder and names the first") {
   TempDir tmp;
   const fs::path run = tmp.path / "runs" / "a";

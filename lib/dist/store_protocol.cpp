@@ -8,6 +8,7 @@
 #include <sys/random.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 
 #include "dist/error.hpp"
@@ -147,13 +148,10 @@ const std::string* StoreData::find(const std::string& key) const {
 std::optional<int64_t> StoreData::add(const std::string& key, int64_t delta) {
   int64_t value = 0;
   if (const std::string* old = find(key)) {
-    try {
-      size_t used = 0;
-      value = std::stoll(*old, &used);
-      if (used != old->size()) value = 0;
-    } catch (const std::exception&) {
-      value = 0;  // not a counter: restart it (the client API never mixes set and add)
-    }
+    // Exactly a decimal int64, else not a counter: restart it (the client API never mixes set and
+    // add). from_chars takes no whitespace and no '+'.
+    const auto [end, error] = std::from_chars(old->data(), old->data() + old->size(), value);
+    if (error != std::errc() || end != old->data() + old->size()) value = 0;
   }
   // Wraps like the two's-complement counters it models, without signed overflow.
   value = static_cast<int64_t>(static_cast<uint64_t>(value) + static_cast<uint64_t>(delta));
@@ -188,7 +186,10 @@ bool StoreConnection::receive(std::string_view bytes) {
     in_.append(bytes.substr(0, take));
     bytes.remove_prefix(take);
     if (!handshake()) return false;
-    if (!bytes.empty()) return fail("sent a request before the handshake's reply");
+    if (!bytes.empty()) {
+      out_.clear();  // the handshake's reply is not sent: the connection closes
+      return fail("sent a request before the handshake's reply");
+    }
   } else {
     in_.append(bytes);
   }
@@ -248,6 +249,13 @@ int StoreConnection::request() {
     if (value_size > kStoreMaxValueBytes) {
       fail("a value of " + std::to_string(value_size) + " bytes (the limit is " +
            std::to_string(kStoreMaxValueBytes) + ")");
+      return -1;
+    }
+    // An entry larger than the whole store can never be stored: refuse it before buffering it.
+    if (kStoreEntryOverhead + key_size + value_size > data_.max_bytes()) {
+      fail("a value of " + std::to_string(value_size) +
+           " bytes can never fit the store's bound of " + std::to_string(data_.max_bytes()) +
+           " bytes");
       return -1;
     }
     at += sizeof(uint32_t);

@@ -266,6 +266,7 @@ TEST_CASE("store: before its handshake a client can make the server hold no more
   CHECK_FALSE(
       eager.receive(client_hello(secret, server_nonce, random_nonce()) + set_request("k", "v")));
   CHECK_THAT(eager.reason(), Catch::Contains("before the handshake's reply"));
+  CHECK(eager.out().empty());  // no success sent to a connection that is closing
   CHECK(data.keys() == 0);
 }
 
@@ -324,9 +325,23 @@ TEST_CASE("store: a write past the byte bound is refused and changes nothing",
   StoreConnection c(secret, nonce, data);
   REQUIRE(c.receive(client_hello(secret, nonce, random_nonce())));
   c.out().clear();
-  REQUIRE(c.receive(set_request("big", std::string(5000, 'b'))));
+  REQUIRE(c.receive(set_request("big", std::string(2000, 'b'))));  // fits an empty store only
   CHECK(c.out() == std::string(1, static_cast<char>(kStoreFull)));
   CHECK(data.find("big") == nullptr);
+  // A value that could never fit the bound is refused from its length, before it is buffered.
+  c.out().clear();
+  CHECK_FALSE(c.receive(set_request("huge", "").substr(0, 9) + raw(uint32_t{5000}) + "bbbb"));
+  CHECK_THAT(c.reason(), Catch::Contains("5000 bytes can never fit the store's bound of 4096"));
+  CHECK(c.buffered() < 64);
+
+  // Counters: exactly a decimal int64, anything else starts again from 0.
+  StoreData counters(1 << 20);
+  REQUIRE(counters.set("spaced", " 5"));
+  REQUIRE(counters.set("plus", "+5"));
+  REQUIRE(counters.set("plain", "-5"));
+  CHECK(counters.add("spaced", 1) == 1);
+  CHECK(counters.add("plus", 1) == 1);
+  CHECK(counters.add("plain", 1) == -4);
 }
 
 TEST_CASE("store: replies wait past the high water, so many gets cannot pile up memory",

@@ -331,14 +331,7 @@ def case_tcp_store(binary, root, tmp):
     stranger.finish()
     rc, _, err = finish(process, 120)
     check(rc == 0, f"the run should exit 0 with a stranger at its store\n{err}")
-    check(not stranger.odd, f"the stranger was answered otherwise: {stranger.odd[:5]}")
-    check(stranger.refused >= 1, f"the stranger never reached the store\n{err}")
-    check(re.search(r"^tcp store: closed the connection from 127\.0\.0\.1:\d+ \(wrong secret\); "
-                    r"1 refused so far; the job goes on$", err, re.M),
-          f"the launcher does not log the first refusal\n{err}")
-    total = re.search(r"^tcp store: refused (\d+) connection\(s\) in all", err, re.M)
-    check(total and int(total.group(1)) >= stranger.refused,
-          f"the launcher does not count the {stranger.refused} refusals\n{err}")
+    store_util.check_refusals(stranger, err, err, "the launcher")
     check(len(secrets) == 1 and None not in secrets,
           f"every rank should hold the one secret of the run: {len(secrets)} values")
     secret = secrets.pop()

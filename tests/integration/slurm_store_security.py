@@ -55,14 +55,7 @@ def body(binary, root):
         shown = slurm_util.without_steps(text)
         check(fields["JobState"] == "COMPLETED",
               f"job {job_id} ended {fields['JobState']} ({fields.get('ExitCode')})\n{shown}")
-        check(not stranger.odd, f"the stranger was answered otherwise: {stranger.odd[:5]}")
-        check(stranger.refused >= 1, f"the stranger never reached the store\n{shown}")
-        check(re.search(r"^tcp store: closed the connection from 127\.0\.0\.1:\d+ \(wrong "
-                        r"secret\); 1 refused so far; the job goes on$", text, re.M),
-              f"the job log does not name the first refused stranger\n{shown}")
-        total = re.search(r"^tcp store: refused (\d+) connection\(s\) in all", text, re.M)
-        check(total and int(total.group(1)) >= stranger.refused,
-              f"the job log does not count the {stranger.refused} refusals\n{shown}")
+        store_util.check_refusals(stranger, text, shown, "the job log")
 
         check(secret and re.fullmatch(r"[0-9a-f]{64}", secret),
               f"no 64-digit TRAINCTL_STORE_SECRET in rank 0's environment: {secret!r}")

@@ -2,9 +2,12 @@
 network that knocks on a store's port with proofs of random bytes, a process's store secret read
 from its environment, and a search of a folder's files for it."""
 import os
+import re
 import socket
 import threading
 import time
+
+from cli_util import check
 
 GREETING = 4 + 32  # "TCS2" and the server's nonce
 
@@ -61,6 +64,19 @@ class Stranger:
         self.thread.join(10)
         if self.silent is not None:
             self.silent.close()
+
+
+def check_refusals(stranger, log, shown, who):
+    """The stranger was refused at least once and never answered otherwise, and `log` (the text of
+    `who`'s output) names the first refusal and counts them all."""
+    check(not stranger.odd, f"the stranger was answered otherwise: {stranger.odd[:5]}")
+    check(stranger.refused >= 1, f"the stranger never reached the store\n{shown}")
+    check(re.search(r"^tcp store: closed the connection from 127\.0\.0\.1:\d+ \(wrong secret\); "
+                    r"1 refused so far; the job goes on$", log, re.M),
+          f"{who} does not log the first refused stranger\n{shown}")
+    total = re.search(r"^tcp store: refused (\d+) connection\(s\) in all", log, re.M)
+    check(total and int(total.group(1)) >= stranger.refused,
+          f"{who} does not count the {stranger.refused} refusals\n{shown}")
 
 
 def secret_of(pid):

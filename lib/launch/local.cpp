@@ -89,6 +89,7 @@ int launch_local(const LocalLaunch& launch) {
                 {kEnvLocalWorldSize, std::to_string(launch.world_size)},
                 {kEnvRendezvous, rendezvous.string()},
                 {kEnvJobId, attempt},
+                {kEnvLauncherPid, std::to_string(::getpid())},
                 {"OPENBLAS_NUM_THREADS", threads}};
     spec.env.insert(spec.env.end(), launch.env.begin(), launch.env.end());
     spec.log = logs / ("rank_" + std::to_string(rank) + ".log");

@@ -110,6 +110,21 @@ int slurm_tasks_on_node(const std::string& tasks_per_node, int node_index) {
   return -1;
 }
 
+namespace {
+
+// The error for TRAINCTL_ rank variables that no launcher of ours set for this process.
+std::string left_over(const Env& env, const std::string& why) {
+  return std::string(kEnvRank) + "=" + env.text(kEnvRank) + " and " + kEnvWorldSize + "=" +
+         env.text(kEnvWorldSize) + " are in the environment, but " + why +
+         ": they are trainctl's own variables for the ranks its launcher starts, left over here "
+         "(a shell started from a rank's environment keeps them); unset TRAINCTL_RANK, "
+         "TRAINCTL_WORLD_SIZE, TRAINCTL_LOCAL_RANK, TRAINCTL_LOCAL_WORLD_SIZE, "
+         "TRAINCTL_RENDEZVOUS, TRAINCTL_JOB_ID and TRAINCTL_LAUNCHER_PID, or start the ranks "
+         "with srun or torchrun";
+}
+
+}  // namespace
+
 RankInfo rank_info_from_environment(const Getenv& getenv) {
   const Env env(getenv);
   RankInfo info;
@@ -127,6 +142,9 @@ RankInfo rank_info_from_environment(const Getenv& getenv) {
     if (env.has(kEnvJobId)) info.job_id = env.text(kEnvJobId);
     check_ranks(info, kEnvRank, kEnvWorldSize, src);
     info.device_index = info.local_rank;
+    if (!env.has(kEnvLauncherPid))
+      throw RankEnvError(left_over(env, std::string(kEnvLauncherPid) + " is not"));
+    info.launcher_pid = env.integer(kEnvLauncherPid, src);
     return info;
   }
   if (env.has("SLURM_PROCID") && env.has("SLURM_NTASKS") &&
@@ -194,7 +212,14 @@ int device_for_rank(const RankInfo& info, int visible_gpus) {
 }
 
 RankInfo rank_info_from_environment() {
-  return rank_info_from_environment([](const char* name) { return std::getenv(name); });
+  const Getenv getenv = [](const char* name) { return std::getenv(name); };
+  RankInfo info = rank_info_from_environment(getenv);
+  const int parent = static_cast<int>(::getppid());
+  if (info.source == RankSource::trainctl && info.launcher_pid != parent)
+    throw RankEnvError(left_over(
+        Env(getenv), std::string(kEnvLauncherPid) + "=" + std::to_string(info.launcher_pid) +
+                         " is not this process's parent (" + std::to_string(parent) + ")"));
+  return info;
 }
 
 }  // namespace trainctl::launch

@@ -37,6 +37,8 @@ struct RankInfo {
   // The GPU this rank drives where the node has GPUs: its local rank (one rank per GPU, ranks of
   // a node numbered 0.. by the launcher). The CUDA backend takes it; see device_for_rank().
   int device_index = 0;
+  // trainctl's launcher: its pid (TRAINCTL_LAUNCHER_PID), which must be this process's parent.
+  int launcher_pid = 0;
 
   bool launched() const { return source != RankSource::none; }
 };
@@ -48,6 +50,10 @@ inline constexpr const char* kEnvLocalRank = "TRAINCTL_LOCAL_RANK";
 inline constexpr const char* kEnvLocalWorldSize = "TRAINCTL_LOCAL_WORLD_SIZE";
 inline constexpr const char* kEnvRendezvous = "TRAINCTL_RENDEZVOUS";
 inline constexpr const char* kEnvJobId = "TRAINCTL_JOB_ID";
+// The launcher's pid: the TRAINCTL_ rank variables count only in a process it started itself, so
+// variables left in a user's shell (copied from a rank's environment) are named in an error
+// instead of making `trainctl run` act as a rank that waits for peers that never come.
+inline constexpr const char* kEnvLauncherPid = "TRAINCTL_LAUNCHER_PID";
 
 // A rank environment that is present but wrong (not a number, rank >= world size, ...). The
 // message names the variable, its value and what was expected.
@@ -63,9 +69,12 @@ using Getenv = std::function<const char*(const char*)>;
 // (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE or SLURM_STEP_TASKS_PER_NODE,
 // SLURM_NODELIST; only when SLURM_STEP_ID is set, because a batch script sees SLURM_NTASKS of the
 // whole job but is one process); RANK/WORLD_SIZE/LOCAL_RANK(/LOCAL_WORLD_SIZE). Throws
-// RankEnvError when the chosen source is inconsistent. `getenv` is injectable for tests.
+// RankEnvError when the chosen source is inconsistent, and when TRAINCTL_RANK/_WORLD_SIZE come
+// without TRAINCTL_LAUNCHER_PID. `getenv` is injectable for tests.
 RankInfo rank_info_from_environment(const Getenv& getenv);
-RankInfo rank_info_from_environment();  // the real environment
+// The real environment; also throws RankEnvError when TRAINCTL_LAUNCHER_PID is not this
+// process's parent (the variables were left over from another process's launch).
+RankInfo rank_info_from_environment();
 
 // The one line each rank logs first: "rank 3 of 4 (local rank 1 of 2) on node2, via slurm".
 std::string describe_rank(const RankInfo& info);

@@ -46,7 +46,8 @@ def run_args(run_dir, steps=STEPS, extra=(), layout=("parallel.dp=2",)):
 def env_for_test():
     env = dict(os.environ)
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
-    for name in ("TRAINCTL_RANK", "TRAINCTL_WORLD_SIZE", "RANK", "WORLD_SIZE", "SLURM_PROCID"):
+    for name in ("TRAINCTL_RANK", "TRAINCTL_WORLD_SIZE", "TRAINCTL_LAUNCHER_PID", "RANK",
+                 "WORLD_SIZE", "SLURM_PROCID"):
         env.pop(name, None)
     return env
 
@@ -260,7 +261,7 @@ def case_sigint(binary, root, tmp):
 def case_layout_errors(binary, root, tmp):
     run_dir = os.path.join(tmp, "layout")
     env = env_for_test()
-    env.update(TRAINCTL_RANK="0", TRAINCTL_WORLD_SIZE="3")
+    env.update(RANK="0", WORLD_SIZE="3")  # torchrun's variables, for a 3-rank launch
     completed = subprocess.run([binary, *run_args(run_dir)], cwd=root, env=env,
                                capture_output=True, text=True, timeout=60)
     check(completed.returncode == 2, f"world size 3 for dp2 should exit 2, got "
@@ -269,6 +270,16 @@ def case_layout_errors(binary, root, tmp):
           f"the message should show the formula and the launcher's world size:\n"
           f"{completed.stderr}")
     check(not os.path.exists(run_dir), "a layout error must not create the run directory")
+    # trainctl's own rank variables left in a shell (no launcher started this process): named.
+    env = env_for_test()
+    env.update(TRAINCTL_RANK="1", TRAINCTL_WORLD_SIZE="2")
+    completed = subprocess.run([binary, *run_args(run_dir)], cwd=root, env=env,
+                               capture_output=True, text=True, timeout=60)
+    check(completed.returncode == 2 and "TRAINCTL_RANK=1 and TRAINCTL_WORLD_SIZE=2 are in the "
+          "environment, but TRAINCTL_LAUNCHER_PID is not" in completed.stderr,
+          f"left-over rank variables should exit 2 naming them, got {completed.returncode}\n"
+          f"{completed.stderr}")
+    check(not os.path.exists(run_dir), "left-over rank variables must not create the run directory")
     result = cli_util.run(binary, run_args(run_dir, layout=("parallel.tp=3",)), root, timeout=60)
     check(result.rc == 2, f"tp3 with 4 heads should exit 2\n{result.describe()}")
     check("model.heads % parallel.tp == 0 fails" in result.stderr,

@@ -1,6 +1,9 @@
 // lib/launch: the rank environment of each launcher, read through a fake getenv (the test never
 // touches its own environment).
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstdlib>
 
 #include <map>
 #include <string>
@@ -38,6 +41,7 @@ TEST_CASE("rank env: trainctl launcher variables come first", "[launch]") {
                {"TRAINCTL_LOCAL_RANK", "1"},
                {"TRAINCTL_RENDEZVOUS", "/run/x/rendezvous/a1"},
                {"TRAINCTL_JOB_ID", "a1"},
+               {"TRAINCTL_LAUNCHER_PID", "4242"},
                {"RANK", "3"},
                {"WORLD_SIZE", "8"},
                {"SLURM_PROCID", "5"},
@@ -51,6 +55,31 @@ TEST_CASE("rank env: trainctl launcher variables come first", "[launch]") {
   CHECK(info.local_world_size == 4);
   CHECK(info.rendezvous == "/run/x/rendezvous/a1");
   CHECK(info.job_id == "a1");
+  CHECK(info.launcher_pid == 4242);
+}
+
+TEST_CASE("rank env: TRAINCTL_ rank variables without the launcher's pid are named as left over",
+          "[launch]") {
+  // A shell started from a rank's environment keeps TRAINCTL_RANK and TRAINCTL_WORLD_SIZE: a
+  // plain `trainctl run` there must not act as rank 1 of 2 and wait for a peer that never comes.
+  FakeEnv stale{{{"TRAINCTL_RANK", "1"}, {"TRAINCTL_WORLD_SIZE", "2"}}};
+  CHECK_THROWS_WITH(rank_info_from_environment(stale.getenv()),
+                    Catch::Contains("TRAINCTL_RANK=1 and TRAINCTL_WORLD_SIZE=2 are in the "
+                                    "environment, but TRAINCTL_LAUNCHER_PID is not") &&
+                        Catch::Contains("left over") && Catch::Contains("unset TRAINCTL_RANK"));
+  // In the real environment the launcher's pid must be this process's parent.
+  ::setenv("TRAINCTL_RANK", "0", 1);
+  ::setenv("TRAINCTL_WORLD_SIZE", "2", 1);
+  ::setenv("TRAINCTL_LAUNCHER_PID", std::to_string(::getpid()).c_str(), 1);  // not the parent
+  CHECK_THROWS_WITH(
+      rank_info_from_environment(),
+      Catch::Contains("TRAINCTL_LAUNCHER_PID=" + std::to_string(::getpid()) +
+                      " is not this process's parent (" + std::to_string(::getppid()) + ")"));
+  ::setenv("TRAINCTL_LAUNCHER_PID", std::to_string(::getppid()).c_str(), 1);
+  CHECK(rank_info_from_environment().source == RankSource::trainctl);
+  for (const char* name : {"TRAINCTL_RANK", "TRAINCTL_WORLD_SIZE", "TRAINCTL_LAUNCHER_PID"})
+    ::unsetenv(name);
+  CHECK(rank_info_from_environment().source == RankSource::none);
 }
 
 TEST_CASE("rank env: slurm inside a job step", "[launch]") {

@@ -153,6 +153,7 @@ TEST_CASE("rank env: the GPU of a rank follows its local rank", "[launch]") {
 TEST_CASE("rank env: our launcher names the host and says trainctl", "[launch]") {
   const FakeEnv env{{{"TRAINCTL_RANK", "1"},
                      {"TRAINCTL_WORLD_SIZE", "2"},
+                     {"TRAINCTL_LAUNCHER_PID", "4242"},
                      {"TRAINCTL_LOCAL_RANK", "1"},
                      {"TRAINCTL_LOCAL_WORLD_SIZE", "2"}}};
   const RankInfo info = rank_info_from_environment(env.getenv());

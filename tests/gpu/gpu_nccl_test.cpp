@@ -118,6 +118,18 @@ int gpu_count() {
   return count;
 }
 
+// True (and one line saying so) when this machine has fewer than two GPUs: NCCL refuses two ranks
+// on one GPU, so a two-rank test cannot run. The line's "tests/gpu: SKIPPED:" is what CTest's
+// SKIP_REGULAR_EXPRESSION (tests/gpu/CMakeLists.txt) reports as Skipped, never as passed; a
+// whole-binary run (scripts/gpu-check) shows the line among Catch's warnings.
+bool skipped_without_two_gpus(const char* test) {
+  const int gpus = gpu_count();
+  if (gpus >= 2) return false;
+  WARN("tests/gpu: SKIPPED: " << test << " needs two GPUs (NCCL refuses two ranks on one GPU); "
+                              << "this machine has " << gpus);
+  return true;
+}
+
 // A GPU machine whose build lacks NCCL fails here rather than skipping: these tests exist to check
 // it.
 void require_nccl() {
@@ -506,12 +518,7 @@ void compare_sums(int rank, dist::Communicator& gloo, dist::Communicator& nccl,
 }  // namespace
 
 TEST_CASE("nccl: two ranks on two GPUs match Gloo bit for bit on every op") {
-  if (gpu_count() < 2) {
-    WARN("tests/gpu: only " << gpu_count()
-                            << " GPU: the two-rank NCCL test needs two (NCCL refuses two ranks on "
-                               "one GPU) - not run");
-    return;
-  }
+  if (skipped_without_two_gpus("the two-rank NCCL test")) return;
   const auto failures =
       run_two_ranks([](int rank, dist::Communicator& gloo, dist::Communicator& nccl) {
         compare_sums<float>(rank, gloo, nccl, tensor::DType::f32);
@@ -616,12 +623,7 @@ void compare_max(int rank, dist::Communicator& gloo, dist::Communicator& nccl,
 }  // namespace
 
 TEST_CASE("nccl: two ranks on two GPUs take the same all_reduce_max as Gloo") {
-  if (gpu_count() < 2) {
-    WARN("tests/gpu: only " << gpu_count()
-                            << " GPU: the two-rank NCCL max test needs two (NCCL refuses two ranks "
-                               "on one GPU) - not run");
-    return;
-  }
+  if (skipped_without_two_gpus("the two-rank NCCL max test")) return;
   const auto failures =
       run_two_ranks([](int rank, dist::Communicator& gloo, dist::Communicator& nccl) {
         compare_max<float>(rank, gloo, nccl, tensor::DType::f32);
@@ -633,10 +635,7 @@ TEST_CASE("nccl: two ranks on two GPUs take the same all_reduce_max as Gloo") {
 }
 
 TEST_CASE("nccl: a collective that a peer never joins times out, aborts and breaks the group") {
-  if (gpu_count() < 2) {
-    WARN("tests/gpu: only " << gpu_count() << " GPU: the NCCL timeout test needs two - not run");
-    return;
-  }
+  if (skipped_without_two_gpus("the NCCL timeout test")) return;
   std::string rank0_error, second_error;
   const auto failures =
       run_two_ranks([&](int rank, dist::Communicator& gloo, dist::Communicator& nccl) {

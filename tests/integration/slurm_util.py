@@ -30,6 +30,18 @@ def skip(reason):
     sys.exit(SKIP)
 
 
+def in_ci():
+    """Whether this runs in CI (CI=true, which .ci/run sets): there the Slurm tests must run."""
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def cannot_run(reason):
+    """Slurm cannot run on this machine: a skip, except in CI, where it is a failure."""
+    if in_ci():
+        raise CheckFailed(f"CI=true: the Slurm tests must run, but {reason}")
+    skip(reason)
+
+
 def free_port_base(count):
     """A port p with p .. p+count-1 free on 127.0.0.1 (slurmctld on p, slurmd N on p+N)."""
     for _ in range(50):
@@ -117,9 +129,11 @@ class Cluster:
 @contextlib.contextmanager
 def local_slurm(root, nodes=1):
     """scripts/slurm-local up in a private folder; down (and the folder removed) afterwards.
-    Exits 77 (skip) when it cannot start."""
+    Exits 77 (skip) only when Slurm cannot run on this machine (no Debian packages and no way to
+    install them: slurm-local's exit 77), and not even then in CI; any other failure to start is
+    a test failure."""
     if shutil.which("dpkg-query") is None:
-        skip("no dpkg-query: scripts/slurm-local needs Debian's Slurm packages")
+        cannot_run("no dpkg-query: scripts/slurm-local needs Debian's Slurm packages")
     folder = tempfile.mkdtemp(prefix="trainctl-slurm-")
     env = dict(os.environ)
     env["TRAINCTL_SLURM_DIR"] = folder
@@ -129,8 +143,11 @@ def local_slurm(root, nodes=1):
     try:
         up = subprocess.run([script, "up", "--nodes", str(nodes)], env=env, capture_output=True,
                             text=True, timeout=300)
-        if up.returncode != 0:
-            skip(f"scripts/slurm-local up failed: {(up.stderr or up.stdout).strip().splitlines()[-1:]}")
+        said = (up.stderr or up.stdout).strip().splitlines()[-1:]
+        if up.returncode == SKIP:
+            cannot_run(f"scripts/slurm-local up: {said}")
+        check(up.returncode == 0, f"scripts/slurm-local up failed ({up.returncode}): "
+              f"{up.stdout}{up.stderr}")
         env["SLURM_CONF"] = os.path.join(folder, "slurm.conf")
         yield Cluster(folder, env)
     finally:

@@ -115,6 +115,9 @@ struct TcpStoreServer::Impl {
       : secret(secret), options(std::move(options)), data(this->options.max_bytes) {}
 
   size_t pending = 0;  // clients still in their handshake
+  // Out of file descriptors (EMFILE): the listening socket stays readable, so it is left out of
+  // poll until then instead of spinning a core.
+  Clock::time_point accept_resume{};
 
   void note_refusal(const std::string& peer, const std::string& why) {
     const uint64_t total = ++refused;
@@ -154,7 +157,11 @@ struct TcpStoreServer::Impl {
       socklen_t length = sizeof address;
       const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&address), &length,
                                SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) return;  // EAGAIN: none left; EMFILE and friends: try again on the next poll
+      if (fd < 0) {  // EAGAIN: none left
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+          accept_resume = Clock::now() + Milliseconds(100);
+        return;
+      }
       set_nodelay(fd);
       const std::string peer = peer_name(address);
       if (clients.size() - pending >= options.max_clients) {
@@ -238,8 +245,9 @@ struct TcpStoreServer::Impl {
       fds.clear();
       owners.clear();
       fds.push_back({wake_pipe[0], POLLIN, 0});
-      fds.push_back({listen_fd, POLLIN, 0});
-      auto next = Clock::time_point::max();
+      const bool accepting = Clock::now() >= accept_resume;
+      fds.push_back({listen_fd, static_cast<short>(accepting ? POLLIN : 0), 0});
+      auto next = accepting ? Clock::time_point::max() : accept_resume;
       for (auto it = clients.begin(); it != clients.end(); ++it) {
         const short events = it->connection.out().empty() ? POLLIN : POLLOUT;
         fds.push_back({it->fd, events, 0});

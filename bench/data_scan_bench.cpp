@@ -23,22 +23,12 @@
 
 #include <fmt/format.h>
 
+#include "bench_util.hpp"
 #include "data/data.hpp"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-template <typename F>
-double best_seconds(F body) {
-  double best = 1e30;
-  for (int i = 0; i < 3; ++i) {
-    const auto start = Clock::now();
-    body();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
-  }
-  return best;
-}
+using trainctl::bench::best_seconds;
 
 }  // namespace
 

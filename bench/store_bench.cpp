@@ -25,23 +25,13 @@
 
 #include <fmt/format.h>
 
+#include "bench_util.hpp"
 #include "dist/store.hpp"
 
 namespace {
 
 using namespace trainctl::dist;
-using Clock = std::chrono::steady_clock;
-
-template <typename F>
-double best_seconds(F body) {
-  double best = 1e30;
-  for (int i = 0; i < 3; ++i) {
-    const auto start = Clock::now();
-    body();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - start).count());
-  }
-  return best;
-}
+using trainctl::bench::best_seconds;
 
 int connect_loopback(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

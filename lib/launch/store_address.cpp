@@ -113,6 +113,18 @@ bool host_resolves(const std::string& host) {
   return true;
 }
 
+namespace {
+
+// TRAINCTL_STORE_PORT's value as a port; RankEnvError naming the variable when it is not one.
+int store_port_from(const std::string& text) {
+  const std::optional<long long> value = parse_number(text);
+  if (!value || *value < 1 || *value > 65535)
+    throw RankEnvError(std::string(kEnvStorePort) + "='" + text + "' is not a TCP port (1..65535)");
+  return static_cast<int>(*value);
+}
+
+}  // namespace
+
 StoreAddress launcher_store_address(const Getenv& getenv) {
   const char* host = getenv(kEnvStoreHost);
   const char* port = getenv(kEnvStorePort);
@@ -121,12 +133,9 @@ StoreAddress launcher_store_address(const Getenv& getenv) {
                                    "needs ") +
                        kEnvStoreHost + " and " + kEnvStorePort +
                        ", which the launcher sets; start the run with `trainctl run`");
-  const std::optional<long long> value = parse_number(port);
-  if (!value || *value < 1 || *value > 65535)
-    throw RankEnvError(std::string(kEnvStorePort) + "='" + port + "' is not a TCP port (1..65535)");
   StoreAddress address;
   address.host = host;
-  address.port = static_cast<int>(*value);
+  address.port = store_port_from(port);
   address.how = "served by trainctl's launcher";
   return address;
 }
@@ -140,11 +149,7 @@ StoreAddress tcp_store_address(const RankInfo& info, const Getenv& getenv,
   StoreAddress address;
   std::string port_how;
   if (const std::string port = text(kEnvStorePort); !port.empty()) {
-    const std::optional<long long> value = parse_number(port);
-    if (!value || *value < 1 || *value > 65535)
-      throw RankEnvError(std::string(kEnvStorePort) + "='" + port +
-                         "' is not a TCP port (1..65535)");
-    address.port = static_cast<int>(*value);
+    address.port = store_port_from(port);
     port_how = "port " + port + " from " + kEnvStorePort;
   } else {
     const std::string job = text("SLURM_JOB_ID");

@@ -102,6 +102,21 @@ TEST_CASE("store address: the environment overrides host and port", "[launch]") 
                     Contains("TRAINCTL_STORE_PORT='70000' is not a TCP port"));
 }
 
+TEST_CASE("store address: trainctl's launcher hands its ranks the host and port of its store",
+          "[launch]") {
+  const FakeEnv env{{{"TRAINCTL_STORE_HOST", "127.0.0.1"}, {"TRAINCTL_STORE_PORT", "41234"}}};
+  const StoreAddress a = launcher_store_address(env.getenv());
+  CHECK(a.host == "127.0.0.1");
+  CHECK(a.port == 41234);
+  CHECK(a.how == "served by trainctl's launcher");
+  const FakeEnv missing{{{"TRAINCTL_STORE_PORT", "41234"}}};
+  CHECK_THROWS_WITH(launcher_store_address(missing.getenv()),
+                    Contains("needs TRAINCTL_STORE_HOST and TRAINCTL_STORE_PORT"));
+  const FakeEnv bad{{{"TRAINCTL_STORE_HOST", "127.0.0.1"}, {"TRAINCTL_STORE_PORT", "0"}}};
+  CHECK_THROWS_WITH(launcher_store_address(bad.getenv()),
+                    Contains("TRAINCTL_STORE_PORT='0' is not a TCP port"));
+}
+
 TEST_CASE("store address: rank 0 away from the first node is an error", "[launch]") {
   const FakeEnv env{{{"SLURM_JOB_ID", "77"}}};
   CHECK_THROWS_WITH(

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "dist/error.hpp"
@@ -107,8 +108,7 @@ struct TcpStoreServer::Impl {
   std::thread thread;
   std::atomic<uint64_t> refused{0};
   // The log's rate limit: the first refusal is logged at once, later ones at most every 10 s.
-  Clock::time_point last_log{};
-  bool logged_any = false;
+  std::optional<Clock::time_point> last_log;
   uint64_t unlogged = 0;
 
   Impl(const StoreSecret& secret, TcpStoreServerOptions options)
@@ -122,7 +122,7 @@ struct TcpStoreServer::Impl {
   void note_refusal(const std::string& peer, const std::string& why) {
     const uint64_t total = ++refused;
     const auto now = Clock::now();
-    if (logged_any && now - last_log < std::chrono::seconds(10)) {
+    if (last_log && now - *last_log < std::chrono::seconds(10)) {
       ++unlogged;
       return;
     }
@@ -133,7 +133,6 @@ struct TcpStoreServer::Impl {
         line += " (" + std::to_string(unlogged) + " not logged since the last line)";
       options.log(line + "; the job goes on");
     }
-    logged_any = true;
     last_log = now;
     unlogged = 0;
   }

@@ -125,36 +125,16 @@ std::atomic<uint64_t> temp_counter{0};
 void write_atomically(const std::string& path, std::string_view value) {
   const std::string temp =
       path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(temp_counter.fetch_add(1));
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    throw DistError(DistError::Kind::io,
-                    "file store: cannot create '" + temp + "': " + errno_text(), "store.set");
-  }
-  size_t written = 0;
-  while (written < value.size()) {
-    const ssize_t n = ::write(fd, value.data() + written, value.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = errno_text();
-      ::close(fd);
-      std::remove(temp.c_str());
-      throw DistError(DistError::Kind::io, "file store: cannot write '" + temp + "': " + why,
-                      "store.set");
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (::close(fd) != 0) {
-    const std::string why = errno_text();
+  try {
+    files::UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!fd) files::throw_os_error("cannot create", temp, errno);
+    files::write_all(fd.get(), temp, value.data(), value.size());
+    if (::close(fd.release()) != 0) files::throw_os_error("cannot write (close)", temp, errno);
+    if (std::rename(temp.c_str(), path.c_str()) != 0)
+      files::throw_os_error("cannot rename to " + path, temp, errno);
+  } catch (const files::FileError& error) {
     std::remove(temp.c_str());
-    throw DistError(DistError::Kind::io, "file store: cannot write '" + temp + "': " + why,
-                    "store.set");
-  }
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    const std::string why = errno_text();
-    std::remove(temp.c_str());
-    throw DistError(DistError::Kind::io,
-                    "file store: cannot rename '" + temp + "' to '" + path + "': " + why,
-                    "store.set");
+    throw DistError(DistError::Kind::io, std::string("file store: ") + error.what(), "store.set");
   }
 }
 

@@ -26,8 +26,9 @@ int run_validate(const ValidateOptions& options);
 struct RunOptions {
   std::string recipe_path;
   std::vector<std::string> overrides;
-  std::string run_dir;     // empty: runs/<recipe name>
-  bool overwrite = false;  // reuse a run directory that already holds a run
+  std::string run_dir;          // empty: runs/<recipe name>
+  bool overwrite = false;       // reuse a run directory that already holds a run
+  int debug_save_delay_ms = 0;  // fault injection: SessionInput::debug_save_delay
 };
 int run_run(const RunOptions& options);
 
@@ -37,6 +38,7 @@ struct ResumeOptions {
   std::string target;
   std::vector<std::string> overrides;  // e.g. training.steps to extend a run
   std::string run_dir;
+  int debug_save_delay_ms = 0;  // fault injection: SessionInput::debug_save_delay
 };
 int run_resume(const ResumeOptions& options);
 

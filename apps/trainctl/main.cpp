@@ -12,6 +12,21 @@
 
 namespace app = trainctl::app;
 
+namespace {
+
+// Diagnostic fault injection for tests of signals and crashes during a save (docs/reliability.md).
+void add_debug_save_delay(CLI::App* command, int& milliseconds) {
+  command
+      ->add_option("--debug-save-delay-ms", milliseconds,
+                   "Diagnostic: sleep MS after each tensor a checkpoint save writes (slows every "
+                   "save; for testing signals and crashes during a save)")
+      ->type_name("MS")
+      ->check(CLI::Range(0, 60000))
+      ->group("Diagnostics");
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App cli{"trainctl: train GPT/Llama-style transformers (dense and MoE) from one YAML recipe",
                "trainctl"};
@@ -27,6 +42,7 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--run-dir", run.run_dir, "Run directory (default: runs/<recipe name>)");
   run_cmd->add_flag("--overwrite", run.overwrite,
                     "Reuse a run directory that already holds a run (its files are replaced)");
+  add_debug_save_delay(run_cmd, run.debug_save_delay_ms);
 
   app::ValidateOptions validate;
   CLI::App* validate_cmd =
@@ -48,6 +64,7 @@ int main(int argc, char** argv) {
       ->type_name("KEY=VALUE");
   resume_cmd->add_option("--run-dir", resume.run_dir,
                          "Run directory when TARGET is a recipe (default: runs/<recipe name>)");
+  add_debug_save_delay(resume_cmd, resume.debug_save_delay_ms);
 
   app::CkptOptions ckpt;
   CLI::App* ckpt_cmd = cli.add_subcommand("ckpt", "Inspect, verify or export checkpoints");

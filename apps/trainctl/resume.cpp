@@ -66,6 +66,7 @@ int run_resume(const ResumeOptions& options) {
                      options.target + " does not exist (give a run directory or a recipe)");
   }
   input.recipe_label = recipe_path;
+  input.debug_save_delay = std::chrono::milliseconds(options.debug_save_delay_ms);
   try {
     input.loaded = recipe::load_recipe_with_origins(recipe_path, options.overrides);
   } catch (const recipe::RecipeError& e) {

@@ -34,6 +34,7 @@ void remove_previous_run(const fs::path& run_dir) {
 int run_run(const RunOptions& options) {
   SessionInput input;
   input.recipe_label = options.recipe_path;
+  input.debug_save_delay = std::chrono::milliseconds(options.debug_save_delay_ms);
   try {
     input.loaded = recipe::load_recipe_with_origins(options.recipe_path, options.overrides);
   } catch (const recipe::RecipeError& e) {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
+#include <thread>
 
 #include "backend/backend.hpp"
 #include "backend/cuda/device.hpp"
@@ -234,6 +235,8 @@ int train_session(SessionInput input, const std::string& command) {
     writer_options.save_id = save_id_of(rank_info);
     writer_options.timeout =
         std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s * 1000.0));
+    if (const auto delay = input.debug_save_delay; delay.count() > 0)
+      writer_options.after_slice = [delay](size_t) { std::this_thread::sleep_for(delay); };
     ckpt::CheckpointWriter writer(checkpoints_dir, writer_options);
     // cluster.shared_fs: false: rank 0 could not see the other ranks' shards to commit them.
     const bool saves = r.cluster.shared_fs;

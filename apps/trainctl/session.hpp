@@ -4,6 +4,7 @@
 // stop signals) -> summary.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -35,6 +36,10 @@ struct SessionInput {
   launch::RankInfo rank;
   // The training data, opened and checked by check_session_input before anything is created.
   std::shared_ptr<SessionData> data;
+  // Diagnostic fault injection (--debug-save-delay-ms): every checkpoint save sleeps this long
+  // after each tensor it writes, so a test can signal or kill a rank in the middle of a save.
+  // Zero (the default) is the production path.
+  std::chrono::milliseconds debug_save_delay{0};
 };
 
 // Prints every problem (file:line:col, or the --set) and the summary line; returns exit code 2.

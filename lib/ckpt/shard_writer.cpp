@@ -33,11 +33,6 @@ namespace {
 constexpr size_t kStagingBytes = size_t{4} << 20;  // small slices are gathered into one write
 constexpr uint64_t kWritebackBytes = uint64_t{32} << 20;  // start write-back this often
 
-int write_delay_ms() {
-  const char* value = std::getenv("TRAINCTL_TEST_CKPT_WRITE_DELAY_MS");
-  return value ? std::atoi(value) : 0;
-}
-
 std::string utc_now() {
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
@@ -189,12 +184,12 @@ fs::path begin_save(const fs::path& checkpoints_dir, int64_t step) {
   return tmp;
 }
 
-ShardIndex write_shard(const fs::path& dir, int rank, std::span<const SliceData> slices) {
+ShardIndex write_shard(const fs::path& dir, int rank, std::span<const SliceData> slices,
+                       const SliceHook& after_slice) {
   if (rank < 0) throw CheckpointError(fmt::format("write_shard: negative rank {}", rank));
   ShardIndex index;
   index.rank = rank;
   index.file = shard_file_name(rank);
-  const int delay_ms = write_delay_ms();
 
   // Lay the file out first: header, then each slice at a multiple of kSliceAlignment.
   static const char zeros[kSliceAlignment] = {};
@@ -228,9 +223,9 @@ ShardIndex write_shard(const fs::path& dir, int rank, std::span<const SliceData>
     ShardStream out(file);
     for (const Piece& p : pieces) {
       out.append(p.data, p.length);
-      if (delay_ms > 0 && p.slice >= 0) {
+      if (after_slice && p.slice >= 0) {
         out.flush();
-        std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+        after_slice(static_cast<size_t>(p.slice));
       }
     }
     out.flush();
@@ -452,12 +447,12 @@ void abandon(const fs::path& tmp_dir) noexcept {
 }
 
 SaveStats save(const fs::path& checkpoints_dir, const ManifestHeader& header,
-               std::span<const SliceData> slices) {
+               std::span<const SliceData> slices, const SliceHook& after_slice) {
   const auto start = std::chrono::steady_clock::now();
   const fs::path tmp = begin_save(checkpoints_dir, header.step);
   SaveStats stats;
   try {
-    ShardIndex index = write_shard(tmp, 0, slices);
+    ShardIndex index = write_shard(tmp, 0, slices, after_slice);
     stats.bytes = index.bytes;
     write_manifest(tmp, header, {std::move(index)});
     stats.path = commit(checkpoints_dir, tmp, header.step);

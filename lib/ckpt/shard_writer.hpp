@@ -13,12 +13,15 @@
 // the directory are fsynced, so a crash at any moment leaves either a complete step_<N> or a
 // .tmp-step_<N>.<pid or save id> directory that readers report as partial and never load.
 //
-// Test hook: TRAINCTL_TEST_CKPT_WRITE_DELAY_MS=<ms> sleeps after each slice is written, so a test
-// can SIGKILL a process in the middle of a save.
+// Fault injection: an `after_slice` hook is called after each slice is written and flushed to the
+// file, so a test (or `trainctl run --debug-save-delay-ms`, which sleeps in it) can hold, signal
+// or kill a process in the middle of a save. No hook, the default, is the production path: no
+// extra flush, no call.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -54,6 +57,9 @@ struct ShardIndex {
 nlohmann::json shard_index_to_json(const ShardIndex& index);
 ShardIndex shard_index_from_json(const nlohmann::json& json);  // throws CheckpointError
 
+// Called with the slice's position in the caller's list after it was written and flushed.
+using SliceHook = std::function<void(size_t slice)>;
+
 struct SaveStats {
   int64_t step = 0;
   fs::path path;  // the committed step directory
@@ -66,7 +72,8 @@ struct SaveStats {
 // when step_<N> exists already (a checkpoint is never overwritten).
 fs::path begin_save(const fs::path& checkpoints_dir, int64_t step);
 // Writes dir/rank_<rank>.bin (header, then each slice 64-byte aligned), fsyncs it.
-ShardIndex write_shard(const fs::path& dir, int rank, std::span<const SliceData> slices);
+ShardIndex write_shard(const fs::path& dir, int rank, std::span<const SliceData> slices,
+                       const SliceHook& after_slice = {});
 // Merges every rank's index, checks the result (coverage, no overlaps, consistent dtype/shape
 // across ranks), writes dir/manifest.json (created = now, UTC) and fsyncs it.
 void write_manifest(const fs::path& dir, const ManifestHeader& header,
@@ -102,7 +109,7 @@ void abandon(const fs::path& tmp_dir) noexcept;
 // The whole protocol for world size 1: begin_save, write_shard(rank 0), write_manifest, commit;
 // on any error the tmp directory is removed and a CheckpointError names the path and OS error.
 SaveStats save(const fs::path& checkpoints_dir, const ManifestHeader& header,
-               std::span<const SliceData> slices);
+               std::span<const SliceData> slices, const SliceHook& after_slice = {});
 
 // Sets SIGXFSZ to ignored so exceeding RLIMIT_FSIZE makes write() fail with EFBIG (reported as
 // a CheckpointError) instead of killing the process. trainctl calls it at start-up.

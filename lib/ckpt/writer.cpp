@@ -313,7 +313,7 @@ SaveStats CheckpointWriter::save_multi_rank(const SaveRequest& request) {
   SaveStats stats;
   stats.step = step;
   try {
-    const ShardIndex mine = write_shard(tmp, options_.rank, request.slices());
+    const ShardIndex mine = write_shard(tmp, options_.rank, request.slices(), options_.after_slice);
     publish_shard_index(tmp, step, mine);
     stats.bytes = mine.bytes;
   } catch (const std::exception& e) {
@@ -351,8 +351,8 @@ void CheckpointWriter::run(SaveRequest& request) {
                                                 static_cast<long>(::getpid()));
   SaveStats stats;
   try {
-    stats =
-        multi_rank ? save_multi_rank(request) : ckpt::save(dir_, request.header, request.slices());
+    stats = multi_rank ? save_multi_rank(request)
+                       : ckpt::save(dir_, request.header, request.slices(), options_.after_slice);
   } catch (...) {
     std::error_code ec;
     // Rank 0 removes a failed multi-rank save's directory; the other ranks leave it to rank 0.

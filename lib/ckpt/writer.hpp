@@ -145,6 +145,9 @@ class CheckpointWriter {
     // Rank 0: how long a multi-rank save may go without progress of the other ranks before it is
     // abandoned (pass the recipe's collective timeout).
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+    // Fault injection (write_shard's after_slice, run on the thread that writes): none in
+    // production.
+    SliceHook after_slice = {};
   };
 
   CheckpointWriter(fs::path checkpoints_dir, Options options);

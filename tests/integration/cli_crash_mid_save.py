@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """cli:crash_mid_save: SIGKILL in the middle of writing a checkpoint loses nothing committed.
 
-A run saves every 2 steps with TRAINCTL_TEST_CKPT_WRITE_DELAY_MS slowing each slice written, and is
+A run saves every 2 steps with --debug-save-delay-ms slowing each tensor written, and is
 killed (SIGKILL: no handler runs) while checkpoints/.tmp-step_00000004.<pid>/ is being written and
 step_00000002 is committed. `trainctl resume` then says it skipped the temporary directory, moves
 it to checkpoints/rejected/ untouched, continues from step_00000002, and the finished run equals
@@ -43,9 +43,9 @@ def size_or_zero(path):
 def kill_mid_save(binary, root, run_dir):
     """Starts the slowed run and SIGKILLs it once step 4's temporary directory holds a shard that
     is being written while step 2 is committed. Returns the temporary directory's name."""
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1",
-               TRAINCTL_TEST_CKPT_WRITE_DELAY_MS=str(DELAY_MS))
-    process = subprocess.Popen([binary, *ru.run_args(run_dir, STEPS, EXTRA)], cwd=root, env=env,
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    args = [*ru.run_args(run_dir, STEPS, EXTRA), f"--debug-save-delay-ms={DELAY_MS}"]
+    process = subprocess.Popen([binary, *args], cwd=root, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     checkpoints = os.path.join(run_dir, "checkpoints")
     deadline = time.monotonic() + 60

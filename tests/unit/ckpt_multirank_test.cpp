@@ -52,12 +52,10 @@ CheckpointWriter::Options options(int rank, int world, std::chrono::milliseconds
   return o;
 }
 
-struct WriteDelay {
-  explicit WriteDelay(int ms) {
-    ::setenv("TRAINCTL_TEST_CKPT_WRITE_DELAY_MS", std::to_string(ms).c_str(), 1);
-  }
-  ~WriteDelay() { ::unsetenv("TRAINCTL_TEST_CKPT_WRITE_DELAY_MS"); }
-};
+// An after_slice hook that kills the process once its first slice is written: mid-save.
+void die_mid_save(size_t) {
+  ::raise(SIGKILL);
+}
 
 // Every rank saves `steps`; returns the ranks' exit codes.
 std::vector<int> save_steps(const fs::path& dir, int world, std::vector<int64_t> steps,
@@ -184,15 +182,12 @@ TEST_CASE(
   TempDir tmp;
   constexpr int world = 2;
   REQUIRE(save_steps(tmp.path, world, {1}) == std::vector<int>(world, 0));
-  WriteDelay delay(300);  // 2 slices per rank: 600 ms of writing
   SECTION("one rank killed") {
     const auto status = dist_test::run_ranks(world, [&](int rank) {
-      CheckpointWriter writer(tmp.path, options(rank, world, std::chrono::milliseconds(500)));
+      auto o = options(rank, world, std::chrono::milliseconds(500));
+      if (rank == 1) o.after_slice = die_mid_save;
+      CheckpointWriter writer(tmp.path, o);
       writer.save(rank_request(rank, world, 2));
-      if (rank == 1) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        ::raise(SIGKILL);
-      }
       try {
         writer.wait();
       } catch (const CheckpointError& e) {
@@ -206,10 +201,11 @@ TEST_CASE(
   }
   SECTION("every rank killed") {
     const auto status = dist_test::run_ranks(world, [&](int rank) {
-      CheckpointWriter writer(tmp.path, options(rank, world, std::chrono::seconds(20)));
+      auto o = options(rank, world, std::chrono::seconds(20));
+      o.after_slice = die_mid_save;
+      CheckpointWriter writer(tmp.path, o);
       writer.save(rank_request(rank, world, 2));
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      ::raise(SIGKILL);
+      writer.wait();
       return 3;
     });
     CHECK(status == std::vector<int>(world, 128 + SIGKILL));

@@ -8,22 +8,15 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <numeric>
 
 #include "ckpt_test_util.hpp"
 
 using namespace trainctl::ckpt;
 using namespace ckpt_test;
-using Clock = std::chrono::steady_clock;
 
 namespace {
-
-struct WriteDelay {
-  explicit WriteDelay(int ms) {
-    ::setenv("TRAINCTL_TEST_CKPT_WRITE_DELAY_MS", std::to_string(ms).c_str(), 1);
-  }
-  ~WriteDelay() { ::unsetenv("TRAINCTL_TEST_CKPT_WRITE_DELAY_MS"); }
-};
 
 // `n` floats that differ with `seed`, so a reused buffer holding old values is caught.
 std::vector<float> pattern(size_t n, float seed) {
@@ -70,21 +63,23 @@ TEST_CASE("new_request reuses the memory of the last finished save", "[ckpt]") {
 
 TEST_CASE("new_request waits for a save in flight instead of overwriting its bytes", "[ckpt]") {
   TempDir tmp;
-  CheckpointWriter writer(tmp.path, {.async = true});
+  Gate gate;  // holds the save at its first slice until opened
+  CheckpointWriter writer(tmp.path, {.async = true, .after_slice = gate.hook()});
   const auto old_values = pattern(4096, 3.0f), new_values = pattern(4096, 7.0f);
   SaveRequest first = writer.new_request();
   fill_request(first, 1, old_values);
   const auto values = iota_floats(16);
   first.add("adam_m/w", DType::f32, {16}, {}, values.data());
-  {
-    WriteDelay delay(200);  // two slices: at least 400 ms of writing
-    const auto start = Clock::now();
-    writer.save(std::move(first));
-    SaveRequest second = writer.new_request();
-    CHECK(Clock::now() - start >= std::chrono::milliseconds(400));
-    fill_request(second, 2, new_values);
-    writer.save(std::move(second));
-  }
+  writer.save(std::move(first));
+  REQUIRE(gate.wait_held());
+  auto second = std::async(std::launch::async, [&] { return writer.new_request(); });
+  // It must not return while step 1 is being written (a slow machine cannot fail this check,
+  // only miss a broken writer; the step 1 bytes below are the proof that counts).
+  CHECK(second.wait_for(std::chrono::milliseconds(50)) == std::future_status::timeout);
+  gate.open();
+  SaveRequest request = second.get();
+  fill_request(request, 2, new_values);
+  writer.save(std::move(request));
   writer.wait();
   CHECK(read_floats(tmp.path / "step_00000001", "model/w", 4096) == old_values);
   CHECK(read_floats(tmp.path / "step_00000002", "model/w", 4096) == new_values);

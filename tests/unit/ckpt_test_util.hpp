@@ -3,9 +3,12 @@
 
 #include <stdlib.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -28,6 +31,40 @@ struct TempDir {
     fs::permissions(path, fs::perms::owner_all, fs::perm_options::add, ec);
     fs::remove_all(path, ec);
   }
+};
+
+// A writer's after_slice hook that holds the save at its first slice until the test opens the
+// gate: tests order events with it instead of sleeping. `hook()` is the SliceHook to install;
+// `wait_held()` returns once the writer is held there (false after 60 s: the save never got
+// there). The hold gives up after 60 s too, so a broken writer fails the test instead of hanging.
+class Gate {
+ public:
+  trainctl::ckpt::SliceHook hook() {
+    return [this](size_t) {
+      std::unique_lock lock(mutex_);
+      held_ = true;
+      changed_.notify_all();
+      changed_.wait_for(lock, std::chrono::seconds(60), [this] { return open_; });
+    };
+  }
+  bool wait_held() {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, std::chrono::seconds(60), [this] { return held_; });
+  }
+  bool held() {
+    std::lock_guard lock(mutex_);
+    return held_;
+  }
+  void open() {
+    std::lock_guard lock(mutex_);
+    open_ = true;
+    changed_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool held_ = false, open_ = false;
 };
 
 inline std::vector<float> iota_floats(size_t n, float start = 0.5f) {

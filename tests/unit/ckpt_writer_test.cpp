@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <future>
 #include <thread>
 
 #include "ckpt_test_util.hpp"
@@ -17,14 +18,6 @@ using namespace ckpt_test;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// Sets the write-delay test hook for the scope.
-struct WriteDelay {
-  explicit WriteDelay(int ms) {
-    ::setenv("TRAINCTL_TEST_CKPT_WRITE_DELAY_MS", std::to_string(ms).c_str(), 1);
-  }
-  ~WriteDelay() { ::unsetenv("TRAINCTL_TEST_CKPT_WRITE_DELAY_MS"); }
-};
 
 SaveRequest three_tensor_request(int64_t step) {
   SaveRequest r = simple_request(step);
@@ -47,23 +40,27 @@ TEST_CASE("async save returns before the write ends, wait() and the next save() 
   CheckpointWriter writer(tmp.path, {.async = true, .keep_last = 0});
   writer.save(simple_request(1));
   writer.wait();
-  WriteDelay delay(150);  // 3 slices: at least 450 ms of writing
-  const auto start = Clock::now();
-  writer.save(three_tensor_request(2));
-  CHECK(Clock::now() - start < std::chrono::milliseconds(150));
+  Gate step2;  // holds the second writer's saves at their first slice until opened
+  CheckpointWriter held(tmp.path, {.async = true, .keep_last = 0, .after_slice = step2.hook()});
+  held.save(three_tensor_request(2));  // returns while its write is held
+  REQUIRE(step2.wait_held());
   CHECK_FALSE(fs::exists(tmp.path / "step_00000002"));
   CHECK(read_text(tmp.path / "latest") == "step_00000001\n");  // latest moves only at commit
-  writer.save(three_tensor_request(3));                        // waits for step 2 first
+  auto third = std::async(std::launch::async, [&] { held.save(three_tensor_request(3)); });
+  // The next save waits for step 2 (a broken writer would start step 3 or return at once; this
+  // check cannot fail on a slow machine, only miss a broken writer).
+  CHECK(third.wait_for(std::chrono::milliseconds(50)) == std::future_status::timeout);
+  step2.open();
+  third.get();
   CHECK(fs::exists(tmp.path / "step_00000002"));
-  CHECK(Clock::now() - start >= std::chrono::milliseconds(450));
-  writer.wait();
+  held.wait();
   CHECK(read_text(tmp.path / "latest") == "step_00000003\n");
-  const auto stats = writer.last_stats();
+  const auto stats = held.last_stats();
   REQUIRE(stats);
   CHECK(stats->step == 3);
   CHECK(stats->path == tmp.path / "step_00000003");
   CHECK(stats->bytes == fs::file_size(stats->path / "rank_0.bin"));
-  CHECK(stats->write_seconds >= 0.45);
+  CHECK(stats->write_seconds > 0);
   CHECK(stats->bandwidth > 0);
   CheckpointReader::open(stats->path).verify();
 }
@@ -165,21 +162,29 @@ TEST_CASE("SIGKILL during a save leaves a partial tmp dir and the previous check
   TempDir tmp;
   SaveRequest first = simple_request(1);
   save(tmp.path, first.header, first.slices());
+  int ready[2];
+  REQUIRE(::pipe(ready) == 0);
   const pid_t child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) {
-    ::setenv("TRAINCTL_TEST_CKPT_WRITE_DELAY_MS", "2000", 1);
+    // After the first slice is on disk: tell the parent, then wait to be killed.
+    const SliceHook hold = [&](size_t) {
+      (void)!::write(ready[1], "x", 1);
+      ::pause();
+    };
     SaveRequest r = three_tensor_request(2);
     try {
-      save(tmp.path, r.header, r.slices());
+      save(tmp.path, r.header, r.slices(), hold);
     } catch (...) {
     }
     ::_exit(0);
   }
+  ::close(ready[1]);
+  char byte = 0;
+  REQUIRE(::read(ready[0], &byte, 1) == 1);  // the child is in the middle of its save
+  ::close(ready[0]);
   const fs::path shard = tmp.path / (".tmp-step_00000002." + std::to_string(child)) / "rank_0.bin";
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (!(fs::exists(shard) && fs::file_size(shard) > 64) && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(fs::file_size(shard) > 64);
   ::kill(child, SIGKILL);
   int status = 0;
   ::waitpid(child, &status, 0);

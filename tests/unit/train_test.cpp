@@ -3,8 +3,10 @@
 // batch, bf16/fp16 track fp32, and fp16 overflow skips the step and halves the scale.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "backend_test_util.hpp"
 #include "data/sources.hpp"
@@ -59,22 +61,62 @@ Run train_synthetic(const model::ModelConfig& mc, const train::TrainConfig& tc) 
 }  // namespace
 
 TEST_CASE("lr schedule: warmup then cosine / linear / constant / wsd to min_lr", "[train]") {
-  train::LrSchedule s{1.0, 0.1, 10, 110, train::DecayKind::cosine, 0.2};
-  CHECK(s.lr(0) == Approx(0.1));
-  CHECK(s.lr(9) == Approx(1.0));  // warmup ends at peak
-  CHECK(s.lr(10) == Approx(1.0));
-  CHECK(s.lr(59) == Approx(0.55).margin(0.01));  // half way: (peak + min) / 2
-  CHECK(s.lr(109) == Approx(0.1));               // last step: min_lr
-  s.decay = train::DecayKind::linear;
-  CHECK(s.lr(109) == Approx(0.1));
-  CHECK(s.lr(10 + 99 / 2) == Approx(1.0 - 0.9 * (49.0 / 99.0)));
-  s.decay = train::DecayKind::constant;
-  CHECK(s.lr(100) == 1.0);
-  s.decay = train::DecayKind::wsd;
-  CHECK(s.lr(80) == 1.0);  // still stable: decay starts at 80% of the post-warmup steps
-  CHECK(s.lr(109) == Approx(0.1));
-  CHECK(s.lr(100) < 1.0);
-  CHECK(s.lr(100) > 0.1);
+  // Warmup 10 steps, then 100 decay intervals: optimizer steps 10..110 map to progress 0..1
+  // (decay_steps = total - warmup - 1), so the quarter points fall on whole steps. Every value is
+  // checked against the closed form of docs/recipe.md, written out here, at warmup, the start of
+  // the decay, 1/4, 1/2, 3/4, the end and past the end. Cosine and linear agree at the start, the
+  // middle and the end (1.0, 0.55, 0.1): only the quarter points tell them apart (0.868 vs 0.775).
+  constexpr double peak = 1.0, floor = 0.1;
+  constexpr double pi = 3.14159265358979323846;
+  train::LrSchedule s{peak, floor, 10, 111, train::DecayKind::cosine, 0.2};
+  const auto at = [&](train::DecayKind kind, int64_t step) {
+    s.decay = kind;
+    return s.lr(step);
+  };
+  const auto progress = [](int64_t step) { return std::clamp((step - 10) / 100.0, 0.0, 1.0); };
+  const auto cosine = [&](int64_t step) {
+    return floor + (peak - floor) * 0.5 * (1.0 + std::cos(pi * progress(step)));
+  };
+  const auto linear = [&](int64_t step) { return peak - (peak - floor) * progress(step); };
+  const auto wsd = [&](int64_t step) {  // stable for the first 80% of the decay, then linear
+    const double p = progress(step);
+    return p <= 0.8 ? peak : peak - (peak - floor) * (p - 0.8) / 0.2;
+  };
+  for (const auto kind : {train::DecayKind::cosine, train::DecayKind::linear,
+                          train::DecayKind::constant, train::DecayKind::wsd}) {
+    INFO("decay kind " << static_cast<int>(kind));
+    for (int64_t step = 0; step < 10; ++step)  // warmup: peak * (step + 1) / warmup, any decay
+      CHECK(at(kind, step) == Approx(peak * static_cast<double>(step + 1) / 10.0).epsilon(1e-12));
+    CHECK(at(kind, 10) == Approx(peak).epsilon(1e-12));  // first decay step still at the peak
+  }
+  const std::vector<int64_t> points{10, 20,  35,  47,  60,  73,  85, 90,
+                                    95, 100, 105, 109, 110, 111, 150};
+  for (const int64_t step : points) {
+    INFO("step " << step);
+    CHECK(at(train::DecayKind::cosine, step) == Approx(cosine(step)).epsilon(1e-12));
+    CHECK(at(train::DecayKind::linear, step) == Approx(linear(step)).epsilon(1e-12));
+    CHECK(at(train::DecayKind::wsd, step) == Approx(wsd(step)).epsilon(1e-12));
+    CHECK(at(train::DecayKind::constant, step) == peak);
+  }
+  // The same shapes as literal numbers (hand-computed), so the formulas above cannot drift with
+  // the implementation: cos(pi/4) = 0.70710678...
+  CHECK(at(train::DecayKind::cosine, 35) == Approx(0.86819805153394639).epsilon(1e-12));
+  CHECK(at(train::DecayKind::cosine, 60) == Approx(0.55).epsilon(1e-12));
+  CHECK(at(train::DecayKind::cosine, 85) == Approx(0.23180194846605362).epsilon(1e-12));
+  CHECK(at(train::DecayKind::cosine, 110) == Approx(0.1).epsilon(1e-12));
+  CHECK(at(train::DecayKind::cosine, 150) == Approx(0.1).epsilon(1e-12));  // past the end: min_lr
+  CHECK(at(train::DecayKind::linear, 35) == Approx(0.775).epsilon(1e-12));
+  CHECK(at(train::DecayKind::linear, 85) == Approx(0.325).epsilon(1e-12));
+  CHECK(at(train::DecayKind::linear, 150) == Approx(0.1).epsilon(1e-12));
+  CHECK(at(train::DecayKind::wsd, 90) == peak);  // stable up to 80% of the decay
+  CHECK(at(train::DecayKind::wsd, 95) == Approx(0.775).epsilon(1e-12));
+  CHECK(at(train::DecayKind::wsd, 100) == Approx(0.55).epsilon(1e-12));
+  CHECK(at(train::DecayKind::wsd, 105) == Approx(0.325).epsilon(1e-12));
+  CHECK(at(train::DecayKind::wsd, 110) == Approx(0.1).epsilon(1e-12));
+  CHECK(at(train::DecayKind::wsd, 150) == Approx(0.1).epsilon(1e-12));
+  s.wsd_decay_fraction = 0.5;  // another fraction: decay over the second half, 0.55 at 3/4
+  CHECK(at(train::DecayKind::wsd, 60) == peak);
+  CHECK(at(train::DecayKind::wsd, 85) == Approx(0.55).epsilon(1e-12));
 }
 
 TEST_CASE("loss scaler: dynamic backoff, growth window, floor; fixed and none", "[train]") {

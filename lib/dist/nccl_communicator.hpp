@@ -73,15 +73,17 @@ struct PollResult {
 // abort() (exactly once, even when wait() is called again) and throws DistError naming the op and
 // the call: Kind::timeout ("timed out after N ms; a peer did not join the collective") or
 // Kind::io (the poll's error text). Between polls it yields the CPU, then sleeps for growing
-// intervals up to 1 ms, so a long collective does not burn a core.
+// intervals up to 1 ms, so a long collective does not burn a core. `now` is the clock the
+// timeout is measured on (steady_clock; tests pass a clock they advance themselves).
 class PendingOp {
  public:
   using Poll = std::function<PollResult()>;
   using Abort = std::function<void()>;
+  using Now = std::function<std::chrono::steady_clock::time_point()>;
 
   // op: "all_reduce", ...; call: describe_call(op, communicator), the prefix of every message.
   PendingOp(std::string op, std::string call, std::chrono::milliseconds timeout, Poll poll,
-            Abort abort);
+            Abort abort, Now now = std::chrono::steady_clock::now);
 
   void wait();
 
@@ -91,6 +93,7 @@ class PendingOp {
   std::string op_;
   std::string call_;
   std::chrono::milliseconds timeout_;
+  Now now_;
   std::chrono::steady_clock::time_point start_;
   Poll poll_;
   Abort abort_;

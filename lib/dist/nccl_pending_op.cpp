@@ -9,11 +9,12 @@
 namespace trainctl::dist {
 
 PendingOp::PendingOp(std::string op, std::string call, std::chrono::milliseconds timeout, Poll poll,
-                     Abort abort)
+                     Abort abort, Now now)
     : op_(std::move(op)),
       call_(std::move(call)),
       timeout_(timeout),
-      start_(std::chrono::steady_clock::now()),
+      now_(std::move(now)),
+      start_(now_()),
       poll_(std::move(poll)),
       abort_(std::move(abort)) {}
 
@@ -35,7 +36,7 @@ void PendingOp::wait() {
                      op_));
     }
     if (result.done) return;
-    if (steady_clock::now() >= deadline) {
+    if (now_() >= deadline) {
       fail(DistError(DistError::Kind::timeout,
                      call_ + ": timed out after " + std::to_string(timeout_.count()) +
                          " ms; a peer did not join the collective (NCCL cannot name which); the "

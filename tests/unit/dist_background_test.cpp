@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "dist/dist.hpp"
 #include "dist_test_util.hpp"
 
@@ -186,27 +188,37 @@ TEST_CASE("background reduce_scatter_v and all_gather_v of buckets equal one blo
 
 TEST_CASE("Work::wait with a timeout gives up without losing the operation", "[dist][gloo]") {
   const dist_test::TempDir temp;
+  // Rank 1 joins the all_reduce only when rank 0 says so, after rank 0's wait(50 ms) gave up.
+  int go[2];
+  REQUIRE(::pipe(go) == 0);
   const auto status = dist_test::run_ranks(2, [&](int rank) {
     BackgroundReducer reducer(join(temp.path, "dp_bg", rank, 2));
-    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    if (rank == 1) {
+      ::close(go[1]);  // EOF, not a hang, if rank 0 dies first
+      char byte = 0;
+      expect(::read(go[0], &byte, 1) == 1, "rank 0 let rank 1 go");
+    }
     double value = rank + 1;
     auto work = reducer.start_all_reduce_sum(&value, 1, DType::f64);
     if (rank == 0) {
       try {
         work->wait(Milliseconds(50));
-        expect(false, "wait(50 ms) returned while rank 1 was asleep");
+        expect(false, "wait(50 ms) returned while rank 1 had not joined");
       } catch (const DistError& error) {
         expect(error.kind() == DistError::Kind::timeout, "timeout kind");
         expect(std::string(error.what()).find("all_reduce of 1 elements on group dp_bg") !=
                    std::string::npos,
                std::string("message: ") + error.what());
       }
-      expect(!work->done(), "done while rank 1 was asleep");
+      expect(!work->done(), "done while rank 1 had not joined");
+      expect(::write(go[1], "x", 1) == 1, "rank 1 let go");
     }
     work->wait();
     expect(value == 3, "sum after the late rank arrived");
     return 0;
   });
+  ::close(go[0]);
+  ::close(go[1]);
   CHECK(status == std::vector<int>{0, 0});
 }
 

@@ -49,13 +49,11 @@ TEST_CASE("a peer that exits: the others get DistError naming op and peer, not a
           "[dist][gloo][failure]") {
   const dist_test::TempDir temp;
   const std::string& dir = temp.path;
-  const auto started = Clock::now();
   const auto status = dist_test::run_ranks(4, [&](int rank) {
     auto comm = join(dir, rank, 4, Milliseconds(10000));
     comm->barrier();
     if (rank == 2) ::_exit(0);  // gone without a word, sockets closed by the kernel
     std::vector<float> data(1 << 16, 1.0f);
-    const auto start = Clock::now();
     try {
       comm->all_reduce_sum(std::span<float>(data));
       expect(false, "all_reduce succeeded without rank 2");
@@ -66,7 +64,8 @@ TEST_CASE("a peer that exits: the others get DistError naming op and peer, not a
           contains(what, "all_reduce on group dp (4 ranks, this is rank " + std::to_string(rank)),
           "op and group named: " + what);
       expect(contains(what, "rank 2 is gone"), "dead peer named: " + what);
-      expect(Clock::now() - start < Milliseconds(5000), "error came within the timeout");
+      // Found from the closed connection, not by waiting out the 10 s timeout.
+      expect(error.kind() == DistError::Kind::peer_gone, "kind peer_gone: " + what);
       // The group is broken now: later calls fail at once with the first failure's reason.
       try {
         comm->barrier();
@@ -78,7 +77,6 @@ TEST_CASE("a peer that exits: the others get DistError naming op and peer, not a
     return 0;
   });
   CHECK(status == std::vector<int>{0, 0, 0, 0});
-  CHECK(Clock::now() - started < std::chrono::seconds(8));
 }
 
 TEST_CASE("a peer whose connections close before it exits is still named once it has exited",
@@ -116,13 +114,16 @@ TEST_CASE("in a group of two, a closed connection names the other rank even whil
           "[dist][gloo][failure]") {
   const dist_test::TempDir temp;
   const std::string& dir = temp.path;
+  int done[2];  // rank 0 -> rank 1: "I have my error", so rank 1 lives through rank 0's diagnosis
+  REQUIRE(::pipe(done) == 0);
   const auto status = dist_test::run_ranks(2, [&](int rank) {
     auto comm = join(dir, rank, 2, Milliseconds(10000));
     comm->barrier();
     if (rank == 1) {
-      comm.reset();  // closes its connection and stays alive past rank 0's look at the table
-      std::this_thread::sleep_for(Milliseconds(2000));
-      return 0;
+      ::close(done[1]);
+      comm.reset();  // closes its connection and stays alive until rank 0 has looked
+      char byte = 0;
+      return ::read(done[0], &byte, 1) == 1 ? 0 : 5;
     }
     std::vector<float> data(1 << 16, 1.0f);
     try {
@@ -134,8 +135,11 @@ TEST_CASE("in a group of two, a closed connection names the other rank even whil
       expect(!contains(what, "is gone"), "a live peer is not called gone: " + what);
       expect(error.kind() == DistError::Kind::peer_gone && error.peer() == 1, "kind and peer");
     }
+    expect(::write(done[1], "x", 1) == 1, "told rank 1");
     return 0;
   });
+  ::close(done[0]);
+  ::close(done[1]);
   CHECK(status == std::vector<int>{0, 0});
 }
 
@@ -169,7 +173,9 @@ TEST_CASE("a peer that stops answering (SIGSTOP): the others time out naming op 
           expect(contains(what, "rank 1 is stopped"), "silent peer named: " + what);
           expect(error.peer() == 1, "peer field");
           const auto waited = Clock::now() - start;
-          expect(waited >= Milliseconds(600) && waited < Milliseconds(3000), "waited ~ timeout");
+          // Not before the timeout; the upper bound only says "gave up", so it is one any
+          // loaded machine meets.
+          expect(waited >= Milliseconds(700) && waited < Milliseconds(30000), "waited the timeout");
         }
         return 0;
       },
@@ -194,7 +200,8 @@ TEST_CASE("a rank that never arrives: rendezvous names it after the timeout",
       expect(error.kind() == DistError::Kind::timeout, "timeout kind: " + what);
       expect(contains(what, "rendezvous of group dp (3 ranks, this is rank 0)"), what);
       expect(contains(what, "rank(s) 1, 2 have not arrived"), what);
-      expect(Clock::now() - start < Milliseconds(3000), "no hang");
+      expect(Clock::now() - start >= Milliseconds(500), "waited the timeout");
+      expect(Clock::now() - start < Milliseconds(30000), "no hang");
     }
     return 0;
   });

@@ -145,7 +145,7 @@ TEST_CASE("tcp store: a client waits for a late server, and says so when there i
     ::close(holder);  // hand the port to the server
     late = std::make_unique<TcpStoreServer>("127.0.0.1", port, secret);
   });
-  TcpStore client("127.0.0.1", port, secret, Milliseconds(5000));
+  TcpStore client("127.0.0.1", port, secret, Milliseconds(60000));  // generous: a busy machine
   starter.join();
   client.set("hello", "world");
   CHECK(client.get("hello", Milliseconds(100)) == "world");

@@ -37,7 +37,7 @@ std::vector<ProcessSpec> shells(const TempDir& dir, const std::vector<std::strin
   for (size_t i = 0; i < scripts.size(); ++i) {
     ProcessSpec s;
     s.argv = {"/bin/sh", "-c", scripts[i]};
-    s.env = {{"TEST_RANK", std::to_string(i)}};
+    s.env = {{"TEST_RANK", std::to_string(i)}, {"TEST_DIR", dir.path.string()}};
     s.log = dir.path / ("rank_" + std::to_string(i) + ".log");
     specs.push_back(std::move(s));
   }
@@ -46,6 +46,19 @@ std::vector<ProcessSpec> shells(const TempDir& dir, const std::vector<std::strin
 
 bool gone(pid_t pid) {
   return ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+// Waits until every file in `names` exists in `dir` (the children's way of saying "ready"); false
+// after 60 s, a bound that only a broken child reaches.
+bool wait_for_files(const fs::path& dir, const std::vector<std::string>& names) {
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  for (const std::string& name : names)
+    while (!fs::exists(dir / name))
+      if (Clock::now() > deadline)
+        return false;
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  return true;
 }
 
 double seconds_since(Clock::time_point t) {
@@ -84,11 +97,11 @@ TEST_CASE("supervisor: a failed rank is named with its log tail, the others are 
   options.grace = std::chrono::milliseconds(500);
   const auto start = Clock::now();
   const SuperviseResult r = launch_and_supervise(
-      shells(dir, {"exec sleep 30",
+      shells(dir, {"exec sleep 300",
                    "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo line $i; done; "
                    "sleep 0.2; exit 3"}),
       options);
-  CHECK(seconds_since(start) < 10);
+  CHECK(seconds_since(start) < 60);  // far below the children's 300 s: not waited out
   CHECK(r.exit_code == 1);
   CHECK(r.first_failed == 1);
   CHECK(r.exits[1].describe() == "exit code 3");
@@ -105,9 +118,14 @@ TEST_CASE("supervisor: a failed rank is named with its log tail, the others are 
 TEST_CASE("supervisor: a rank killed by a signal is named before peers that exit after it",
           "[launch]") {
   TempDir dir;
-  // Rank 0 exits 1 just after rank 1 is SIGKILLed, as a collective would fail on its peer.
-  const SuperviseResult r =
-      launch_and_supervise(shells(dir, {"sleep 0.3; exit 1", "sleep 0.25; kill -9 $$"}));
+  // Rank 0 exits 1 once rank 1 was SIGKILLed and reaped (its pid is gone), as a collective would
+  // fail on its peer: an order of events, not of sleeps.
+  const SuperviseResult r = launch_and_supervise(
+      shells(dir, {"until [ -s \"$TEST_DIR/pid_1\" ]; do sleep 0.01; done; "
+                   "while kill -0 \"$(cat \"$TEST_DIR/pid_1\")\" 2>/dev/null; do sleep 0.01; done; "
+                   "exit 1",
+                   "echo $$ > \"$TEST_DIR/pid_1.tmp\" && mv \"$TEST_DIR/pid_1.tmp\" "
+                   "\"$TEST_DIR/pid_1\" && kill -9 $$"}));
   CHECK(r.exit_code == 1);
   CHECK(r.first_failed == 1);
   CHECK_THAT(r.message, Catch::Contains("killed by signal 9 (SIGKILL)"));
@@ -118,9 +136,16 @@ TEST_CASE("supervisor: a stopped rank is killed after the grace period", "[launc
   SuperviseOptions options;
   options.grace = std::chrono::milliseconds(500);
   const auto start = Clock::now();
+  // Rank 0 fails once rank 1 really is stopped (state T in /proc), as a collective would time out.
   const SuperviseResult r = launch_and_supervise(
-      shells(dir, {"sleep 0.3; echo timed out >&2; exit 1", "kill -STOP $$"}), options);
-  CHECK(seconds_since(start) < 10);
+      shells(dir, {"until [ -s \"$TEST_DIR/pid_1\" ]; do sleep 0.01; done; "
+                   "p=$(cat \"$TEST_DIR/pid_1\"); "
+                   "until cut -d')' -f2 /proc/$p/stat | grep -q '^ T'; do sleep 0.01; done; "
+                   "echo timed out >&2; exit 1",
+                   "echo $$ > \"$TEST_DIR/pid_1.tmp\" && mv \"$TEST_DIR/pid_1.tmp\" "
+                   "\"$TEST_DIR/pid_1\" && kill -STOP $$"}),
+      options);
+  CHECK(seconds_since(start) < 60);  // far below the children's 300 s: not waited out
   CHECK(r.exit_code == 1);
   CHECK(r.first_failed == 0);
   CHECK(r.exits[1].signaled);
@@ -134,42 +159,47 @@ TEST_CASE("supervisor: bad input found by a rank (exit 2) is exit 2", "[launch]"
   TempDir dir;
   SuperviseOptions options;
   options.grace = std::chrono::milliseconds(200);
-  CHECK(launch_and_supervise(shells(dir, {"exit 2", "exec sleep 30"}), options).exit_code == 2);
+  CHECK(launch_and_supervise(shells(dir, {"exit 2", "exec sleep 300"}), options).exit_code == 2);
 }
 
 TEST_CASE("supervisor: SIGTERM of the launcher reaches every rank", "[launch]") {
   TempDir dir;
-  const std::string script = "trap 'kill $! 2>/dev/null; exit 75' TERM; sleep 30 & wait";
+  // Each rank says it is ready once its trap is set; the launcher is signalled only then.
+  const std::string script =
+      "trap 'kill $! 2>/dev/null; exit 75' TERM; sleep 300 & touch \"$TEST_DIR/ready_$TEST_RANK\"; "
+      "wait";
   SuperviseOptions options;
-  options.on_started = [](const std::vector<pid_t>&) {
-    std::thread([] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      ::kill(::getpid(), SIGTERM);
+  options.on_started = [path = dir.path](const std::vector<pid_t>&) {
+    std::thread([path] {
+      if (wait_for_files(path, {"ready_0", "ready_1"})) ::kill(::getpid(), SIGTERM);
     }).detach();
   };
   const auto start = Clock::now();
   const SuperviseResult r = launch_and_supervise(shells(dir, {script, script}), options);
-  CHECK(seconds_since(start) < 10);
+  CHECK(seconds_since(start) < 60);  // far below the children's 300 s: not waited out
   CHECK(r.exit_code == 75);
   CHECK(r.first_failed == -1);
 }
 
 TEST_CASE("supervisor: a second SIGINT kills every rank at once", "[launch]") {
   TempDir dir;
-  // The ranks ignore the first SIGINT (a save that takes long).
-  const std::string script = "trap '' INT; exec sleep 30";
+  // The ranks note the first SIGINT and go on (a save that takes long). The second SIGINT is sent
+  // once both ranks got the first one forwarded: the launcher has counted it by then, so the two
+  // can never merge into one pending signal.
+  const std::string script =
+      "trap 'touch \"$TEST_DIR/int_$TEST_RANK\"' INT; touch \"$TEST_DIR/ready_$TEST_RANK\"; "
+      "while :; do sleep 0.05; done";
   SuperviseOptions options;
-  options.on_started = [](const std::vector<pid_t>&) {
-    std::thread([] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  options.on_started = [path = dir.path](const std::vector<pid_t>&) {
+    std::thread([path] {
+      if (!wait_for_files(path, {"ready_0", "ready_1"})) return;
       ::kill(::getpid(), SIGINT);
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      ::kill(::getpid(), SIGINT);
+      if (wait_for_files(path, {"int_0", "int_1"})) ::kill(::getpid(), SIGINT);
     }).detach();
   };
   const auto start = Clock::now();
   const SuperviseResult r = launch_and_supervise(shells(dir, {script, script}), options);
-  CHECK(seconds_since(start) < 10);
+  CHECK(seconds_since(start) < 60);  // far below the children's 300 s: not waited out
   CHECK(r.exit_code == 130);
   for (pid_t pid : r.pids)
     CHECK(gone(pid));
@@ -177,7 +207,7 @@ TEST_CASE("supervisor: a second SIGINT kills every rank at once", "[launch]") {
 
 TEST_CASE("supervisor: a missing executable is exit 127 of that rank", "[launch]") {
   TempDir dir;
-  std::vector<ProcessSpec> specs = shells(dir, {"exec sleep 30"});
+  std::vector<ProcessSpec> specs = shells(dir, {"exec sleep 300"});
   ProcessSpec missing;
   missing.argv = {"/nonexistent/trainctl"};
   missing.log = dir.path / "rank_1.log";

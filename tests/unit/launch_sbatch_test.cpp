@@ -329,7 +329,7 @@ TEST_CASE("USR1 to the batch shell reaches the step, whose exit 75 requeues the 
       run_bash("export FAKE_SRUN_WAIT=1 FAKE_DIR=" + fake_dir +
                " SLURM_JOB_ID=4242 PATH=" + launch::shell_quote(slurm.bin.string()) +
                ":\"$PATH\"\n" + "bash " + launch::shell_quote(slurm.script.string()) +
-               " &\npid=$!\n" + "for i in $(seq 200); do [ -e " + fake_dir +
+               " &\npid=$!\n" + "for i in $(seq 1200); do [ -e " + fake_dir +
                "/ready ] && break; sleep 0.05; done\n" + "kill -USR1 $pid\nwait $pid\n");
   CHECK(status == 0);
   CHECK(slurm.file("srun.signal") == "usr1\n");

@@ -66,8 +66,35 @@ struct Snapshot {
 struct Process {
   std::vector<double> losses;
   std::vector<bool> skipped;
+  Snapshot start;  // right after the restore from a checkpoint file (when there was one)
   Snapshot end;
 };
+
+Snapshot snapshot(const train::Trainer& trainer, const model::Transformer& model) {
+  return {trainer.state(), bytes_of(model.params().values()), bytes_of(model.params().master()),
+          bytes_of(model.params().moment1()), bytes_of(model.params().moment2())};
+}
+
+// Every byte of every buffer (values, fp32 master, both Adam moments) and every field of the
+// trainer state: what a bit-identical resume claims.
+void check_same(const Snapshot& got, const Snapshot& want) {
+  REQUIRE_FALSE(want.values.empty());
+  REQUIRE_FALSE(want.m.empty());
+  REQUIRE_FALSE(want.v.empty());
+  CHECK(got.values == want.values);
+  CHECK(got.master == want.master);
+  CHECK(got.m == want.m);
+  CHECK(got.v == want.v);
+  CHECK(got.state.step == want.state.step);
+  CHECK(got.state.tokens == want.state.tokens);
+  CHECK(got.state.optimizer_updates == want.state.optimizer_updates);
+  CHECK(got.state.loss_scaler.scale == want.state.loss_scaler.scale);
+  CHECK(got.state.loss_scaler.good_steps == want.state.loss_scaler.good_steps);
+  CHECK(got.state.loss_scaler.skipped_steps == want.state.loss_scaler.skipped_steps);
+  CHECK(got.state.sampler.position == want.state.sampler.position);
+  CHECK(got.state.sampler.seed == want.state.sampler.seed);
+  CHECK(got.state.sampler.fingerprint == want.state.sampler.fingerprint);
+}
 
 // `checkpoints`: when set, the process resumes from the newest checkpoint there (if any) and
 // saves one when it stops, through lib/ckpt's files instead of in memory.
@@ -98,6 +125,7 @@ Process train_process(const Case& c, int64_t total_steps, int64_t stop_after, co
       train::restore_checkpoint(ckpt::CheckpointReader::open(newest->path), model, trainer, cpu());
   }
   Process p;
+  p.start = snapshot(trainer, model);
   trainer.run([&](const train::StepMetrics& s) {
     p.losses.push_back(s.loss);
     p.skipped.push_back(s.skipped);
@@ -108,8 +136,7 @@ Process train_process(const Case& c, int64_t total_steps, int64_t stop_after, co
     writer.save(train::capture_checkpoint(model, trainer, cpu(), "test", {{"world_size", 1}}));
     writer.wait();
   }
-  p.end = {trainer.state(), bytes_of(model.params().values()), bytes_of(model.params().master()),
-           bytes_of(model.params().moment1()), bytes_of(model.params().moment2())};
+  p.end = snapshot(trainer, model);
   return p;
 }
 
@@ -141,12 +168,7 @@ TEST_CASE("resume after N of 2N steps continues bit for bit", "[train][resume]")
         INFO("step " << i + 1);
         CHECK(resumed == straight.losses[static_cast<size_t>(i)]);
       }
-      CHECK(second.end.values == straight.end.values);
-      CHECK(second.end.master == straight.end.master);
-      CHECK(second.end.m == straight.end.m);
-      CHECK(second.end.v == straight.end.v);
-      CHECK(second.end.state.loss_scaler.scale == straight.end.state.loss_scaler.scale);
-      CHECK(second.end.state.sampler.position == straight.end.state.sampler.position);
+      check_same(second.end, straight.end);
       if (c.storage == DType::f16) {
         CHECK(first.skipped.front());  // the scaler really did skip and back off before the save
       }
@@ -174,9 +196,17 @@ TEST_CASE("resume through checkpoint files continues bit for bit", "[train][resu
       resumed.insert(resumed.end(), second.losses.begin(), second.losses.end());
       resumed.insert(resumed.end(), third.losses.begin(), third.losses.end());
       CHECK(resumed == straight.losses);
-      CHECK(third.end.values == straight.end.values);
-      CHECK(third.end.master == straight.end.master);
-      CHECK(third.end.v == straight.end.v);
+      // Each load from a file gives back every byte the previous process saved (values, master,
+      // both moments, the whole trainer state), and the end equals the straight run's.
+      {
+        INFO("loaded after step " << N);
+        check_same(second.start, first.end);
+      }
+      {
+        INFO("loaded after step " << 2 * N);
+        check_same(third.start, second.end);
+      }
+      check_same(third.end, straight.end);
       std::filesystem::remove_all(dir);
     }
   }

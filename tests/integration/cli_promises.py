@@ -5,7 +5,8 @@ docs/checkpoints.md and docs/recipe.md, each proved end to end through the train
   every_minutes   checkpoint.every_minutes takes fractional minutes: 1e-9 (60 ns, less than any
                   step takes) saves after every step; 60 saves only at the end; with every_steps
                   4 and 60 minutes the steps win ("whichever comes first").
-  keep_last       saving every step, keep_last 2 leaves exactly the newest two; a resume with
+  keep_last       saving every step, keep_last 2 leaves exactly the newest two (a corrupt
+                  checkpoint newer than all of them, planted mid-run, stays); a resume with
                   keep_last 3 keeps the newest three valid ones, deletes older ones (a corrupt one
                   included) and leaves another process's .tmp-step_* folder byte for byte alone.
   sigint          one rank, Ctrl-C (SIGINT): saves the step it finished, exits 75, says how to
@@ -312,6 +313,40 @@ def case_keep_last(binary, root, tmp):
     with open(os.path.join(foreign, "rank_0.bin"), "rb") as f:
         check(f.read() == b"another process is writing this", "the foreign .tmp file changed")
     check(os.listdir(foreign) == ["rank_0.bin"], "the foreign .tmp folder changed")
+
+    # A corrupt checkpoint newer than every valid one is evidence (scan reports it): retention
+    # never deletes it. It is planted while the run is frozen, then three more saves (each
+    # followed by retention) must pass before the run is stopped.
+    live = os.path.join(tmp, "live")
+    run = Background(binary, root, ru.run_args(live, 100000, ["checkpoint.every_steps=1",
+                                                              "checkpoint.keep_last=2"]),
+                     live + ".out")
+
+    def newest_step():
+        return max([int(n[len("step_"):]) for n in committed(live) if n != "step_99999999"],
+                   default=0)
+    run.wait_for("step 3's checkpoint", lambda: newest_step() >= 3)
+    freeze(run.pid)
+    try:
+        planted_after = newest_step()
+        evidence = os.path.join(live, "checkpoints", "step_99999999")
+        os.makedirs(evidence)
+        with open(os.path.join(evidence, "manifest.json"), "w") as f:
+            f.write("{ not json")
+    finally:
+        thaw(run.pid)
+    run.wait_for("three more checkpoints", lambda: newest_step() >= planted_after + 3)
+    run.process.send_signal(signal.SIGTERM)
+    rc, text = run.finish()
+    check(rc == 75, f"SIGTERM must save and exit 75\n{run.describe()}")
+    stop = stopped_line(text, "SIGTERM", live)
+    check(len(stop) == 1, f"no 'stopped by SIGTERM' line\n{text}")
+    names = ru.checkpoint_names(live)
+    want = ["latest", f"step_{stop[0] - 1:08d}", f"step_{stop[0]:08d}", "step_99999999"]
+    check(names == want, f"keep_last 2 with a corrupt newer checkpoint planted at step "
+          f"{planted_after}: checkpoints/ holds {names}, expected {want}")
+    with open(os.path.join(evidence, "manifest.json")) as f:
+        check(f.read() == "{ not json", "the corrupt newer checkpoint was changed")
 
 
 # ---- stop signals, one rank ----

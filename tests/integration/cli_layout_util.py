@@ -45,6 +45,13 @@ FAMILIES = {
     "gpt": [],
     "moe": ["moe.experts=4", "moe.top_k=2", "moe.capacity_factor=1.0", "moe.every=2"],
     "llama": ["model.arch=llama", "model.heads=4", "model.kv_heads=2"],
+    # Sizes that are not powers of two, so ZeRO parts, gradient buckets and stages do not align:
+    # 3 layers (pp2: 2 + 1), hidden 96, 3 heads, ffn 210, vocab 263 (prime), 6 sequences a step
+    # (dp3: 2 each). "odd-tp": vocab 261 = 3 * 87, as tp must divide the vocabulary.
+    "odd": ["model.layers=3", "model.hidden=96", "model.heads=3", "model.kv_heads=3",
+            "model.ffn_hidden=210", "model.vocab=263", "training.global_batch=6"],
+    "odd-tp": ["model.layers=3", "model.hidden=96", "model.heads=3", "model.kv_heads=3",
+               "model.ffn_hidden=210", "model.vocab=261", "training.global_batch=6"],
 }
 
 
@@ -83,7 +90,11 @@ def relative(a, b):
     return abs(a - b) / max(abs(a), 1e-30)
 
 
-def check_losses(want_dir, got_dir, label, first=1, last=None, tolerance=TOLERANCE):
+def check_losses(want_dir, got_dir, label, first=1, last=None, tolerance=TOLERANCE,
+                 grad_norm=False):
+    """Each step's loss (and with grad_norm=True its gradient norm: the loss alone does not see a
+    gradient scaled by a constant, which Adam's normalisation hides from the weights) within
+    `tolerance` relative of the reference run's; returns the worst loss error."""
     want, got = losses(want_dir), losses(got_dir, first, last)
     worst = 0.0
     for step, record in got.items():
@@ -93,6 +104,12 @@ def check_losses(want_dir, got_dir, label, first=1, last=None, tolerance=TOLERAN
         check(error <= tolerance,
               f"{label}: step {step} loss {record['loss']!r} differs from the single-rank "
               f"{want[step]['loss']!r} by {error:.3g} relative (tolerance {tolerance})")
+        if grad_norm:
+            error = relative(want[step]["grad_norm"], record["grad_norm"])
+            check(error <= tolerance,
+                  f"{label}: step {step} grad_norm {record['grad_norm']!r} differs from the "
+                  f"single-rank {want[step]['grad_norm']!r} by {error:.3g} relative (tolerance "
+                  f"{tolerance})")
         check(want[step]["tokens"] == record["tokens"],
               f"{label}: step {step} counts {record['tokens']} tokens, the reference "
               f"{want[step]['tokens']}")

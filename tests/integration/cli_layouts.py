@@ -2,15 +2,20 @@
 """cli:layouts: every parallel layout trains the same model to the same loss as one rank.
 
 For one recipe and seed in fp32, 20 steps under each layout (the local launcher starts the
-ranks): the per-step loss and the final weights (all tensors of the exported final checkpoint; see
-cli_layout_util for the exact measure) match the single-rank run within 1e-5 relative, for dp2,
-tp2, pp2 (4 micro-batches), dp2 with ZeRO-1, dp2 x pp2 with ZeRO-1 (the tied embedding's
-exchange beside the overlapped reduce-scatters and parameter gathers), tp2 x pp2, dp2 x tp2 x pp2
-(8 ranks), a MoE model with
-ep2, tp2 (tensor-parallel experts) and ep2 x tp2 (tokens are dropped at capacity: the test checks
-that dropping really happens, and happens alike), and a Llama model with grouped-query attention at
-tp2. Then the same layout run twice is bit-identical (losses, and the checkpoint's bytes of every
-tensor)."""
+ranks): the per-step loss and gradient norm and the final weights (all tensors of the exported
+final checkpoint; see cli_layout_util for the exact measure) match the single-rank run within
+1e-5 relative, for dp2, tp2, pp2 (4 micro-batches), dp2 with ZeRO-1, dp2 x pp2 with ZeRO-1 (the
+tied embedding's exchange beside the overlapped reduce-scatters and parameter gathers), tp2 x pp2,
+dp2 x tp2 x pp2 (8 ranks), a MoE model with ep2, tp2 (tensor-parallel experts) and ep2 x tp2
+(tokens are dropped at capacity: the test checks that dropping really happens, and happens alike),
+and a Llama model with grouped-query attention at tp2. Then the same layout run twice is bit-identical (losses, and the checkpoint's bytes of every
+tensor).
+
+The layouts above use powers of two throughout, so gradient buckets, ZeRO-1 parts, tp shards and
+pipeline stages always fall on the same boundaries. 10 steps of a model with odd sizes (hidden 96,
+3 heads, vocab 263, ffn 210, 3 layers; cli_layout_util's "odd" families) must match its own single
+rank the same way under dp3, dp3 with ZeRO-1 (3 parts of unequal size), pp2 (2 + 1 layers) and tp3
+(vocab 261)."""
 import os
 
 import cli_layout_util as lu
@@ -32,13 +37,22 @@ LAYOUTS = [
     ("llama", "tp2"),
 ]
 REPEAT = ("gpt", "tp2-pp2")
+ODD_STEPS = 10
+ODD_LAYOUTS = [
+    ("odd", "dp3"),
+    ("odd", "dp3-zero1"),
+    ("odd", "pp2"),
+    ("odd-tp", "tp3"),
+]
 
 
 def check_comm_fields(records, layout, label):
     """Several ranks report comm_ms; those whose gradient reduction overlaps backward (a data
-    group of two: dp2 or ep2, ZeRO-1 included) also its background busy time, which is not
+    group of several: dp or ep > 1, ZeRO-1 included) also its background busy time, which is not
     zero."""
-    overlaps = "dp2" in layout or "ep2" in layout
+    degrees = {part.rstrip("0123456789"): int(part[len(part.rstrip("0123456789")):])
+               for part in layout.split("-")}
+    overlaps = degrees.get("dp", 1) > 1 or degrees.get("ep", 1) > 1
     for step, record in records.items():
         check(record.get("comm_ms", -1) >= 0, f"{label}: step {step} has no comm_ms: {record}")
         check(("comm_background_ms" in record) == overlaps,
@@ -66,7 +80,8 @@ def body(binary, root):
             run_dir = os.path.join(tmp, f"{family}-{layout}")
             lu.train(binary, root, run_dir, family, layout, STEPS)
             label = f"{family} {layout}"
-            loss_error = lu.check_losses(reference[family][0], run_dir, label, 1, STEPS)
+            loss_error = lu.check_losses(reference[family][0], run_dir, label, 1, STEPS,
+                                         grad_norm=True)
             weight_error, worst = lu.check_weights(reference[family][1],
                                                    lu.final_weights(binary, root, run_dir), label)
             if family == "moe":
@@ -74,6 +89,22 @@ def body(binary, root):
                 got = [r["dropped_tokens"] for r in lu.losses(run_dir).values()]
                 check(want == got, f"{label}: dropped tokens per step {got} differ from the "
                                    f"single rank's {want}")
+            check_comm_fields(lu.losses(run_dir), layout, label)
+            report.append(f"{label}: loss {loss_error:.2g}, weights {weight_error:.2g} "
+                          f"(worst tensor {worst})")
+
+        for family, layout in ODD_LAYOUTS:
+            if family not in reference:
+                run_dir = os.path.join(tmp, f"{family}-1")
+                lu.train(binary, root, run_dir, family, "1", ODD_STEPS)
+                reference[family] = (run_dir, lu.final_weights(binary, root, run_dir))
+            run_dir = os.path.join(tmp, f"{family}-{layout}")
+            lu.train(binary, root, run_dir, family, layout, ODD_STEPS)
+            label = f"{family} {layout}"
+            loss_error = lu.check_losses(reference[family][0], run_dir, label, 1, ODD_STEPS,
+                                         grad_norm=True)
+            weight_error, worst = lu.check_weights(reference[family][1],
+                                                   lu.final_weights(binary, root, run_dir), label)
             check_comm_fields(lu.losses(run_dir), layout, label)
             report.append(f"{label}: loss {loss_error:.2g}, weights {weight_error:.2g} "
                           f"(worst tensor {worst})")

@@ -8,8 +8,8 @@ final checkpoint; see cli_layout_util for the exact measure) match the single-ra
 tied embedding's exchange beside the overlapped reduce-scatters and parameter gathers), tp2 x pp2,
 dp2 x tp2 x pp2 (8 ranks), a MoE model with ep2, tp2 (tensor-parallel experts) and ep2 x tp2
 (tokens are dropped at capacity: the test checks that dropping really happens, and happens alike),
-and a Llama model with grouped-query attention at tp2. Then the same layout run twice is bit-identical (losses, and the checkpoint's bytes of every
-tensor).
+and a Llama model with grouped-query attention at tp2. Then the same layout run twice is
+bit-identical (losses, and the checkpoint's bytes of every tensor).
 
 The layouts above use powers of two throughout, so gradient buckets, ZeRO-1 parts, tp shards and
 pipeline stages always fall on the same boundaries. 10 steps of a model with odd sizes (hidden 96,

@@ -26,56 +26,23 @@ import sys
 import time
 
 import cli_util
+import multirank_util as mu
 import store_util
 from cli_util import check
 
 STEPS = 400  # about 10 ms a step: long enough to hit a run mid-way
-TINY = ["model.arch=gpt", "model.layers=2", "model.hidden=32", "model.heads=4",
-        "model.kv_heads=4", "model.ffn_hidden=128", "model.vocab=256", "model.seq_len=32",
-        "precision.compute=fp32", "training.global_batch=8", "training.micro_batch=2",
-        "schedule.warmup_steps=2", "logging.eval_batches=1", "logging.eval_every_steps=0",
-        "logging.every_steps=1", "logging.tensorboard=false", "checkpoint.keep_last=100"]
 
 
 def run_args(run_dir, steps=STEPS, extra=(), layout=("parallel.dp=2",)):
-    sets = TINY + [f"training.steps={steps}", f"schedule.decay_steps={steps}", *layout, *extra]
-    return ["run", "recipes/tiny.yaml", *[a for s in sets for a in ("--set", s)],
-            "--run-dir", run_dir]
-
-
-def env_for_test():
-    env = dict(os.environ)
-    env.setdefault("OPENBLAS_NUM_THREADS", "1")
-    for name in ("TRAINCTL_RANK", "TRAINCTL_WORLD_SIZE", "TRAINCTL_LAUNCHER_PID", "RANK",
-                 "WORLD_SIZE", "SLURM_PROCID"):
-        env.pop(name, None)
-    return env
-
-
-def processes_of_run(run_dir):
-    """Pids of live (not zombie) processes whose command line names run_dir: ranks and launcher."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().decode(errors="replace")
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if run_dir in cmdline and state != "Z":
-            found.append(int(pid))
-    return found
+    return mu.tiny_run_args(run_dir, steps, extra, layout)
 
 
 def check_nothing_left(run_dir):
-    deadline = time.monotonic() + 2
-    left = processes_of_run(run_dir)
+    deadline = time.monotonic() + 10  # the launcher reaped them all: generous, not a race
+    left = mu.processes_of_run(run_dir)
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = processes_of_run(run_dir)
+        left = mu.processes_of_run(run_dir)
     check(not left, f"processes of the run are still alive after the launcher exited: {left}")
 
 
@@ -85,7 +52,7 @@ def start(binary, root, args):
     run_dir = args[args.index("--run-dir") + 1]
     out = open(run_dir + ".stdout", "w+")
     err = open(run_dir + ".stderr", "w+")
-    process = subprocess.Popen([binary, *args], cwd=root, env=env_for_test(), stdout=out,
+    process = subprocess.Popen([binary, *args], cwd=root, env=mu.rank_free_env(), stdout=out,
                                stderr=err, text=True)
     process.output_files = (out, err)
     return process
@@ -260,7 +227,7 @@ def case_sigint(binary, root, tmp):
 
 def case_layout_errors(binary, root, tmp):
     run_dir = os.path.join(tmp, "layout")
-    env = env_for_test()
+    env = mu.rank_free_env()
     env.update(RANK="0", WORLD_SIZE="3")  # torchrun's variables, for a 3-rank launch
     completed = subprocess.run([binary, *run_args(run_dir)], cwd=root, env=env,
                                capture_output=True, text=True, timeout=60)
@@ -271,7 +238,7 @@ def case_layout_errors(binary, root, tmp):
           f"{completed.stderr}")
     check(not os.path.exists(run_dir), "a layout error must not create the run directory")
     # trainctl's own rank variables left in a shell (no launcher started this process): named.
-    env = env_for_test()
+    env = mu.rank_free_env()
     env.update(TRAINCTL_RANK="1", TRAINCTL_WORLD_SIZE="2")
     completed = subprocess.run([binary, *run_args(run_dir)], cwd=root, env=env,
                                capture_output=True, text=True, timeout=60)
@@ -289,7 +256,7 @@ def case_layout_errors(binary, root, tmp):
 
     # A rank of a Slurm step without a shared file system meets the others through the TCP
     # store, which needs the job's secret: missing or malformed, it is refused before anything.
-    slurm = env_for_test()
+    slurm = mu.rank_free_env()
     slurm.update(SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_STEP_ID="0", SLURM_JOB_ID="7",
                  SLURM_NODELIST="node1", SLURM_STEP_NODELIST="node1", SLURM_LOCALID="0",
                  SLURM_NODEID="0", SLURM_STEP_TASKS_PER_NODE="2")

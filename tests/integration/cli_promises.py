@@ -52,32 +52,15 @@ import time
 import cli_layout_util as lu
 import cli_resume_util as ru
 import cli_util
+import multirank_util as mu
 from cli_util import check
 
 DEADLINE = 60  # seconds any awaited event may take on 2 busy cores before the test gives up
 
-# The multi-rank runs: a tiny fp32 GPT (cli_multirank_faults.py's), every step logged.
-TINY = ["model.arch=gpt", "model.layers=2", "model.hidden=32", "model.heads=4",
-        "model.kv_heads=4", "model.ffn_hidden=128", "model.vocab=256", "model.seq_len=32",
-        "precision.compute=fp32", "training.global_batch=8", "training.micro_batch=2",
-        "schedule.warmup_steps=2", "logging.eval_batches=1", "logging.eval_every_steps=0",
-        "logging.every_steps=1", "logging.tensorboard=false", "logging.progress=plain",
-        "checkpoint.keep_last=100"]
-
 
 def tiny_args(run_dir, steps, extra=(), layout=("parallel.dp=2",)):
-    sets = TINY + [f"training.steps={steps}", f"schedule.decay_steps={steps}", *layout, *extra]
-    return ["run", "recipes/tiny.yaml", *[a for s in sets for a in ("--set", s)],
-            "--run-dir", run_dir]
-
-
-def test_env():
-    env = dict(os.environ)
-    env.setdefault("OPENBLAS_NUM_THREADS", "1")
-    for name in ("TRAINCTL_RANK", "TRAINCTL_WORLD_SIZE", "TRAINCTL_LAUNCHER_PID", "RANK",
-                 "WORLD_SIZE", "SLURM_PROCID"):
-        env.pop(name, None)
-    return env
+    """The multi-rank runs: multirank_util's tiny fp32 GPT, with plain progress lines."""
+    return mu.tiny_run_args(run_dir, steps, ["logging.progress=plain", *extra], layout)
 
 
 class Background:
@@ -88,7 +71,7 @@ class Background:
         self.args = [binary, *args]
         self.output = output
         self.file = open(output, "w+")
-        self.process = subprocess.Popen(self.args, cwd=root, env=test_env(), stdout=self.file,
+        self.process = subprocess.Popen(self.args, cwd=root, env=mu.rank_free_env(), stdout=self.file,
                                         stderr=subprocess.STDOUT, text=True)
         self.pid = self.process.pid
 
@@ -226,31 +209,6 @@ def wait_for_metrics_step(run, run_dir, step):
         with open(path) as f:
             return sum(1 for _ in f) >= step
     run.wait_for(f"step {step} in {path}", reached)
-
-
-def process_identity(pid):
-    """(start time, state) of a process from /proc/<pid>/stat, or None when it does not exist."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[19]), fields[0], int(fields[1])  # starttime, state, ppid
-
-
-def processes_of_run(run_dir):
-    """Live (not zombie) processes whose command line names run_dir."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        identity = process_identity(pid)
-        if run_dir in cmdline and identity and identity[1] != "Z":
-            found.append(int(pid))
-    return found
 
 
 # ---- checkpoint cadence and retention ----
@@ -441,7 +399,7 @@ def case_sigusr1_twice(binary, root, tmp):
           f"dp2: each rank must stop once, after the same step: {stops}")
     check(ru.checkpoint_names(run_dir) == ["latest", f"step_{stops[0][0]:08d}"],
           f"dp2: one save expected: {ru.checkpoint_names(run_dir)}")
-    check(not processes_of_run(run_dir), f"dp2: left running: {processes_of_run(run_dir)}")
+    check(not mu.processes_of_run(run_dir), f"dp2: left running: {mu.processes_of_run(run_dir)}")
     verify(binary, root, run_dir, 1)
 
 
@@ -486,8 +444,8 @@ def case_second_sigint(binary, root, tmp):
           f"dp2: the launcher does not say why it stopped\n{text}")
     check(not committed(run_dir), f"dp2: a checkpoint was committed: {committed(run_dir)}")
     for pid in pids:
-        check(process_identity(pid) is None, f"dp2: rank pid {pid} is still there")
-    check(not processes_of_run(run_dir), f"dp2: left running: {processes_of_run(run_dir)}")
+        check(mu.process_identity(pid) is None, f"dp2: rank pid {pid} is still there")
+    check(not mu.processes_of_run(run_dir), f"dp2: left running: {mu.processes_of_run(run_dir)}")
 
 
 def case_launcher_sigkill(binary, root, tmp):
@@ -496,7 +454,7 @@ def case_launcher_sigkill(binary, root, tmp):
                      run_dir + ".out")
     pids = rank_pids(run, run_dir)
     wait_for_metrics_step(run, run_dir, 2)
-    before = {pid: process_identity(pid) for pid in pids}
+    before = {pid: mu.process_identity(pid) for pid in pids}
     for pid, identity in before.items():
         check(identity and identity[1] != "Z" and identity[2] == run.pid,
               f"rank pid {pid} is not a live child of the launcher {run.pid}: {identity}")
@@ -505,14 +463,14 @@ def case_launcher_sigkill(binary, root, tmp):
     check(rc == -signal.SIGKILL, f"the launcher should have died of SIGKILL, got {rc}")
 
     def all_gone():  # gone: no such process, a zombie, or the pid reused by another process
-        now = {pid: process_identity(pid) for pid in pids}
+        now = {pid: mu.process_identity(pid) for pid in pids}
         return all(n is None or n[1] == "Z" or n[0] != before[pid][0] for pid, n in now.items())
     deadline = time.monotonic() + DEADLINE  # PR_SET_PDEATHSIG acts at once; 60 s is generous
     while not all_gone() and time.monotonic() < deadline:
         time.sleep(0.01)
     check(all_gone(), f"ranks outlived the SIGKILLed launcher by {DEADLINE} s: "
-          f"{[p for p in pids if process_identity(p)]}")
-    check(not processes_of_run(run_dir), f"left running: {processes_of_run(run_dir)}")
+          f"{[p for p in pids if mu.process_identity(p)]}")
+    check(not mu.processes_of_run(run_dir), f"left running: {mu.processes_of_run(run_dir)}")
     print(f"ranks {pids} gone {time.monotonic() - deadline + DEADLINE:.2f} s after the launcher")
 
 
@@ -536,7 +494,7 @@ def case_failed_rank(binary, root, tmp):
           f"the launcher does not name the failed rank and its exit code 1\n{text}")
     check("the data file changed while the run was reading it" in text,
           f"the launcher does not show the rank's reason (its log's last lines)\n{text}")
-    check(not processes_of_run(run_dir), f"left running: {processes_of_run(run_dir)}")
+    check(not mu.processes_of_run(run_dir), f"left running: {mu.processes_of_run(run_dir)}")
 
 
 # ---- the run directory ----
@@ -598,7 +556,7 @@ def case_no_shared_fs(binary, root, tmp):
     stops = [check_stopped(f"dp2 rank {rank}", rank_log(run_dir, rank), run_dir)
              for rank in (0, 1)]
     check(stops[0] == stops[1], f"dp2: the ranks stopped after different steps: {stops}")
-    check(not processes_of_run(run_dir), f"dp2: left running: {processes_of_run(run_dir)}")
+    check(not mu.processes_of_run(run_dir), f"dp2: left running: {mu.processes_of_run(run_dir)}")
 
 
 # ---- layouts ----

@@ -4,8 +4,8 @@
 # come from a bundle made on a Debian machine by `scripts/gpu-check --bundle` (TRAINCTL_GPU_BUNDLE,
 # unpacked by scripts/gpu-check): fmt and Catch2 headers (fmt is used header-only here), Catch2's
 # CMake helpers, OpenBLAS (cblas.h, libopenblas.so.0 and the libgfortran/libquadmath it needs),
-# nlohmann-json's headers, and Gloo (headers, libgloo.so.0 and the hiredis, ibverbs and libnl
-# libraries it loads). Included from the top-level CMakeLists.txt, which returns right after;
+# nlohmann-json's headers, Gloo (headers, libgloo.so.0 and the hiredis, ibverbs and libnl
+# libraries it loads), and OpenSSL's libcrypto with its headers. Included from the top-level CMakeLists.txt, which returns right after;
 # docs/cuda.md says how a GPU session runs it.
 set(TRAINCTL_GPU_BUNDLE "" CACHE PATH "Unpacked bundle of scripts/gpu-check --bundle")
 if(NOT EXISTS "${TRAINCTL_GPU_BUNDLE}/include/cblas.h")
@@ -42,14 +42,24 @@ set_target_properties(Catch2::Catch2 PROPERTIES
   INTERFACE_INCLUDE_DIRECTORIES "${TRAINCTL_GPU_BUNDLE}/include")
 list(APPEND CMAKE_MODULE_PATH "${TRAINCTL_GPU_BUNDLE}/cmake")
 include(Catch)
-# libopenblas finds libgfortran through this rpath too (set on the test binary).
+# The binaries find the bundle's libraries by themselves (no LD_LIBRARY_PATH), so they run by hand
+# and under compute-sanitizer too. --disable-new-dtags writes DT_RPATH, which also serves the
+# libraries those libraries need (libopenblas -> libgfortran, libquadmath; libgloo -> hiredis,
+# ibverbs, libnl); the default DT_RUNPATH would serve the binary's direct libraries only.
 set(CMAKE_BUILD_RPATH "${bundle_lib}")
+add_link_options(LINKER:--disable-new-dtags)
 
 # The benchmarks (bench/gpu_*.cpp) train through lib/train, so lib/data, lib/ckpt, lib/dist and
 # lib/model come too. nlohmann-json is header-only. lib/dist looks for Gloo's CMake config first:
 # this one, written here, makes the bundle's libgloo the target `gloo` inside lib/dist's own
 # folder (an imported target made here could not be promoted to global there).
 find_package(Threads REQUIRED)
+# The TCP store's handshake in lib/dist: OpenSSL's libcrypto from the bundle (lib/dist looks for
+# the system's only when this target does not exist).
+add_library(OpenSSL::Crypto SHARED IMPORTED)
+set_target_properties(OpenSSL::Crypto PROPERTIES
+  IMPORTED_LOCATION "${bundle_lib}/libcrypto.so.3"
+  INTERFACE_INCLUDE_DIRECTORIES "${TRAINCTL_GPU_BUNDLE}/include")
 add_library(nlohmann_json::nlohmann_json INTERFACE IMPORTED)
 set_target_properties(nlohmann_json::nlohmann_json PROPERTIES
   INTERFACE_INCLUDE_DIRECTORIES "${TRAINCTL_GPU_BUNDLE}/include")
@@ -62,7 +72,7 @@ file(WRITE "${Gloo_DIR}/GlooConfig.cmake"
 add_subdirectory(lib/tensor)
 add_subdirectory(lib/backend)
 add_subdirectory(kernels)
-foreach(module data dist ckpt model train)
+foreach(module files data dist ckpt model train)
   add_subdirectory(lib/${module})
 endforeach()
 add_subdirectory(bench)

@@ -56,13 +56,19 @@ struct StoreDir {
 // Device bytes; poisoned at creation so an op that writes nothing cannot pass.
 class DeviceBytes {
  public:
+  // The fill runs on the legacy stream, NCCL on its own non-blocking stream, which does not wait
+  // for the legacy one: every constructor ends with the device idle, so a collective never reads
+  // bytes still being written (cudaMemset and a pageable cudaMemcpy may return before the device
+  // has finished).
   explicit DeviceBytes(size_t bytes) : bytes_(bytes) {
     TRAINCTL_CUDA_CHECK(cudaMalloc(&data_, std::max<size_t>(bytes, 1)));
     TRAINCTL_CUDA_CHECK(cudaMemset(data_, 0xA5, std::max<size_t>(bytes, 1)));
+    TRAINCTL_CUDA_CHECK(cudaDeviceSynchronize());
   }
   template <class T>
   explicit DeviceBytes(const std::vector<T>& values) : DeviceBytes(values.size() * sizeof(T)) {
     TRAINCTL_CUDA_CHECK(cudaMemcpy(data_, values.data(), bytes_, cudaMemcpyHostToDevice));
+    TRAINCTL_CUDA_CHECK(cudaDeviceSynchronize());
   }
   ~DeviceBytes() { (void)cudaFree(data_); }
   DeviceBytes(const DeviceBytes&) = delete;

@@ -33,6 +33,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_args.hpp"
 #include "backend/cuda/cuda_backend.hpp"
@@ -58,7 +59,9 @@ struct GemmKey {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0, batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
-  uint32_t align_a = 0, align_b = 0, align_c = 0, align_aux = 0;
+  // Pointer alignments in bytes: the heuristic reads them, so a plan is only reused for pointers
+  // aligned at least as well. align_bias is 0 without a bias epilogue.
+  uint32_t align_a = 0, align_b = 0, align_c = 0, align_aux = 0, align_bias = 0;
   auto operator<=>(const GemmKey&) const = default;
 };
 
@@ -67,7 +70,9 @@ struct GemmPlan {
   cublasLtMatrixLayout_t layout_a = nullptr;  // cuBLASLt's A: our B buffer
   cublasLtMatrixLayout_t layout_b = nullptr;  // cuBLASLt's B: our A buffer
   cublasLtMatrixLayout_t layout_c = nullptr;  // C and D
-  cublasLtMatmulAlgo_t algo{};
+  // The heuristic's candidates, best first. A candidate whose launch fails is dropped and the
+  // next one runs (run_lt), so a plan always runs the same algorithm once one has worked.
+  std::vector<cublasLtMatmulAlgo_t> algos;
   GemmPlan() = default;
   GemmPlan(const GemmPlan&) = delete;
   GemmPlan& operator=(const GemmPlan&) = delete;
@@ -248,7 +253,10 @@ std::unique_ptr<GemmPlan> make_plan(cublasLtHandle_t lt, const LtCall& call, siz
   cublasLtMatmulPreference_t preference = nullptr;
   check_cublas(cublasLtMatmulPreferenceCreate(&preference), "gemm",
                "cublasLtMatmulPreferenceCreate");
-  cublasLtMatmulHeuristicResult_t result{};
+  // Several candidates: a launch that fails on the first (it happens with new drivers and odd
+  // alignments) retries the next instead of ending the run.
+  constexpr int kCandidates = 4;
+  cublasLtMatmulHeuristicResult_t results[kCandidates]{};
   int returned = 0;
   cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
   const auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attribute, auto value) {
@@ -262,8 +270,8 @@ std::unique_ptr<GemmPlan> make_plan(cublasLtHandle_t lt, const LtCall& call, siz
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
   if (status == CUBLAS_STATUS_SUCCESS)
     status = cublasLtMatmulAlgoGetHeuristic(lt, plan->desc, plan->layout_a, plan->layout_b,
-                                            plan->layout_c, plan->layout_c, preference, 1, &result,
-                                            &returned);
+                                            plan->layout_c, plan->layout_c, preference, kCandidates,
+                                            results, &returned);
   (void)cublasLtMatmulPreferenceDestroy(preference);
   if (may_refuse && (status != CUBLAS_STATUS_SUCCESS || returned < 1)) {
     std::fprintf(stderr, "cuda backend gemm: cuBLASLt refused %s (%s); computing it another way\n",
@@ -275,7 +283,11 @@ std::unique_ptr<GemmPlan> make_plan(cublasLtHandle_t lt, const LtCall& call, siz
   if (returned < 1)
     throw std::runtime_error("cuda backend gemm: cuBLASLt has no algorithm for " + describe(key) +
                              "; align the tensors to 16 bytes or use other dtypes");
-  plan->algo = result.algo;
+  for (int i = 0; i < returned; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) plan->algos.push_back(results[i].algo);
+  if (plan->algos.empty())
+    throw std::runtime_error("cuda backend gemm: cuBLASLt's candidates for " + describe(key) +
+                             " all reported a failed state");
   return plan;
 }
 
@@ -348,12 +360,26 @@ bool run_lt(CudaBackend::Impl& impl, const LtCall& call, bool may_refuse) {
   GemmPlan* plan = found->second.get();
   if (plan == nullptr) return false;
   set_pointers(plan->desc, call);
-  check_cublas(
-      cublasLtMatmul(impl.lt, plan->desc, &call.alpha, call.b, plan->layout_a, call.a,
-                     plan->layout_b, &call.beta, call.c, plan->layout_c, call.c, plan->layout_c,
-                     &plan->algo, impl.workspace, impl.workspace_bytes, impl.stream),
-      "gemm", "cublasLtMatmul for " + describe(call.key));
-  return true;
+  while (true) {
+    const cublasStatus_t status =
+        cublasLtMatmul(impl.lt, plan->desc, &call.alpha, call.b, plan->layout_a, call.a,
+                       plan->layout_b, &call.beta, call.c, plan->layout_c, call.c, plan->layout_c,
+                       &plan->algos.front(), impl.workspace, impl.workspace_bytes, impl.stream);
+    // NOT_SUPPORTED and EXECUTION_FAILED mean nothing was launched (C is untouched, so beta
+    // accumulation stays right): the next candidate may work. Anything else is our error.
+    const bool retry =
+        (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_EXECUTION_FAILED) &&
+        plan->algos.size() > 1;
+    if (!retry) {
+      check_cublas(status, "gemm", "cublasLtMatmul for " + describe(call.key));
+      return true;
+    }
+    std::fprintf(stderr,
+                 "cuda backend gemm: cuBLASLt's algorithm for %s failed to launch (%s); trying its "
+                 "next candidate\n",
+                 describe(call.key).c_str(), cublasLtGetStatusName(status));
+    plan->algos.erase(plan->algos.begin());
+  }
 }
 
 void add_bias_after(CudaBackend::Impl& impl, const GemmArgs& g) {
@@ -368,9 +394,10 @@ void add_bias_after(CudaBackend::Impl& impl, const GemmArgs& g) {
 void plain_gemm(CudaBackend::Impl& impl, const GemmArgs& g) {
   LtCall call;
   call.key = key_of(g);
-  const bool bias_epilogue = bias_fits_epilogue(g);
+  bool bias_epilogue = bias_fits_epilogue(g);
   if (bias_epilogue) {
     call.key.epilogue = LtEpilogue::bias;
+    call.key.align_bias = alignment_of(g.bias.data, 1, 0, tensor::dtype_size(g.bias.dtype));
     call.bias = g.bias.data;
   }
   call.a = g.a.data;
@@ -378,7 +405,14 @@ void plain_gemm(CudaBackend::Impl& impl, const GemmArgs& g) {
   call.c = g.c.data;
   call.alpha = static_cast<float>(g.alpha);
   call.beta = static_cast<float>(g.beta);
-  (void)run_lt(impl, call, false);
+  // A refused bias epilogue is not an error: the same GEMM without it, then the bias kernel.
+  if (bias_epilogue && !run_lt(impl, call, true)) {
+    bias_epilogue = false;
+    call.key.epilogue = LtEpilogue::none;
+    call.key.align_bias = 0;
+    call.bias = nullptr;
+  }
+  if (!bias_epilogue) (void)run_lt(impl, call, false);
   if (!g.bias.empty() && !bias_epilogue) add_bias_after(impl, g);
 }
 
@@ -442,6 +476,8 @@ void CudaBackend::gemm_gelu(const GemmArgs& g) {
     call.b = g.b.data;
     call.c = g.c.data;
     call.bias = g.bias.empty() ? nullptr : g.bias.data;
+    if (call.bias)
+      call.key.align_bias = alignment_of(g.bias.data, 1, 0, tensor::dtype_size(g.bias.dtype));
     call.aux = g.pre_gelu.data;
     call.alpha = static_cast<float>(g.alpha);
     call.beta = static_cast<float>(g.beta);
@@ -534,6 +570,7 @@ void CudaBackend::gemm_fp8(const GemmArgs& g) {
     const bool bias_epilogue = g.c.dtype == DType::bf16 && bias_fits_epilogue(g);
     if (bias_epilogue) {
       call.key.epilogue = LtEpilogue::bias;
+      call.key.align_bias = alignment_of(g.bias.data, 1, 0, tensor::dtype_size(g.bias.dtype));
       call.bias = g.bias.data;
     }
     call.a = data_a;

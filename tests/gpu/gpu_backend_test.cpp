@@ -460,6 +460,50 @@ TEST_CASE("cuda gemm repeats bit for bit") {
   }
 }
 
+TEST_CASE("cuda gemm repeats bit for bit at split-K shapes, also on a fresh backend") {
+  // A weight gradient of GPT-2's MLP: dW[768, 3072] += dY^T X over k = 16384 tokens, bf16
+  // products accumulated into f32 (beta 1). A long k is where cuBLASLt picks split-K algorithms,
+  // whose partial sums must still be reduced in a fixed order in deterministic mode: three runs
+  // and a run on a second backend (its own plans and workspace) give the same bits.
+  Harness h;
+  const int64_t m = 768, n = 3072, k = 16384;
+  Twin dy = h.random(DType::bf16, {k * m});
+  Twin x = h.random(DType::bf16, {k * n});
+  Twin start = h.random(DType::f32, {m * n});
+  const std::vector<unsigned char> start_bytes = h.bytes(start.gpu);
+  std::unique_ptr<Backend> fresh;
+#ifndef GPU_COMPARE_SELF_TEST
+  fresh = trainctl::backend::make_cuda_backend(0, true);
+#else
+  fresh = trainctl::backend::make_cpu_backend();
+#endif
+  std::vector<std::vector<unsigned char>> results;
+  for (int run = 0; run < 4; ++run) {
+    Twin c = h.output(DType::f32, {m * n});
+    h.gpu().copy_from_host(c.gpu, start_bytes.data());
+    GemmArgs args;
+    args.a = dy.gpu;
+    args.b = x.gpu;
+    args.c = c.gpu;
+    args.trans_a = true;  // dY is [k, m]
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    args.beta = 1.0;
+    Backend& runner = run < 3 ? h.gpu() : *fresh;
+    runner.gemm(args);
+    // Read back through the backend that ran it: its copy waits for its own stream.
+    std::vector<unsigned char> bytes(c.gpu.bytes());
+    runner.copy_to_host(bytes.data(), c.gpu);
+    results.push_back(std::move(bytes));
+  }
+  for (int run = 1; run < 4; ++run) {
+    INFO("run " << run << (run == 3 ? " (fresh backend)" : ""));
+    CHECK(results[static_cast<size_t>(run)] == results[0]);
+  }
+  CHECK(results[0] != start_bytes);  // it did accumulate
+}
+
 TEST_CASE("cuda bias_backward accumulates column sums like the CPU, repeatably") {
   Harness h;
   for (const DType dtype : kGpuFloatTypes) {

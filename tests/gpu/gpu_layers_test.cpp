@@ -271,6 +271,36 @@ TEST_CASE("cuda attention forward and backward match the CPU (GQA, D 32/64/128, 
     }
 }
 
+TEST_CASE("cuda attention at GPT-2's size matches the CPU (T 1024, 12 heads, D 64, MHA and GQA)") {
+  // Many key tiles per query tile and many query tiles per head: the online-softmax rescale runs
+  // 32 times per row, which the small shapes above never reach.
+  Harness h;
+  const AttentionShape shapes[] = {{1, 1024, 12, 12, 64}, {1, 1024, 12, 4, 64}};
+  for (const DType dtype : {DType::bf16, DType::f32})
+    for (const AttentionShape& s : shapes) {
+      INFO(label(dtype) << " B=" << s.B << " T=" << s.T << " H=" << s.H << " KV=" << s.KV
+                        << " D=" << s.D);
+      const int64_t N = s.B * s.T;
+      Twin qkv = h.random(dtype, {N, s.qkv_width()}, 0, 0.05, 2.0);
+      Twin out = h.output(dtype, {N, s.H * s.D});
+      Twin lse = h.output(DType::f32, {s.B, s.H, s.T});
+      run_both(h, {&out, &lse}, {}, [&](Backend& be, bool g) {
+        be.attention_forward(side(out, g), side(lse, g), side(qkv, g), s);
+      });
+      GPU_EXPECT_CLOSE(h, out, "attention out");
+      GPU_EXPECT_CLOSE(h, lse, "attention lse");
+      copy_cpu_to_gpu(h, out);
+      copy_cpu_to_gpu(h, lse);
+      Twin dout = h.random(dtype, {N, s.H * s.D});
+      Twin dqkv = h.output(dtype, {N, s.qkv_width()});
+      run_both(h, {&dqkv}, {}, [&](Backend& be, bool g) {
+        be.attention_backward(side(dqkv, g), side(dout, g), side(qkv, g), side(out, g),
+                              side(lse, g), s);
+      });
+      GPU_EXPECT_CLOSE(h, dqkv, "attention dqkv");
+    }
+}
+
 TEST_CASE("cuda attention rejects a head size it has no kernel for, naming it") {
   Harness h;
   const AttentionShape s{1, 4, 2, 2, 48};

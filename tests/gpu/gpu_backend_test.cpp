@@ -250,6 +250,53 @@ TEST_CASE("cuda adamw matches the CPU bit for bit, with and without master weigh
   }
 }
 
+TEST_CASE("cuda elementwise and adamw grid-stride loops iterate and cover every element") {
+  // The kernels launch at most 8 blocks of 256 threads per SM and stride beyond: on an H100 (132
+  // SMs) one grid covers 270,336 threads, 2.16M elements when each thread takes 8. 6.5M
+  // elements, aligned (vectorised: 3 passes, a tail) and offset by one (scalar: 24 passes), make
+  // every loop go round several times; a kernel that stopped after one pass leaves the poison or
+  // the old values behind.
+  Harness h;
+  const int64_t n = 3 * (int64_t{1} << 21) + 262147;
+  Backend::AdamW hyper = gpu_compare::adamw_hyper();
+  hyper.step = 1;
+  for (const int64_t offset : {int64_t{0}, int64_t{1}}) {
+    INFO("n " << n << ", offset " << offset);
+    Twin a = h.random(DType::bf16, {n}, offset);
+    Twin b = h.random(DType::f32, {n}, offset);
+    Twin out = h.output(DType::f32, {n}, offset);
+    h.poison(out);
+    h.cpu().add(out.cpu, a.cpu, b.cpu);
+    h.gpu().add(out.gpu, a.gpu, b.gpu);
+    GPU_EXPECT_IDENTICAL(h, out, "add");
+    h.cpu().accumulate(out.cpu, a.cpu);
+    h.gpu().accumulate(out.gpu, a.gpu);
+    GPU_EXPECT_IDENTICAL(h, out, "accumulate");
+    h.cpu().scale(out.cpu, -0.37);
+    h.gpu().scale(out.gpu, -0.37);
+    GPU_EXPECT_IDENTICAL(h, out, "scale");
+    Twin cast = h.output(DType::bf16, {n}, offset);
+    h.poison(cast);
+    h.cpu().cast(cast.cpu, out.cpu);
+    h.gpu().cast(cast.gpu, out.gpu);
+    GPU_EXPECT_IDENTICAL(h, cast, "cast");
+
+    Twin param = h.random(DType::bf16, {n}, offset);
+    Twin master = h.output(DType::f32, {n}, offset);
+    h.cpu().cast(master.cpu, param.cpu);
+    h.gpu().cast(master.gpu, param.gpu);
+    Twin grad = h.random(DType::f32, {n}, offset, 1e-4, 3.0);
+    Twin m = h.output(DType::f32, {n}, offset);
+    Twin v = h.output(DType::f32, {n}, offset);
+    h.cpu().adamw(param.cpu, master.cpu, grad.cpu, m.cpu, v.cpu, hyper);
+    h.gpu().adamw(param.gpu, master.gpu, grad.gpu, m.gpu, v.gpu, hyper);
+    GPU_EXPECT_IDENTICAL(h, param, "adamw param");
+    GPU_EXPECT_IDENTICAL(h, master, "adamw master");
+    GPU_EXPECT_IDENTICAL(h, m, "adamw m");
+    GPU_EXPECT_IDENTICAL(h, v, "adamw v");
+  }
+}
+
 namespace {
 
 struct GemmCase {
@@ -322,6 +369,16 @@ void expect_gemm_close(Harness& h, const GemmCase& g, const Twin& c) {
   const auto result = Harness::compare_values(gpu_values, cpu_values, g.c);
   INFO(g.describe() << ": " << result.report << " [seed " << h.seed() << "]");
   CHECK(result.ok);
+  // The padding between batch matrices was poisoned (NaN) and must be untouched: a GEMM that
+  // wrote past a matrix, or used the wrong stride, changes it.
+  if (g.batch > 1 && g.beta == 0) {
+    int64_t written = 0;
+    for (int64_t p = 0; p + 1 < g.batch; ++p)
+      for (int64_t i = p * stride_c + g.m * g.n; i < (p + 1) * stride_c; ++i)
+        if (!std::isnan(gpu_all[static_cast<size_t>(i)])) ++written;
+    INFO(g.describe() << ": padding elements written");
+    CHECK(written == 0);
+  }
 }
 
 }  // namespace

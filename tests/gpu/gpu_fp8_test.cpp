@@ -197,6 +197,63 @@ TEST_CASE("cuda fp8 gemm repeats bit for bit on both paths") {
   }
 }
 
+// One variation of an fp8 GEMM the cases above keep fixed: the input dtype, each operand's
+// magnitude (so the A and B scales differ and a swap shows), which operands are marked fp8, alpha,
+// and offsets that misalign a, b and c one at a time.
+struct Fp8Variant {
+  std::string what;
+  Fp8Case shape;
+  DType input = DType::bf16;
+  double a_max = 1.0, b_max = 1.0;
+  bool mark_a = true, mark_b = true;
+  double alpha = 1.0;
+  int64_t offset_a = 0, offset_b = 0, offset_c = 0;
+};
+
+TEST_CASE(
+    "cuda fp8 gemm: tails, f32 inputs, one marked operand, alpha, unequal scales, misalignment") {
+  Harness h;
+  const Fp8Case friendly{Form::forward, 256, 192, 128, DType::e4m3, DType::e4m3, true, true};
+  const Fp8Case dw{Form::dw, 256, 192, 128, DType::e4m3, DType::e4m3, false, true};
+  const Fp8Case tails{Form::forward, 33, 47, 29, DType::e4m3, DType::e4m3, true, false};
+  const Fp8Case dw_tails{Form::dw, 71, 45, 19, DType::e5m2, DType::e4m3, false, false};
+  const Fp8Variant variants[] = {
+      {"tails in every dimension", tails},
+      {"dW with tails", dw_tails},
+      {"f32 inputs", friendly, DType::f32},
+      {"f32 inputs, dW", dw, DType::f32},
+      {"only a marked", friendly, DType::bf16, 1.0, 1.0, true, false},
+      {"only b marked", friendly, DType::bf16, 1.0, 1.0, false, true},
+      {"alpha 0.375", friendly, DType::bf16, 1.0, 1.0, true, true, 0.375},
+      {"alpha 0.375, dW", dw, DType::bf16, 1.0, 1.0, true, true, 0.375},
+      {"a 300x larger than b", friendly, DType::bf16, 300.0, 1.0},
+      {"b 300x larger than a", friendly, DType::bf16, 1.0, 300.0},
+      {"a misaligned", friendly, DType::bf16, 1.0, 1.0, true, true, 1.0, 1, 0, 0},
+      {"b misaligned", friendly, DType::bf16, 1.0, 1.0, true, true, 1.0, 0, 3, 0},
+      {"c misaligned", friendly, DType::bf16, 1.0, 1.0, true, true, 1.0, 0, 0, 5},
+  };
+  for (const Fp8Variant& v : variants) {
+    const Fp8Case& f = v.shape;
+    const GemmArgs s = shape_args(f, {});
+    Fp8Operands o;
+    o.a = h.random(v.input, {s.m * s.k}, v.offset_a, 0.05 * v.a_max, v.a_max);
+    o.b = h.random(v.input, {s.k * s.n}, v.offset_b, 0.05 * v.b_max, v.b_max);
+    o.c = f.form == Form::dw ? h.random(DType::f32, {s.m * s.n}, v.offset_c)
+                             : h.output(v.input, {s.m * s.n}, v.offset_c);
+    if (f.form != Form::dw) h.poison(o.c);
+    if (f.bias) o.bias = h.random(v.input, {s.n});
+    for (const bool gpu : {false, true}) {
+      GemmArgs g = shape_args(f, o.args(gpu));
+      if (!v.mark_a) g.fp8_a.reset();
+      if (!v.mark_b) g.fp8_b.reset();
+      g.alpha = v.alpha;
+      (gpu ? h.gpu() : h.cpu()).gemm(g);
+    }
+    INFO(v.what);
+    expect_fp8_close(h, f, o.c);
+  }
+}
+
 TEST_CASE("cuda fp8 gemm: a NaN or inf in an operand makes every output NaN") {
   Harness h;
   for (const bool tensor_cores : {true, false}) {

@@ -153,6 +153,41 @@ TEST_CASE("cuda rmsnorm forward and backward match the CPU") {
     }
 }
 
+TEST_CASE("cuda scratch grows stream-ordered between two queued ops without a wrong result") {
+  // A fresh backend: its scratch is sized by the first rmsnorm backward, then grown by a larger
+  // one queued right behind it with no host wait in between (cudaFreeAsync of the buffer the first
+  // kernel may still be reading, cudaMallocAsync of the new one). Both must match the CPU.
+  Harness h;
+  struct Norm {
+    Twin x, w, rstd, dout, dx, dw;
+  };
+  std::vector<Norm> norms;
+  for (const int64_t C : {int64_t{64}, int64_t{4096}}) {
+    const int64_t N = C == 64 ? 8 : 1024;
+    Norm n;
+    n.x = h.random(DType::bf16, {N, C}, 0, 0.05, 2.0);
+    n.w = h.random(DType::bf16, {C});
+    n.rstd = h.output(DType::f32, {N});
+    Twin out = h.output(DType::bf16, {N, C});
+    h.cpu().rmsnorm_forward(out.cpu, n.rstd.cpu, n.x.cpu, n.w.cpu, 1e-6);
+    copy_cpu_to_gpu(h, n.rstd);
+    n.dout = h.random(DType::bf16, {N, C});
+    n.dx = h.output(DType::bf16, {N, C});
+    n.dw = h.output(DType::f32, {C});
+    norms.push_back(std::move(n));
+  }
+  for (const bool gpu : {false, true})
+    for (Norm& n : norms)
+      (gpu ? h.gpu() : h.cpu())
+          .rmsnorm_backward(side(n.dx, gpu), side(n.dw, gpu), side(n.dout, gpu), side(n.x, gpu),
+                            side(n.w, gpu), side(n.rstd, gpu));
+  for (size_t i = 0; i < norms.size(); ++i) {
+    INFO("rmsnorm backward " << i << " of 2");
+    GPU_EXPECT_CLOSE(h, norms[i].dx, "dx");
+    GPU_EXPECT_CLOSE(h, norms[i].dw, "dweight");
+  }
+}
+
 TEST_CASE("cuda norm column sums stay exact over many rows (several row chunks)") {
   // 1000 rows span 32 chunks of the column kernel: the chunk partials and their ordered sum.
   Harness h;

@@ -88,14 +88,16 @@ kernels::Storage storage_type(std::string_view op, std::string_view name, DType 
 
 void* CudaBackend::Impl::scratch_for(size_t bytes) {
   if (bytes <= scratch_bytes && scratch != nullptr) return scratch;
-  // Kernels still queued may be using the old buffer.
-  check_cuda(cudaStreamSynchronize(stream), "scratch", "cudaStreamSynchronize");
-  if (scratch != nullptr) check_cuda(cudaFree(scratch), "scratch", "cudaFree");
+  // Stream-ordered: the old buffer is freed after the kernels queued before this call and the new
+  // one is ready for those queued after it, and neither call waits for the device. cudaFree and
+  // cudaMalloc would synchronise the whole device, so a growth while an NCCL kernel on another
+  // stream waits for a peer could hang both ranks (NCCL's documented pattern).
+  if (scratch != nullptr) check_cuda(cudaFreeAsync(scratch, stream), "scratch", "cudaFreeAsync");
   scratch = nullptr;
   scratch_bytes = 0;
   const size_t grown = std::max<size_t>({bytes, size_t{1} << 20, bytes + bytes / 2});
-  check_cuda(cudaMalloc(&scratch, grown), "scratch",
-             fmt::format("cudaMalloc of {} bytes of scratch", grown));
+  check_cuda(cudaMallocAsync(&scratch, grown, stream), "scratch",
+             fmt::format("cudaMallocAsync of {} bytes of scratch", grown));
   scratch_bytes = grown;
   return scratch;
 }
@@ -111,7 +113,10 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 void release(CudaBackend::Impl& impl) {
   destroy_gemm_plans(impl.gemm_plans);
   impl.gemm_plans = nullptr;
-  if (impl.scratch) (void)cudaFree(impl.scratch);
+  if (impl.scratch) {
+    (void)cudaFreeAsync(impl.scratch, impl.stream);
+    (void)cudaStreamSynchronize(impl.stream);
+  }
   if (impl.workspace) (void)cudaFree(impl.workspace);
   if (impl.lt) (void)cublasLtDestroy(impl.lt);
   if (impl.stream) (void)cudaStreamDestroy(impl.stream);
@@ -128,6 +133,11 @@ void activate(const CudaBackend::Impl& impl, std::string_view op) {
 }
 
 }  // namespace
+
+void CudaBackend::reserve_scratch(size_t bytes) {
+  activate(*impl_, "reserve_scratch");
+  (void)impl_->scratch_for(bytes);
+}
 
 CudaBackend::CudaBackend(const CudaOptions& options) : impl_(std::make_unique<Impl>()) {
   Impl& impl = *impl_;

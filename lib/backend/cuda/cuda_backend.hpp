@@ -12,9 +12,13 @@
 //
 // Memory: allocate() is cudaMalloc (zero-filled with cudaMemsetAsync), called only while the model
 // plans its buffers, never in the step loop; kernels that need temporary space take it from
-// Impl::scratch, which grows only outside the step loop (reserve_scratch).
+// Impl::scratch. The scratch grows stream-ordered (cudaFreeAsync/cudaMallocAsync on the compute
+// stream), so a growth never synchronises the device and cannot wait on an NCCL kernel of another
+// stream; the first step sizes it, and reserve_scratch sizes it up front where a caller knows the
+// need.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -124,6 +128,9 @@ class CudaBackend final : public Backend {
     int64_t gelu_unfused = 0;
   };
   GemmPaths gemm_paths() const;
+
+  // Grows the scratch buffer to at least `bytes` now (stream-ordered, never smaller).
+  void reserve_scratch(size_t bytes);
 
   struct Impl;  // cuda_backend_impl.hpp: stream, cuBLASLt handle, workspace, scratch
   Impl& impl() { return *impl_; }

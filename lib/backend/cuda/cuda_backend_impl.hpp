@@ -27,8 +27,9 @@ struct CudaBackend::Impl {
   struct GemmPlans;                 // cuBLASLt plans per GEMM shape, path counts (cuda_gemm.cpp)
   GemmPlans* gemm_plans = nullptr;  // owned: create_gemm_plans / destroy_gemm_plans
 
-  // Device scratch of at least `bytes` (grows with cudaFree/cudaMalloc after synchronising the
-  // stream; the model's first step sizes it, later steps reuse it). Valid until the next call.
+  // Device scratch of at least `bytes` for kernels on `stream` (grows stream-ordered with
+  // cudaFreeAsync/cudaMallocAsync, never synchronising the device; the model's first step sizes
+  // it, later steps reuse it). Valid until the next call.
   void* scratch_for(size_t bytes);
 };
 

@@ -142,7 +142,6 @@ void CudaBackend::reserve_scratch(size_t bytes) {
 CudaBackend::CudaBackend(const CudaOptions& options) : impl_(std::make_unique<Impl>()) {
   Impl& impl = *impl_;
   impl.device = options.device;
-  impl.deterministic = options.deterministic;
   int count = 0;
   const cudaError_t count_status = cudaGetDeviceCount(&count);
   if (count_status != cudaSuccess) {

@@ -7,8 +7,12 @@
 // ("synchronous from the caller's point of view") holds because every op that returns a host value
 // (sum, sum_squares, all_finite, copy_to_host) synchronises the stream, and device memory is only
 // read by later ops on the same stream or by a communicator ordered after it (stream(), fence()).
-// Deterministic mode (the default): no float atomics, fixed reduction orders, cuBLASLt without TF32
-// for fp32 and with a fixed algorithm per shape, so two runs on the same GPU are bit-identical.
+// Determinism: every path is deterministic; there is no faster non-deterministic one to switch to
+// yet. No float atomics, fixed reduction orders, cuBLASLt without TF32 for fp32 and with one
+// algorithm per shape (cuBLAS promises bit-wise equal results for a given algorithm, architecture
+// and SM count, its split-K reductions included; tests/gpu repeats a split-K shape to check it),
+// so two runs on the same GPU are bit-identical. CudaOptions::deterministic (the recipe's
+// determinism.deterministic) is therefore accepted and changes nothing today.
 //
 // Memory: allocate() is cudaMalloc (zero-filled with cudaMemsetAsync), called only while the model
 // plans its buffers, never in the step loop; kernels that need temporary space take it from
@@ -29,7 +33,7 @@ namespace trainctl::backend::cuda {
 
 struct CudaOptions {
   int device = 0;             // CUDA device index (a rank uses its local rank)
-  bool deterministic = true;  // see above
+  bool deterministic = true;  // accepted; every path is deterministic (see above)
 };
 
 class CudaBackend final : public Backend {

@@ -16,7 +16,6 @@ namespace trainctl::backend::cuda {
 
 struct CudaBackend::Impl {
   int device = 0;
-  bool deterministic = true;
   cudaStream_t stream = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;  // cuBLASLt workspace

@@ -271,6 +271,35 @@ TEST_CASE("cuda rope rotates like the CPU, forward, inverse and in place") {
 
 // ---- attention -----------------------------------------------------------------------------
 
+namespace {
+
+// Attention forward (out, lse) and backward (dqkv) of one shape on both backends, compared.
+void check_attention(Harness& h, DType dtype, const AttentionShape& s) {
+  INFO(label(dtype) << " B=" << s.B << " T=" << s.T << " H=" << s.H << " KV=" << s.KV
+                    << " D=" << s.D);
+  const int64_t N = s.B * s.T;
+  Twin qkv = h.random(dtype, {N, s.qkv_width()}, 0, 0.05, 2.0);
+  Twin out = h.output(dtype, {N, s.H * s.D});
+  Twin lse = h.output(DType::f32, {s.B, s.H, s.T});
+  run_both(h, {&out, &lse}, {}, [&](Backend& be, bool g) {
+    be.attention_forward(side(out, g), side(lse, g), side(qkv, g), s);
+  });
+  GPU_EXPECT_CLOSE(h, out, "attention out");
+  GPU_EXPECT_CLOSE(h, lse, "attention lse");
+  copy_cpu_to_gpu(h, out);
+  copy_cpu_to_gpu(h, lse);
+
+  Twin dout = h.random(dtype, {N, s.H * s.D});
+  Twin dqkv = h.output(dtype, {N, s.qkv_width()});
+  run_both(h, {&dqkv}, {}, [&](Backend& be, bool g) {
+    be.attention_backward(side(dqkv, g), side(dout, g), side(qkv, g), side(out, g), side(lse, g),
+                          s);
+  });
+  GPU_EXPECT_CLOSE(h, dqkv, "attention dqkv");
+}
+
+}  // namespace
+
 TEST_CASE("cuda attention forward and backward match the CPU (GQA, D 32/64/128, ragged T)") {
   Harness h;
   const AttentionShape shapes[] = {
@@ -281,29 +310,8 @@ TEST_CASE("cuda attention forward and backward match the CPU (GQA, D 32/64/128, 
       {1, 96, 8, 2, 128},  // whole tiles, GQA
   };
   for (const DType dtype : kGpuFloatTypes)
-    for (const AttentionShape& s : shapes) {
-      INFO(label(dtype) << " B=" << s.B << " T=" << s.T << " H=" << s.H << " KV=" << s.KV
-                        << " D=" << s.D);
-      const int64_t N = s.B * s.T;
-      Twin qkv = h.random(dtype, {N, s.qkv_width()}, 0, 0.05, 2.0);
-      Twin out = h.output(dtype, {N, s.H * s.D});
-      Twin lse = h.output(DType::f32, {s.B, s.H, s.T});
-      run_both(h, {&out, &lse}, {}, [&](Backend& be, bool g) {
-        be.attention_forward(side(out, g), side(lse, g), side(qkv, g), s);
-      });
-      GPU_EXPECT_CLOSE(h, out, "attention out");
-      GPU_EXPECT_CLOSE(h, lse, "attention lse");
-      copy_cpu_to_gpu(h, out);
-      copy_cpu_to_gpu(h, lse);
-
-      Twin dout = h.random(dtype, {N, s.H * s.D});
-      Twin dqkv = h.output(dtype, {N, s.qkv_width()});
-      run_both(h, {&dqkv}, {}, [&](Backend& be, bool g) {
-        be.attention_backward(side(dqkv, g), side(dout, g), side(qkv, g), side(out, g),
-                              side(lse, g), s);
-      });
-      GPU_EXPECT_CLOSE(h, dqkv, "attention dqkv");
-    }
+    for (const AttentionShape& s : shapes)
+      check_attention(h, dtype, s);
 }
 
 TEST_CASE("cuda attention at GPT-2's size matches the CPU (T 1024, 12 heads, D 64, MHA and GQA)") {
@@ -312,28 +320,8 @@ TEST_CASE("cuda attention at GPT-2's size matches the CPU (T 1024, 12 heads, D 6
   Harness h;
   const AttentionShape shapes[] = {{1, 1024, 12, 12, 64}, {1, 1024, 12, 4, 64}};
   for (const DType dtype : {DType::bf16, DType::f32})
-    for (const AttentionShape& s : shapes) {
-      INFO(label(dtype) << " B=" << s.B << " T=" << s.T << " H=" << s.H << " KV=" << s.KV
-                        << " D=" << s.D);
-      const int64_t N = s.B * s.T;
-      Twin qkv = h.random(dtype, {N, s.qkv_width()}, 0, 0.05, 2.0);
-      Twin out = h.output(dtype, {N, s.H * s.D});
-      Twin lse = h.output(DType::f32, {s.B, s.H, s.T});
-      run_both(h, {&out, &lse}, {}, [&](Backend& be, bool g) {
-        be.attention_forward(side(out, g), side(lse, g), side(qkv, g), s);
-      });
-      GPU_EXPECT_CLOSE(h, out, "attention out");
-      GPU_EXPECT_CLOSE(h, lse, "attention lse");
-      copy_cpu_to_gpu(h, out);
-      copy_cpu_to_gpu(h, lse);
-      Twin dout = h.random(dtype, {N, s.H * s.D});
-      Twin dqkv = h.output(dtype, {N, s.qkv_width()});
-      run_both(h, {&dqkv}, {}, [&](Backend& be, bool g) {
-        be.attention_backward(side(dqkv, g), side(dout, g), side(qkv, g), side(out, g),
-                              side(lse, g), s);
-      });
-      GPU_EXPECT_CLOSE(h, dqkv, "attention dqkv");
-    }
+    for (const AttentionShape& s : shapes)
+      check_attention(h, dtype, s);
 }
 
 TEST_CASE("cuda attention rejects a head size it has no kernel for, naming it") {

@@ -22,7 +22,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import cli_util
@@ -324,15 +323,5 @@ CASES = {"layout_errors": case_layout_errors, "clean": case_clean, "sigkill": ca
          "sigstop": case_sigstop, "sigint": case_sigint, "tcp_store": case_tcp_store}
 
 
-def main(binary, root, wanted):
-    for name in wanted:
-        start_time = time.monotonic()
-        with cli_util.temp_dir(f"multirank-{name}") as tmp:
-            CASES[name](binary, root, tmp)
-        print(f"{name}: ok ({time.monotonic() - start_time:.1f} s)")
-
-
 if __name__ == "__main__":
-    WANTED = sys.argv[3:] or list(CASES)
-    del sys.argv[3:]  # cli_util.parse_args takes exactly the binary and the root
-    cli_util.main_wrapper(lambda binary, root: main(binary, root, WANTED))
+    cli_util.cases_main(CASES, "multirank")

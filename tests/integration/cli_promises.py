@@ -46,7 +46,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import cli_layout_util as lu
@@ -590,17 +589,5 @@ CASES = {"every_minutes": case_every_minutes, "keep_last": case_keep_last,
          "no_shared_fs": case_no_shared_fs, "moe_dp_ep": case_moe_dp_ep}
 
 
-def main(binary, root, wanted):
-    unknown = [name for name in wanted if name not in CASES]
-    check(not unknown, f"unknown case {unknown}; the cases are {', '.join(CASES)}")
-    for name in wanted:
-        start_time = time.monotonic()
-        with cli_util.temp_dir(f"promises-{name}") as tmp:
-            CASES[name](binary, root, tmp)
-        print(f"{name}: ok ({time.monotonic() - start_time:.1f} s)")
-
-
 if __name__ == "__main__":
-    WANTED = sys.argv[3:] or list(CASES)
-    del sys.argv[3:]  # cli_util.parse_args takes exactly the binary and the root
-    cli_util.main_wrapper(lambda binary, root: main(binary, root, WANTED))
+    cli_util.cases_main(CASES, "promises")

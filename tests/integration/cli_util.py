@@ -52,6 +52,25 @@ def main_wrapper(body):
     sys.exit(0)
 
 
+def cases_main(cases, prefix):
+    """The main of a script of named cases: `SCRIPT BINARY ROOT [CASE...]` runs the cases named
+    (all by default), each in its own temporary directory `<prefix>-<case>`, as case(binary, root,
+    tmp). An unknown case name fails before any case runs."""
+    wanted = sys.argv[3:] or list(cases)
+    del sys.argv[3:]  # parse_args takes exactly the binary and the root
+
+    def body(binary, root):
+        unknown = [name for name in wanted if name not in cases]
+        check(not unknown, f"unknown case {unknown}; the cases are {', '.join(cases)}")
+        for name in wanted:
+            start = time.monotonic()
+            with temp_dir(f"{prefix}-{name}") as tmp:
+                cases[name](binary, root, tmp)
+            print(f"{name}: ok ({time.monotonic() - start:.1f} s)")
+
+    main_wrapper(body)
+
+
 class Result:
     def __init__(self, args, completed):
         self.args = args

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ckpt/ckpt.hpp"
+#include "dist/store_protocol.hpp"
 #include "files/run_lock.hpp"
 #include "launch/rank_env.hpp"
 #include "recipe/recipe.hpp"
@@ -34,6 +35,9 @@ struct SessionInput {
   // This process's rank. world_size 1: the whole run in this process. More: one rank of a job
   // started by our launcher (launch.hpp) or an external one; every rank runs train_session.
   launch::RankInfo rank;
+  // The job's rendezvous secret (TRAINCTL_STORE_SECRET), read and checked by
+  // check_rank_environment where this rank meets the others through a TCP store; empty elsewhere.
+  std::optional<dist::StoreSecret> store_secret;
   // The training data, opened and checked by check_session_input before anything is created.
   std::shared_ptr<SessionData> data;
   // Diagnostic fault injection (--debug-save-delay-ms): every checkpoint save sleeps this long

@@ -98,7 +98,7 @@ int check_rank_environment(SessionInput& input, const std::string& command) {
   const recipe::Recipe& r = input.loaded.recipe;
   if (input.rank.world_size > 1 && uses_tcp_store(r.cluster.shared_fs, input.rank.source)) {
     try {
-      job_store_secret();
+      input.store_secret = job_store_secret();
     } catch (const dist::DistError& e) {
       return bad_input(command, e.what());
     }
@@ -179,14 +179,17 @@ int rank_gpu(const launch::RankInfo& rank, const backend::DeviceReport& devices)
 }
 
 Rendezvous open_rendezvous(const launch::RankInfo& rank, const fs::path& run_dir, bool shared_fs,
+                           const std::optional<dist::StoreSecret>& store_secret,
                            std::chrono::milliseconds timeout) {
   Rendezvous rv;
   if (uses_tcp_store(shared_fs, rank.source)) {
+    if (!store_secret)  // check_rank_environment reads it for every rank that gets here
+      throw std::logic_error("open_rendezvous: a TCP store rendezvous without the job's secret");
     const auto getenv = [](const char* name) { return std::getenv(name); };
     const bool slurm = rank.source == launch::RankSource::slurm;
     const launch::StoreAddress address =
         slurm ? launch::tcp_store_address(rank, getenv) : launch::launcher_store_address(getenv);
-    const dist::StoreSecret secret = job_store_secret();
+    const dist::StoreSecret& secret = *store_secret;
     if (slurm && rank.rank == 0)
       rv.server =
           std::make_unique<dist::TcpStoreServer>("", address.port, secret, store_server_options());
@@ -348,7 +351,7 @@ void join_ranks(const SessionInput& input, const train::TrainConfig& train_confi
   const int rank = rank_info.rank;
   if (rank_info.world_size > 1) {
     out.rendezvous = open_rendezvous(
-        rank_info, input.run_dir, r.cluster.shared_fs,
+        rank_info, input.run_dir, r.cluster.shared_fs, input.store_secret,
         std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s * 1000.0)));
     dist::Layout layout;
     layout.tp = r.parallel.tp;

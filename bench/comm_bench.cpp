@@ -46,7 +46,7 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
-#include "dist/dist.hpp"
+#include "comm/comm.hpp"
 
 namespace {
 
@@ -159,10 +159,10 @@ double best(const std::vector<double>& v) {
 // One rank's whole benchmark; rank 0 returns the rows, the others an empty list.
 std::vector<Row> run_rank(const Options& o, int rank) {
   const int n = o.ranks;
-  dist::FileStore store(o.dir + "/ours");
-  dist::Mesh mesh = dist::Mesh::create(store, n, rank, dist::Layout{.dp = n},
-                                       dist::MeshOptions{.timeout = std::chrono::seconds(60)});
-  dist::Communicator& ours = mesh.dp();
+  comm::FileStore store(o.dir + "/ours");
+  comm::Mesh mesh = comm::Mesh::create(store, n, rank, comm::Layout{.dp = n},
+                                       comm::MeshOptions{.timeout = std::chrono::seconds(60)});
+  comm::Communicator& ours = mesh.dp();
   const auto bare = bare_context(o.dir + "/bare", rank, n);
 
   // The slowest rank's time for `calls` calls of `body`, after a barrier.
@@ -206,13 +206,13 @@ std::vector<Row> run_rank(const Options& o, int rank) {
     for (size_t i = 0; i < floats; ++i)
       a[i] = b[i] =
           static_cast<float>((i * 2654435761u + static_cast<size_t>(rank) * 97) % 1000) / 997.0f;
-    ours.all_reduce_sum(a.data(), floats, dist::DType::f32);
+    ours.all_reduce_sum(a.data(), floats, comm::DType::f32);
     bare_all_reduce(bare, b.data(), floats);
     reduce.identical = std::memcmp(a.data(), b.data(), floats * sizeof(float)) == 0;
     std::fill(a.begin(), a.end(), 0.0f);
     std::fill(b.begin(), b.end(), 0.0f);
     compare(
-        calls, [&] { ours.all_reduce_sum(a.data(), floats, dist::DType::f32); },
+        calls, [&] { ours.all_reduce_sum(a.data(), floats, comm::DType::f32); },
         [&] { bare_all_reduce(bare, b.data(), floats); }, reduce);
 
     Row gather{.op = "all_gather", .floats = floats};
@@ -222,7 +222,7 @@ std::vector<Row> run_rank(const Options& o, int rank) {
 
     Row scatter{.op = "reduce_scatter", .floats = floats};
     compare(
-        calls, [&] { ours.reduce_scatter_sum(a.data(), scattered.data(), part, dist::DType::f32); },
+        calls, [&] { ours.reduce_scatter_sum(a.data(), scattered.data(), part, comm::DType::f32); },
         nullptr, scatter);
     if (rank == 0) {
       rows.push_back(reduce);

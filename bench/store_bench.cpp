@@ -26,11 +26,11 @@
 #include <fmt/format.h>
 
 #include "bench_util.hpp"
-#include "dist/store.hpp"
+#include "comm/store.hpp"
 
 namespace {
 
-using namespace trainctl::dist;
+using namespace trainctl::comm;
 using trainctl::bench::best_seconds;
 
 int connect_loopback(int port) {

@@ -17,12 +17,12 @@
 #include "backend/backend.hpp"
 #include "backend/cuda/device.hpp"
 #include "ckpt/ckpt.hpp"
+#include "comm/error.hpp"
+#include "comm/mesh.hpp"
 #include "commands.hpp"
 #include "convert.hpp"
 #include "data/data.hpp"
 #include "data/sampler.hpp"
-#include "dist/error.hpp"
-#include "dist/mesh.hpp"
 #include "files/files.hpp"
 #include "launch/rank_env.hpp"
 #include "launch/signals.hpp"
@@ -125,7 +125,7 @@ int train_session(SessionInput input, const std::string& command) {
   try {
     // ---- 2. rendezvous (several ranks), build, and load the checkpoint ----
     RankGroups groups;
-    std::optional<dist::Mesh>& mesh = groups.mesh;
+    std::optional<comm::Mesh>& mesh = groups.mesh;
     const train::TrainConfig train_config = to_train_config(r);
     // cluster.device: cuda runs the CUDA backend on this rank's GPU (its local rank); auto stays
     // on the CPU until tests/gpu has passed on a GPU (docs/cuda.md). The backend comes first: the
@@ -419,7 +419,7 @@ int train_session(SessionInput input, const std::string& command) {
     return rank_log.fail(
         fmt::format("{}; no file of the run was replaced by a partial one", e.what()),
         kExitFailure);
-  } catch (const dist::DistError& e) {
+  } catch (const comm::CommError& e) {
     // A peer died or went silent, or the rendezvous failed: the message names the op, the group
     // and the peer. The launcher stops the other ranks.
     return rank_log.fail(e.what(), kExitFailure);

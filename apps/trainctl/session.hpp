@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "ckpt/ckpt.hpp"
-#include "dist/store_protocol.hpp"
+#include "comm/store_protocol.hpp"
 #include "files/run_lock.hpp"
 #include "launch/rank_env.hpp"
 #include "recipe/recipe.hpp"
@@ -37,7 +37,7 @@ struct SessionInput {
   launch::RankInfo rank;
   // The job's rendezvous secret (TRAINCTL_STORE_SECRET), read and checked by
   // check_rank_environment where this rank meets the others through a TCP store; empty elsewhere.
-  std::optional<dist::StoreSecret> store_secret;
+  std::optional<comm::StoreSecret> store_secret;
   // The training data, opened and checked by check_session_input before anything is created.
   std::shared_ptr<SessionData> data;
   // Diagnostic fault injection (--debug-save-delay-ms): every checkpoint save sleeps this long
@@ -84,7 +84,7 @@ int start_session(SessionInput input, const std::string& command);
 // Runs the session; returns the process exit code (0, 1, 2, or kExitSavedOnSignal). `command`
 // ("run" or "resume") prefixes its error messages. With more than one rank, every rank calls it:
 // they rendezvous, rank 0 alone writes the run's files and shows progress, every rank writes
-// logs/rank_<N>.log; a failure of a peer (dist::DistError) ends the rank with exit code 1.
+// logs/rank_<N>.log; a failure of a peer (comm::CommError) ends the rank with exit code 1.
 int train_session(SessionInput input, const std::string& command);
 
 }  // namespace trainctl::app

@@ -18,10 +18,10 @@
 #include "backend/backend.hpp"
 #include "backend/cuda/device.hpp"
 #include "ckpt/ckpt.hpp"
+#include "comm/mesh.hpp"
+#include "comm/store.hpp"
 #include "data/data.hpp"
 #include "data/sampler.hpp"
-#include "dist/mesh.hpp"
-#include "dist/store.hpp"
 #include "launch/rank_env.hpp"
 #include "model/model.hpp"
 #include "model/parallel.hpp"
@@ -61,21 +61,21 @@ struct RankLog {
 // the run directory; without a shared file system under Slurm, a TCP store that rank 0 serves on
 // the first node (launch/store_address.hpp). Namespaced by the job attempt.
 struct Rendezvous {
-  std::unique_ptr<dist::TcpStoreServer> server;  // rank 0's, when the store is TCP
-  std::unique_ptr<dist::Store> base;
-  std::unique_ptr<dist::PrefixStore> store;
+  std::unique_ptr<comm::TcpStoreServer> server;  // rank 0's, when the store is TCP
+  std::unique_ptr<comm::Store> base;
+  std::unique_ptr<comm::PrefixStore> store;
   std::string how;  // for the log
 };
 
 // This rank's place among the others; filled in place (`parallel` points into `mesh`).
 struct RankGroups {
   Rendezvous rendezvous;
-  std::optional<dist::Mesh> mesh;
+  std::optional<comm::Mesh> mesh;
   model::ModelParallel parallel;
 };
 // With several ranks: meets the others, builds the mesh (Gloo groups on the CPU backend, NCCL
 // groups on the GPU of a CUDA backend, ordered after its stream), opens the rank's log and fills
-// the model's parallel layout. Throws dist::DistError when the rendezvous fails.
+// the model's parallel layout. Throws comm::CommError when the rendezvous fails.
 void join_ranks(const SessionInput& input, const train::TrainConfig& train_config,
                 const backend::Backend& be, const backend::DeviceReport& devices, RankLog& log,
                 RankGroups& out);
@@ -91,7 +91,7 @@ int make_session_backend(const SessionInput& input, bool on_cuda,
 // adds a note for each to input.notes. Exit code 2 when none loads or the checkpoint belongs to
 // another model; kExitOk when the checkpoint is already at training.steps.
 int resume_from_checkpoint(SessionInput& input, model::Transformer& model, train::Trainer& trainer,
-                           backend::Backend& be, const dist::Mesh* mesh,
+                           backend::Backend& be, const comm::Mesh* mesh,
                            const std::filesystem::path& checkpoints_dir, RankLog& log,
                            std::optional<ckpt::ScanEntry>& resumed,
                            std::string& checkpoint_recipe_hash);

@@ -31,7 +31,7 @@ struct Skipped {
 std::optional<ckpt::ScanEntry> load_newest_intact(const std::vector<ckpt::ScanEntry>& candidates,
                                                   model::Transformer& model,
                                                   train::Trainer& trainer, backend::Backend& be,
-                                                  const dist::Mesh* mesh,
+                                                  const comm::Mesh* mesh,
                                                   std::vector<Skipped>& skipped,
                                                   std::string& recipe_hash) {
   std::vector<int64_t> steps;
@@ -84,7 +84,7 @@ std::optional<ckpt::ScanEntry> load_newest_intact(const std::vector<ckpt::ScanEn
 }  // namespace
 
 int resume_from_checkpoint(SessionInput& input, model::Transformer& model, train::Trainer& trainer,
-                           backend::Backend& be, const dist::Mesh* mesh,
+                           backend::Backend& be, const comm::Mesh* mesh,
                            const fs::path& checkpoints_dir, RankLog& log,
                            std::optional<ckpt::ScanEntry>& resumed,
                            std::string& checkpoint_recipe_hash) {

@@ -5,9 +5,9 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "comm/error.hpp"
 #include "commands.hpp"
 #include "convert.hpp"
-#include "dist/error.hpp"
 #include "files/files.hpp"
 #include "launch/local.hpp"
 #include "launch/store_address.hpp"
@@ -57,31 +57,31 @@ bool uses_tcp_store(bool shared_fs, launch::RankSource source = launch::RankSour
 }
 
 // Refused connections go to this process's stderr (rank 0's or the launcher's: the job log).
-dist::TcpStoreServerOptions store_server_options() {
-  dist::TcpStoreServerOptions options;
+comm::TcpStoreServerOptions store_server_options() {
+  comm::TcpStoreServerOptions options;
   options.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   return options;
 }
 
-// The job's secret from the environment; DistError (usage) naming the variable and the fix.
-dist::StoreSecret job_store_secret() {
+// The job's secret from the environment; CommError (usage) naming the variable and the fix.
+comm::StoreSecret job_store_secret() {
   const char* text = std::getenv(launch::kEnvStoreSecret);
   const std::string fix = fmt::format(
       "trainctl submit's batch script sets it for each job; in a batch script of your own, "
       "before srun: export {}=\"$(od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')\"",
       launch::kEnvStoreSecret);
   if (text == nullptr || *text == '\0')
-    throw dist::DistError(
-        dist::DistError::Kind::usage,
+    throw comm::CommError(
+        comm::CommError::Kind::usage,
         fmt::format("{} is not set: without a shared file system (cluster.shared_fs: false) the "
                     "ranks meet through rank 0's TCP store, which lets in only the ranks that "
                     "hold the job's secret; {}",
                     launch::kEnvStoreSecret, fix),
         "store.secret");
   try {
-    return dist::StoreSecret::from_hex(text);
-  } catch (const dist::DistError& error) {
-    throw dist::DistError(dist::DistError::Kind::usage,
+    return comm::StoreSecret::from_hex(text);
+  } catch (const comm::CommError& error) {
+    throw comm::CommError(comm::CommError::Kind::usage,
                           fmt::format("{}: {}; {}", launch::kEnvStoreSecret, error.what(), fix),
                           "store.secret");
   }
@@ -99,7 +99,7 @@ int check_rank_environment(SessionInput& input, const std::string& command) {
   if (input.rank.world_size > 1 && uses_tcp_store(r.cluster.shared_fs, input.rank.source)) {
     try {
       input.store_secret = job_store_secret();
-    } catch (const dist::DistError& e) {
+    } catch (const comm::CommError& e) {
       return bad_input(command, e.what());
     }
   }
@@ -142,10 +142,10 @@ int start_session(SessionInput input, const std::string& command) {
   local.command = command;  // the notes are rank 0's to print
   // Without a shared file system the ranks meet through a TCP store, as a Slurm job's do; here
   // the launcher serves it on loopback for as long as the ranks run, with a secret of its own.
-  std::unique_ptr<dist::TcpStoreServer> store;
+  std::unique_ptr<comm::TcpStoreServer> store;
   if (uses_tcp_store(r.cluster.shared_fs)) {
-    const dist::StoreSecret secret = dist::StoreSecret::generate();
-    store = std::make_unique<dist::TcpStoreServer>("127.0.0.1", 0, secret, store_server_options());
+    const comm::StoreSecret secret = comm::StoreSecret::generate();
+    store = std::make_unique<comm::TcpStoreServer>("127.0.0.1", 0, secret, store_server_options());
     local.env = {{launch::kEnvStoreHost, "127.0.0.1"},
                  {launch::kEnvStorePort, std::to_string(store->port())},
                  {launch::kEnvStoreSecret, secret.hex()}};
@@ -179,7 +179,7 @@ int rank_gpu(const launch::RankInfo& rank, const backend::DeviceReport& devices)
 }
 
 Rendezvous open_rendezvous(const launch::RankInfo& rank, const fs::path& run_dir, bool shared_fs,
-                           const std::optional<dist::StoreSecret>& store_secret,
+                           const std::optional<comm::StoreSecret>& store_secret,
                            std::chrono::milliseconds timeout) {
   Rendezvous rv;
   if (uses_tcp_store(shared_fs, rank.source)) {
@@ -189,22 +189,22 @@ Rendezvous open_rendezvous(const launch::RankInfo& rank, const fs::path& run_dir
     const bool slurm = rank.source == launch::RankSource::slurm;
     const launch::StoreAddress address =
         slurm ? launch::tcp_store_address(rank, getenv) : launch::launcher_store_address(getenv);
-    const dist::StoreSecret& secret = *store_secret;
+    const comm::StoreSecret& secret = *store_secret;
     if (slurm && rank.rank == 0)
       rv.server =
-          std::make_unique<dist::TcpStoreServer>("", address.port, secret, store_server_options());
-    rv.base = std::make_unique<dist::TcpStore>(address.host, address.port, secret, timeout);
+          std::make_unique<comm::TcpStoreServer>("", address.port, secret, store_server_options());
+    rv.base = std::make_unique<comm::TcpStore>(address.host, address.port, secret, timeout);
     rv.how = fmt::format("{} ({})", rv.base->describe(), address.how);
   } else {
     const fs::path dir =
         rank.rendezvous.empty() ? run_dir / "rendezvous" / rank.job_id : fs::path(rank.rendezvous);
-    rv.base = std::make_unique<dist::FileStore>(dir.string());
+    rv.base = std::make_unique<comm::FileStore>(dir.string());
     rv.how = rv.base->describe();
   }
   std::string job = rank.job_id;
   std::replace(job.begin(), job.end(), '/', '_');
-  rv.store = std::make_unique<dist::PrefixStore>(
-      dist::job_store(*rv.base, job.empty() ? "job" : job, rank.restart_count));
+  rv.store = std::make_unique<comm::PrefixStore>(
+      comm::job_store(*rv.base, job.empty() ? "job" : job, rank.restart_count));
   return rv;
 }
 
@@ -353,12 +353,12 @@ void join_ranks(const SessionInput& input, const train::TrainConfig& train_confi
     out.rendezvous = open_rendezvous(
         rank_info, input.run_dir, r.cluster.shared_fs, input.store_secret,
         std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s * 1000.0)));
-    dist::Layout layout;
+    comm::Layout layout;
     layout.tp = r.parallel.tp;
     layout.ep = r.parallel.ep;
     layout.dp = r.parallel.dp;
     layout.pp = r.parallel.pp;
-    dist::MeshOptions mesh_options;
+    comm::MeshOptions mesh_options;
     mesh_options.timeout =
         std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s * 1000.0));
     // The gradient reduction's second contexts (GradSync), with and without ZeRO-1.
@@ -367,15 +367,15 @@ void join_ranks(const SessionInput& input, const train::TrainConfig& train_confi
       // The model hands the groups device buffers: NCCL on this rank's GPU, each call ordered
       // after the backend's stream. Host values (the loss, the norm, MoE counts, the session's
       // votes) go through the same groups, staged by the NCCL communicator.
-      mesh_options.backend = dist::CommBackend::nccl;
+      mesh_options.backend = comm::CommBackend::nccl;
       mesh_options.cuda_device = rank_gpu(rank_info, devices);
       mesh_options.cuda_stream = be.stream();
       mesh_options.deterministic = r.determinism.deterministic;
     }
-    out.mesh.emplace(dist::Mesh::create(*out.rendezvous.store, rank_info.world_size, rank, layout,
+    out.mesh.emplace(comm::Mesh::create(*out.rendezvous.store, rank_info.world_size, rank, layout,
                                         mesh_options));
     log.open(input.run_dir);
-    const dist::Coordinates& at = out.mesh->groups().coordinates;
+    const comm::Coordinates& at = out.mesh->groups().coordinates;
     model::ModelParallel& parallel = out.parallel;
     if (r.parallel.tp > 1) parallel.tp = &out.mesh->tp();
     if (r.parallel.ep > 1) parallel.ep = &out.mesh->ep();

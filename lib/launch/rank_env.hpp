@@ -26,10 +26,10 @@ struct RankInfo {
   // SLURM_NODELIST: "node[1-2]"), else the hostname. Expand with expand_slurm_nodelist().
   std::string node_list;
   RankSource source = RankSource::none;
-  // Where the ranks rendezvous: a folder for a dist::FileStore shared by all ranks, fresh for
+  // Where the ranks rendezvous: a folder for a comm::FileStore shared by all ranks, fresh for
   // each launch attempt (TRAINCTL_RENDEZVOUS); empty: the caller picks one in the run directory.
   std::string rendezvous;
-  // The job attempt, to namespace the rendezvous keys (dist::job_store): our launcher's attempt
+  // The job attempt, to namespace the rendezvous keys (comm::job_store): our launcher's attempt
   // id, SLURM_JOB_ID.SLURM_STEP_ID with SLURM_RESTART_COUNT, or TORCHELASTIC_RUN_ID with
   // TORCHELASTIC_RESTART_COUNT.
   std::string job_id = "local";

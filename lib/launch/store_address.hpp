@@ -1,7 +1,7 @@
 // Where the ranks of a Slurm job rendezvous when the nodes share no file system
-// (cluster.shared_fs: false): a dist::TcpStoreServer that rank 0 runs on the first node of the
+// (cluster.shared_fs: false): a comm::TcpStoreServer that rank 0 runs on the first node of the
 // job step, on a port derived from the job id. Pure functions of the rank environment (and of
-// name resolution, injectable for tests); lib/dist does the networking.
+// name resolution, injectable for tests); lib/comm does the networking.
 //
 // Port: kStorePortBase + SLURM_JOB_ID % kStorePortCount, i.e. 20000..29999: below Linux's
 // ephemeral range (32768..60999) so no outgoing connection holds it, and distinct for 10,000
@@ -23,7 +23,7 @@ inline constexpr int kStorePortBase = 20000;
 inline constexpr int kStorePortCount = 10000;
 inline constexpr const char* kEnvStoreHost = "TRAINCTL_STORE_HOST";
 inline constexpr const char* kEnvStorePort = "TRAINCTL_STORE_PORT";
-// The job's secret (64 hexadecimal digits, dist::StoreSecret): every rank proves it holds it to
+// The job's secret (64 hexadecimal digits, comm::StoreSecret): every rank proves it holds it to
 // the TCP store, which refuses everyone else. trainctl submit's batch script makes a fresh one per
 // attempt from /dev/urandom and srun hands it to the ranks in their environment: never in argv
 // (which `ps` shows), a file or a log.

@@ -237,7 +237,7 @@ Mlp::Saved expert_saved(const Mlp::Saved& s, int64_t e, int64_t cap, int64_t cou
 namespace {
 // Exchanges an [E*cap, ...] buffer between layouts: chunk r (the rows of rank r's experts, or of
 // source r) goes to rank r.
-void exchange(dist::Communicator& ep, const Tensor& from, const Tensor& to) {
+void exchange(comm::Communicator& ep, const Tensor& from, const Tensor& to) {
   ep.all_to_all(from.data, to.data, from.bytes() / static_cast<size_t>(ep.size()));
 }
 }  // namespace

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "dist/communicator.hpp"
+#include "comm/communicator.hpp"
 #include "model/config.hpp"
 #include "model/params.hpp"
 
@@ -30,7 +30,7 @@ namespace trainctl::model {
 // exactly like its slice of the whole tensor. (The scales are powers of two, so they differ in
 // effect only for elements that one of them puts below the format's normal range.)
 struct TensorParallel {
-  dist::Communicator* comm = nullptr;  // null: tp = 1, nothing to do
+  comm::Communicator* comm = nullptr;  // null: tp = 1, nothing to do
   Tensor ones;  // [rows] S of 1.0: adds a bias to every row as a rank-1 GEMM after a reduction
   Tensor amax;  // [kMaxAmax] f32, fp8 only: group amaxes of one GEMM pass's operands
   static constexpr int kMaxAmax = 3;
@@ -137,7 +137,7 @@ struct Moe {
   double capacity_factor = 0;
   double aux_loss_coef = 0, z_loss_coef = 0;
   const TensorParallel* tp = nullptr;
-  dist::Communicator* ep = nullptr;  // null: every expert is local
+  comm::Communicator* ep = nullptr;  // null: every expert is local
 
   int64_t num_experts() const {
     return total_experts > 0 ? total_experts : static_cast<int64_t>(experts.size());

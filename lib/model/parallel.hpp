@@ -31,14 +31,14 @@
 #include <cstdint>
 #include <vector>
 
-#include "dist/communicator.hpp"
+#include "comm/communicator.hpp"
 
 namespace trainctl::model {
 
 struct ModelParallel {
   // Null communicators mean a degree of 1.
-  dist::Communicator* tp = nullptr;
-  dist::Communicator* ep = nullptr;
+  comm::Communicator* tp = nullptr;
+  comm::Communicator* ep = nullptr;
   int pp_rank = 0;  // this rank's pipeline stage
   int pp_size = 1;
   // Layers per stage (size pp_size, summing to the model's layers); empty: as even as possible,

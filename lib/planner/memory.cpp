@@ -279,7 +279,7 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   m.activations_kept = kept * m.in_flight;
   m.activations = m.activations_kept + shared_peak + stage_scratch(s, z, st, lay, N);
 
-  // ---- buffers of the collectives (lib/train GradSync, lib/dist, the vocab-parallel loss) ----
+  // ---- buffers of the collectives (lib/train GradSync, lib/comm, the vocab-parallel loss) ----
   // Gradients are all-reduced in place; GradSync keeps a buffer for the ZeRO part it reduces
   // into and another for the tied embedding's peer gradient (first and last stage): the peer
   // arrives while background reduce-scatters still write the part.

@@ -285,8 +285,8 @@ bool SaveRole::writes_optimizer(const model::ParamSpec& spec) const {
 
 SaveRole save_role(const model::Transformer& model, const Trainer& trainer) {
   SaveRole role;
-  if (const dist::Mesh* mesh = trainer.mesh()) {
-    const dist::Coordinates& c = mesh->groups().coordinates;
+  if (const comm::Mesh* mesh = trainer.mesh()) {
+    const comm::Coordinates& c = mesh->groups().coordinates;
     role = {c.tp, c.ep, c.dp, false};
   }
   role.zero = model.parallel().zero_parts > 1;

@@ -82,7 +82,7 @@ std::vector<IndexRange> norm_ranges(const model::ParamTable& table, const NormOw
   return ranges;
 }
 
-GradSync::GradSync(const dist::Mesh& mesh, backend::Backend& backend, model::Transformer& model,
+GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Transformer& model,
                    int64_t bucket_bytes, bool zero, bool overlap)
     : mesh_(mesh), be_(backend), model_(model), zero_(zero) {
   const model::ParamStore& params = model.params();
@@ -123,14 +123,14 @@ GradSync::GradSync(const dist::Mesh& mesh, backend::Backend& backend, model::Tra
 GradSync::~GradSync() = default;
 
 void GradSync::plan_overlap() {
-  const dist::Communicator& dp = mesh_.dp();
-  const dist::Communicator& dp_ep = mesh_.dp_ep();
+  const comm::Communicator& dp = mesh_.dp();
+  const comm::Communicator& dp_ep = mesh_.dp_ep();
   // Without the background twin of a group that has something to reduce, the blocking path.
   if ((dp.size() > 1 && !mesh_.dp_bg()) || (dp_ep.size() > 1 && !mesh_.dp_ep_bg())) return;
-  if (mesh_.dp_bg()) dp_reducer_ = std::make_unique<dist::BackgroundReducer>(*mesh_.dp_bg());
+  if (mesh_.dp_bg()) dp_reducer_ = std::make_unique<comm::BackgroundReducer>(*mesh_.dp_bg());
   if (mesh_.dp_ep_bg() && mesh_.dp_ep_bg() != mesh_.dp_bg())
-    dp_ep_reducer_ = std::make_unique<dist::BackgroundReducer>(*mesh_.dp_ep_bg());
-  dist::BackgroundReducer* non_expert = dp_ep_reducer_ ? dp_ep_reducer_.get() : dp_reducer_.get();
+    dp_ep_reducer_ = std::make_unique<comm::BackgroundReducer>(*mesh_.dp_ep_bg());
+  comm::BackgroundReducer* non_expert = dp_ep_reducer_ ? dp_ep_reducer_.get() : dp_reducer_.get();
   // The ranges the tied-embedding exchange adds to after backward: never started early.
   std::vector<IndexRange> tied;
   const model::ModelParallel& parallel = model_.parallel();
@@ -239,7 +239,7 @@ void GradSync::timed(const std::function<void()>& wait) {
 
 // In start order: every rank of a group queued its operations in the same order.
 void GradSync::wait_all() {
-  std::vector<std::shared_ptr<dist::Work>> works(buckets_.size());
+  std::vector<std::shared_ptr<comm::Work>> works(buckets_.size());
   works.swap(work_);
   std::vector<size_t> order;
   order.swap(started_);
@@ -265,7 +265,7 @@ void GradSync::exchange_tied_embedding() {
                            " has no embed.wte (or its tied copy) in its parameter table");
   const Tensor grad = model::ParamStore::slice(params.grads(), *tied);
   const Tensor peer = tied_peer_.view(grad.dtype, grad.shape);
-  dist::Communicator& pp = mesh_.pp();
+  comm::Communicator& pp = mesh_.pp();
   // First stage sends first, last stage receives first: safe even with unbuffered sends.
   if (parallel.first_stage()) {
     pp.send(grad.data, grad.bytes(), parallel.pp_size - 1, kTiedEmbeddingTag);
@@ -297,14 +297,14 @@ void GradSync::reduce_gradients() {
     // On CPU each bucket's all-reduce blocks; a GPU backend can start bucket k while backward
     // still produces bucket k - 1 (buckets are in buffer order, backward runs in reverse).
     for (const GradBucket& bucket : buckets_) {
-      dist::Communicator& group = bucket.expert ? mesh_.dp() : mesh_.dp_ep();
+      comm::Communicator& group = bucket.expert ? mesh_.dp() : mesh_.dp_ep();
       if (group.size() < 2) continue;
       const Tensor part = range_of(grads, bucket.begin, bucket.end);
       group.all_reduce_sum(part.data, static_cast<size_t>(part.numel()), part.dtype);
     }
     return;
   }
-  dist::Communicator& dp = mesh_.dp();
+  comm::Communicator& dp = mesh_.dp();
   if (dp.size() < 2) return;
   std::vector<size_t> counts;
   for (size_t r = 0; r + 1 < zero_bounds_.size(); ++r)
@@ -380,10 +380,10 @@ void GradSync::params_needed(const std::vector<IndexRange>& ranges) {
 void GradSync::finish_gather() {
   if (!gathering_) return;
   gathering_ = false;  // a failed gather is reported once; the group is broken after it anyway
-  std::vector<std::shared_ptr<dist::Work>> gathers(buckets_.size());
+  std::vector<std::shared_ptr<comm::Work>> gathers(buckets_.size());
   gathers.swap(gathers_);
   timed([&] {
-    for (const std::shared_ptr<dist::Work>& gather : gathers)
+    for (const std::shared_ptr<comm::Work>& gather : gathers)
       if (gather) gather->wait();
   });
 }

@@ -46,8 +46,8 @@
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "dist/background_reducer.hpp"
-#include "dist/mesh.hpp"
+#include "comm/background_reducer.hpp"
+#include "comm/mesh.hpp"
 #include "model/model.hpp"
 
 namespace trainctl::train {
@@ -88,7 +88,7 @@ class GradSync {
   // reduce buckets during backward (see the top of this file); it needs the Mesh's background
   // groups (MeshOptions::background_groups) for each data-parallel group of more than one rank,
   // and is off without them (overlaps() says which).
-  GradSync(const dist::Mesh& mesh, backend::Backend& backend, model::Transformer& model,
+  GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Transformer& model,
            int64_t bucket_bytes, bool zero, bool overlap = false);
   ~GradSync();
 
@@ -141,7 +141,7 @@ class GradSync {
   // Runs `wait`, adding the time it took to wait_seconds_ (also when it throws).
   void timed(const std::function<void()>& wait);
 
-  const dist::Mesh& mesh_;
+  const comm::Mesh& mesh_;
   backend::Backend& be_;
   model::Transformer& model_;
   bool zero_;
@@ -156,13 +156,13 @@ class GradSync {
 
   // Overlap state, per bucket: its reducer (null: a one-rank group, nothing to reduce), whether
   // it waits for the tied exchange, elements not yet reported, the running operation.
-  std::unique_ptr<dist::BackgroundReducer> dp_reducer_, dp_ep_reducer_;
-  std::vector<dist::BackgroundReducer*> reducer_of_;
+  std::unique_ptr<comm::BackgroundReducer> dp_reducer_, dp_ep_reducer_;
+  std::vector<comm::BackgroundReducer*> reducer_of_;
   std::vector<bool> after_exchange_;
   std::vector<int64_t> unreported_;
-  std::vector<std::shared_ptr<dist::Work>> work_;
+  std::vector<std::shared_ptr<comm::Work>> work_;
   std::vector<size_t> started_;                       // bucket indices in start order
-  std::vector<std::shared_ptr<dist::Work>> gathers_;  // ZeRO-1 overlap: per bucket, running
+  std::vector<std::shared_ptr<comm::Work>> gathers_;  // ZeRO-1 overlap: per bucket, running
   bool gathering_ = false;
   size_t gathered_in_forward_ = 0, gathered_early_ = 0;
   bool armed_ = false;

@@ -25,7 +25,7 @@ std::string str(int64_t v) {
 }
 
 void check_parallel(const TrainConfig& config, const model::Transformer& model,
-                    const dist::Mesh* mesh) {
+                    const comm::Mesh* mesh) {
   const model::ModelParallel& parallel = model.parallel();
   if (config.zero != 0 && config.zero != 1)
     throw std::invalid_argument("zero stage " + str(config.zero) + ": only 0 and 1 are supported");
@@ -36,7 +36,7 @@ void check_parallel(const TrainConfig& config, const model::Transformer& model,
       throw std::invalid_argument(
           "the model is built for tp " + str(parallel.tp_size()) + ", ep " +
           str(parallel.ep_size()) + ", pp " + str(parallel.pp_size) +
-          " but the trainer has no mesh: pass the rank's dist::Mesh to the Trainer");
+          " but the trainer has no mesh: pass the rank's comm::Mesh to the Trainer");
     return;
   }
   const int data_ranks = mesh->dp_ep().size();
@@ -69,7 +69,7 @@ void check_parallel(const TrainConfig& config, const model::Transformer& model,
 }  // namespace
 
 Trainer::Trainer(const TrainConfig& config, model::Transformer& model, backend::Backend& backend,
-                 data::Sampler& train_data, const data::ValidationSet* val, const dist::Mesh* mesh)
+                 data::Sampler& train_data, const data::ValidationSet* val, const comm::Mesh* mesh)
     : config_(config),
       model_(model),
       be_(backend),
@@ -140,7 +140,7 @@ void Trainer::sum_over_job(std::vector<double>& values) const {
   if (!mesh_) return;
   // Stages hold different layers (sum them); data ranks different samples. Tensor-parallel ranks
   // compute the same values and are left out, so every rank ends with the same bits.
-  for (dist::Communicator* group : {&mesh_->pp(), &mesh_->dp_ep()})
+  for (comm::Communicator* group : {&mesh_->pp(), &mesh_->dp_ep()})
     if (group->size() > 1) group->all_reduce_sum(values.data(), values.size(), tensor::DType::f64);
 }
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "comm/mesh.hpp"
 #include "data/sampler.hpp"
-#include "dist/mesh.hpp"
 #include "model/model.hpp"
 #include "train/grad_sync.hpp"
 #include "train/loss_scaler.hpp"
@@ -86,7 +86,7 @@ class Trainer {
   // StepMetrics (losses and norms of the whole job) and state().
   Trainer(const TrainConfig& config, model::Transformer& model, backend::Backend& backend,
           data::Sampler& train_data, const data::ValidationSet* val,
-          const dist::Mesh* mesh = nullptr);
+          const comm::Mesh* mesh = nullptr);
 
   StepMetrics step();  // one optimizer step (accum_steps micro-batches)
   double evaluate();   // mean loss over eval_batches validation micro-batches
@@ -108,7 +108,7 @@ class Trainer {
 
   int64_t steps_done() const { return step_; }
   const LossScaler& loss_scaler() const { return scaler_; }
-  const dist::Mesh* mesh() const { return mesh_; }  // null on one rank
+  const comm::Mesh* mesh() const { return mesh_; }  // null on one rank
   // This rank's place among the ranks reading different data (the dp_ep group: dp * ep ranks);
   // 0 of 1 on one rank.
   int data_rank() const { return data_rank_; }
@@ -144,7 +144,7 @@ class Trainer {
   backend::Backend& be_;
   data::Sampler& train_;
   const data::ValidationSet* val_;
-  const dist::Mesh* mesh_;
+  const comm::Mesh* mesh_;
   LossScaler scaler_;
   AdamW optimizer_;
   std::unique_ptr<GradSync> sync_;  // null on one rank

@@ -1,4 +1,4 @@
-// libFuzzer target: the TCP store's wire protocol (lib/dist/store_protocol.hpp), driving the
+// libFuzzer target: the TCP store's wire protocol (lib/comm/store_protocol.hpp), driving the
 // server's StoreConnection with a fixed secret and server nonce, the bytes cut into chunks at
 // positions taken from the input (so partial messages and partial handshakes are exercised).
 // After each chunk the harness does what the server does (tcp_store.cpp): it "sends" out(), clears
@@ -39,9 +39,9 @@
 #include <string_view>
 #include <vector>
 
-#include "dist/store_protocol.hpp"
+#include "comm/store_protocol.hpp"
 
-using namespace trainctl::dist;
+using namespace trainctl::comm;
 
 namespace {
 

@@ -24,16 +24,16 @@
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "dist/error.hpp"
-#include "dist/gloo_communicator.hpp"
-#include "dist/nccl_communicator.hpp"
-#include "dist/store.hpp"
+#include "comm/error.hpp"
+#include "comm/gloo_communicator.hpp"
+#include "comm/nccl_communicator.hpp"
+#include "comm/store.hpp"
 #include "gpu_compare.hpp"
 #include "kernels/check.cuh"
 #include "tensor/dtype.hpp"
 #include "tensor/tensor.hpp"
 
-namespace dist = trainctl::dist;
+namespace comm = trainctl::comm;
 namespace tensor = trainctl::tensor;
 using std::chrono::milliseconds;
 
@@ -140,21 +140,21 @@ bool skipped_without_two_gpus(const char* test) {
 // it.
 void require_nccl() {
   INFO("this build has no NCCL: configure with -DTRAINCTL_NCCL_ROOT=<folder with include/nccl.h>");
-  REQUIRE(dist::nccl_available());
+  REQUIRE(comm::nccl_available());
 }
 
-std::unique_ptr<dist::Communicator> one_rank_group(dist::Store& store,
+std::unique_ptr<comm::Communicator> one_rank_group(comm::Store& store,
                                                    void* producer_stream = nullptr) {
   require_nccl();
-  dist::GroupOptions options;
+  comm::GroupOptions options;
   options.name = "solo";
   options.timeout = milliseconds(20000);
-  return dist::create_nccl_communicator(store, options, 0, /*deterministic=*/false,
+  return comm::create_nccl_communicator(store, options, 0, /*deterministic=*/false,
                                         producer_stream);
 }
 
 template <class T>
-void check_all_reduce_copies(dist::Communicator& comm, tensor::DType dtype) {
+void check_all_reduce_copies(comm::Communicator& comm, tensor::DType dtype) {
   const auto values = random_values<T>(4099, 7);
   DeviceBytes data(values);
   comm.all_reduce_sum(data.get(), values.size(), dtype);
@@ -165,7 +165,7 @@ void check_all_reduce_copies(dist::Communicator& comm, tensor::DType dtype) {
 
 TEST_CASE("nccl: the unique id travels through the store and a one-rank group starts") {
   StoreDir dir;
-  dist::FileStore store(dir.path);
+  comm::FileStore store(dir.path);
   auto comm = one_rank_group(store);
   CHECK(comm->name() == "solo");
   CHECK(comm->size() == 1);
@@ -177,7 +177,7 @@ TEST_CASE("nccl: the unique id travels through the store and a one-rank group st
 
 TEST_CASE("nccl: on one rank every reduction is an exact copy, in every dtype") {
   StoreDir dir;
-  dist::FileStore store(dir.path);
+  comm::FileStore store(dir.path);
   auto comm = one_rank_group(store);
   check_all_reduce_copies<float>(*comm, tensor::DType::f32);
   check_all_reduce_copies<double>(*comm, tensor::DType::f64);
@@ -194,12 +194,12 @@ TEST_CASE("nccl: on one rank every reduction is an exact copy, in every dtype") 
   comm->reduce_scatter_sum_v(input.get(), output_v.get(), counts, tensor::DType::f32);
   CHECK(same_bits(output_v.download<float>(), values));
 
-  CHECK_THROWS_AS(comm->all_reduce_sum(input.get(), 4, tensor::DType::i32), dist::DistError);
+  CHECK_THROWS_AS(comm->all_reduce_sum(input.get(), 4, tensor::DType::i32), comm::CommError);
 }
 
 TEST_CASE("nccl: on one rank all_reduce_max is an exact copy in f32 and f64") {
   StoreDir dir;
-  dist::FileStore store(dir.path);
+  comm::FileStore store(dir.path);
   auto comm = one_rank_group(store);
   auto floats = random_values<float>(4099, 13);
   floats[17] = std::numeric_limits<float>::infinity();  // an amax of a non-finite shard
@@ -214,7 +214,7 @@ TEST_CASE("nccl: on one rank all_reduce_max is an exact copy in f32 and f64") {
 
 TEST_CASE("nccl: all_reduce_max refuses a dtype other than f32 and f64, naming it") {
   StoreDir dir;
-  dist::FileStore store(dir.path);
+  comm::FileStore store(dir.path);
   auto comm = one_rank_group(store);
   DeviceBytes data(64);
   for (const tensor::DType dtype : {tensor::DType::bf16, tensor::DType::f16, tensor::DType::i32}) {
@@ -223,8 +223,8 @@ TEST_CASE("nccl: all_reduce_max refuses a dtype other than f32 and f64, naming i
     try {
       comm->all_reduce_max(data.get(), 4, dtype);
       FAIL_CHECK("all_reduce_max took " << name);
-    } catch (const dist::DistError& error) {
-      CHECK(error.kind() == dist::DistError::Kind::usage);
+    } catch (const comm::CommError& error) {
+      CHECK(error.kind() == comm::CommError::Kind::usage);
       CHECK(std::string(error.what()).find("all_reduce_max on group solo") != std::string::npos);
       CHECK(std::string(error.what()).find("cannot take the max of " + name) != std::string::npos);
     }
@@ -241,7 +241,7 @@ namespace {
 // The data movements of a one-rank group from `input` (sizes: its one part), each writing into
 // the output it is given; on one rank each is a copy of the input.
 std::vector<std::pair<std::string, std::function<void(void*)>>> data_movements(
-    dist::Communicator& comm, const void* input, const std::vector<size_t>& sizes) {
+    comm::Communicator& comm, const void* input, const std::vector<size_t>& sizes) {
   return {
       {"all_gather", [&comm, input, &sizes](void* out) { comm.all_gather(input, out, sizes[0]); }},
       {"all_gather_v", [&comm, input, &sizes](void* out) { comm.all_gather_v(input, out, sizes); }},
@@ -255,7 +255,7 @@ std::vector<std::pair<std::string, std::function<void(void*)>>> data_movements(
 
 TEST_CASE("nccl: on one rank every data movement is an exact copy") {
   StoreDir dir;
-  dist::FileStore store(dir.path);
+  comm::FileStore store(dir.path);
   auto comm = one_rank_group(store);
   const auto bytes = random_bytes(777, 3);
   const std::vector<size_t> sizes{bytes.size()};
@@ -271,7 +271,7 @@ TEST_CASE("nccl: on one rank every data movement is an exact copy") {
   CHECK(same_bits(data.download<uint8_t>(), bytes));
   comm->barrier();
   // A one-rank group has no peer to talk to.
-  CHECK_THROWS_AS(comm->send(data.get(), 4, 0, 0), dist::DistError);
+  CHECK_THROWS_AS(comm->send(data.get(), 4, 0, 0), comm::CommError);
 }
 
 namespace {
@@ -291,7 +291,7 @@ std::vector<T> poisoned(size_t count) {
 // whose staged bytes differ from its own, so a missing copy in returns those stale bytes.
 TEST_CASE("nccl: on one rank every op takes host buffers, staged, as an exact copy") {
   StoreDir dir;
-  dist::FileStore store(dir.path);
+  comm::FileStore store(dir.path);
   auto comm = one_rank_group(store);
 
   const auto values = random_values<float>(4099, 21);
@@ -338,7 +338,7 @@ TEST_CASE("nccl: on one rank every op takes host buffers, staged, as an exact co
 
 TEST_CASE("nccl: host input with device output, and device input with host output, both work") {
   StoreDir dir;
-  dist::FileStore store(dir.path);
+  comm::FileStore store(dir.path);
   auto comm = one_rank_group(store);
   const auto bytes = random_bytes(1031, 29);
 
@@ -374,7 +374,7 @@ size_t elements_missed_by_hand_off(bool producer_stream, float value) {
   const tensor::Tensor in = input.view(tensor::DType::f32, {n});
   const tensor::Tensor out = output.view(tensor::DType::f32, {n});
   StoreDir dir;
-  dist::FileStore store(dir.path);
+  comm::FileStore store(dir.path);
   auto comm = one_rank_group(store, producer_stream ? backend->stream() : nullptr);
 
   backend->fill(out, -1.0);
@@ -407,19 +407,19 @@ TEST_CASE("nccl: without a producer stream, a fence waited on before the call is
 
 TEST_CASE("nccl: rank 0 aborts its rendezvous when the other rank never joins") {
   StoreDir dir;
-  dist::FileStore store(dir.path);
-  dist::GroupOptions options;
+  comm::FileStore store(dir.path);
+  comm::GroupOptions options;
   options.name = "dp";
   options.size = 2;
   options.timeout = milliseconds(1500);
   require_nccl();
   const auto start = std::chrono::steady_clock::now();
   try {
-    dist::create_nccl_communicator(store, options, 0);
+    comm::create_nccl_communicator(store, options, 0);
     FAIL("a two-rank group started with one rank");
-  } catch (const dist::DistError& error) {
+  } catch (const comm::CommError& error) {
     INFO(error.what());
-    CHECK(error.kind() == dist::DistError::Kind::timeout);
+    CHECK(error.kind() == comm::CommError::Kind::timeout);
     CHECK(std::string(error.what()).find("group dp") != std::string::npos);
   }
   // The abort must return promptly, not hang in NCCL's bootstrap.
@@ -428,18 +428,18 @@ TEST_CASE("nccl: rank 0 aborts its rendezvous when the other rank never joins") 
 
 TEST_CASE("nccl: a rank whose rank 0 never publishes the id names rank 0") {
   StoreDir dir;
-  dist::FileStore store(dir.path);
-  dist::GroupOptions options;
+  comm::FileStore store(dir.path);
+  comm::GroupOptions options;
   options.name = "tp";
   options.rank = 1;
   options.size = 2;
   options.timeout = milliseconds(300);
   require_nccl();
   try {
-    dist::create_nccl_communicator(store, options, 0);
+    comm::create_nccl_communicator(store, options, 0);
     FAIL("rank 1 started without rank 0");
-  } catch (const dist::DistError& error) {
-    CHECK(error.kind() == dist::DistError::Kind::timeout);
+  } catch (const comm::CommError& error) {
+    CHECK(error.kind() == comm::CommError::Kind::timeout);
     CHECK(error.peer() == 0);
     CHECK(std::string(error.what()).find("rank 0 did not publish the NCCL id") !=
           std::string::npos);
@@ -450,11 +450,11 @@ namespace {
 
 // Runs body(rank, gloo, nccl) on two threads, GPU r for rank r; returns every failure text.
 std::vector<std::string> run_two_ranks(
-    const std::function<void(int, dist::Communicator&, dist::Communicator&)>& body) {
+    const std::function<void(int, comm::Communicator&, comm::Communicator&)>& body) {
   require_nccl();
   StoreDir dir;
-  dist::FileStore store(dir.path);
-  auto device = dist::make_gloo_device();
+  comm::FileStore store(dir.path);
+  auto device = comm::make_gloo_device();
   std::mutex mutex;
   std::vector<std::string> failures;
   std::vector<std::thread> ranks;
@@ -462,15 +462,15 @@ std::vector<std::string> run_two_ranks(
     ranks.emplace_back([&, rank] {
       try {
         TRAINCTL_CUDA_CHECK(cudaSetDevice(rank));
-        dist::GroupOptions options;
+        comm::GroupOptions options;
         options.name = "pair";
         options.rank = rank;
         options.size = 2;
         options.timeout = milliseconds(30000);
         options.device = device;
-        dist::PrefixStore gloo_store(store, "gloo/"), nccl_store(store, "nccl/");
-        auto gloo = dist::create_gloo_communicator(gloo_store, options);
-        auto nccl = dist::create_nccl_communicator(nccl_store, options, rank);
+        comm::PrefixStore gloo_store(store, "gloo/"), nccl_store(store, "nccl/");
+        auto gloo = comm::create_gloo_communicator(gloo_store, options);
+        auto nccl = comm::create_nccl_communicator(nccl_store, options, rank);
         body(rank, *gloo, *nccl);
       } catch (const std::exception& error) {
         std::lock_guard<std::mutex> lock(mutex);
@@ -488,7 +488,7 @@ void expect(bool condition, const std::string& what) {
 }
 
 template <class T>
-void compare_sums(int rank, dist::Communicator& gloo, dist::Communicator& nccl,
+void compare_sums(int rank, comm::Communicator& gloo, comm::Communicator& nccl,
                   tensor::DType dtype) {
   const std::string name(tensor::dtype_name(dtype));
   const size_t count = 2 * 3001;
@@ -526,7 +526,7 @@ void compare_sums(int rank, dist::Communicator& gloo, dist::Communicator& nccl,
 TEST_CASE("nccl: two ranks on two GPUs match Gloo bit for bit on every op") {
   if (skipped_without_two_gpus("the two-rank NCCL test")) return;
   const auto failures =
-      run_two_ranks([](int rank, dist::Communicator& gloo, dist::Communicator& nccl) {
+      run_two_ranks([](int rank, comm::Communicator& gloo, comm::Communicator& nccl) {
         compare_sums<float>(rank, gloo, nccl, tensor::DType::f32);
         compare_sums<double>(rank, gloo, nccl, tensor::DType::f64);
         compare_sums<tensor::bf16>(rank, gloo, nccl, tensor::DType::bf16);
@@ -612,7 +612,7 @@ namespace {
 // Each rank's values, with an +inf on rank 1 (a shard with a non-finite element) and negative
 // values (a max, not a max of magnitudes); Gloo's max on the host is the reference.
 template <class T>
-void compare_max(int rank, dist::Communicator& gloo, dist::Communicator& nccl,
+void compare_max(int rank, comm::Communicator& gloo, comm::Communicator& nccl,
                  tensor::DType dtype) {
   const std::string name(tensor::dtype_name(dtype));
   auto input = random_values<T>(3001, 600 + static_cast<uint32_t>(rank));
@@ -631,7 +631,7 @@ void compare_max(int rank, dist::Communicator& gloo, dist::Communicator& nccl,
 TEST_CASE("nccl: two ranks on two GPUs take the same all_reduce_max as Gloo") {
   if (skipped_without_two_gpus("the two-rank NCCL max test")) return;
   const auto failures =
-      run_two_ranks([](int rank, dist::Communicator& gloo, dist::Communicator& nccl) {
+      run_two_ranks([](int rank, comm::Communicator& gloo, comm::Communicator& nccl) {
         compare_max<float>(rank, gloo, nccl, tensor::DType::f32);
         compare_max<double>(rank, gloo, nccl, tensor::DType::f64);
       });
@@ -644,18 +644,18 @@ TEST_CASE("nccl: a collective that a peer never joins times out, aborts and brea
   if (skipped_without_two_gpus("the NCCL timeout test")) return;
   std::string rank0_error, second_error;
   const auto failures =
-      run_two_ranks([&](int rank, dist::Communicator& gloo, dist::Communicator& nccl) {
+      run_two_ranks([&](int rank, comm::Communicator& gloo, comm::Communicator& nccl) {
         if (rank == 0) {
           DeviceBytes data(std::vector<float>(1024, 1.0f));
           try {
             nccl.all_reduce_sum(data.get(), 1024, tensor::DType::f32, milliseconds(500));
-          } catch (const dist::DistError& error) {
+          } catch (const comm::CommError& error) {
             rank0_error = error.what();
-            expect(error.kind() == dist::DistError::Kind::timeout, "kind of " + rank0_error);
+            expect(error.kind() == comm::CommError::Kind::timeout, "kind of " + rank0_error);
           }
           try {
             nccl.barrier();
-          } catch (const dist::DistError& error) {
+          } catch (const comm::CommError& error) {
             second_error = error.what();
           }
         }

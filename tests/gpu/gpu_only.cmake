@@ -1,5 +1,5 @@
 # TRAINCTL_GPU_ONLY=ON: build tests/gpu and the GPU benchmarks and only what they need (lib/tensor,
-# lib/backend with its CPU reference, kernels/; for the benchmarks lib/data, dist, ckpt, model and
+# lib/backend with its CPU reference, kernels/; for the benchmarks lib/data, comm, ckpt, model and
 # train) on a GPU machine that has nvcc, CMake and ninja but none of our Debian libraries. Those
 # come from a bundle made on a Debian machine by `scripts/gpu-check --bundle` (TRAINCTL_GPU_BUNDLE,
 # unpacked by scripts/gpu-check): fmt and Catch2 headers (fmt is used header-only here), Catch2's
@@ -49,12 +49,12 @@ include(Catch)
 set(CMAKE_BUILD_RPATH "${bundle_lib}")
 add_link_options(LINKER:--disable-new-dtags)
 
-# The benchmarks (bench/gpu_*.cpp) train through lib/train, so lib/data, lib/ckpt, lib/dist and
-# lib/model come too. nlohmann-json is header-only. lib/dist looks for Gloo's CMake config first:
-# this one, written here, makes the bundle's libgloo the target `gloo` inside lib/dist's own
+# The benchmarks (bench/gpu_*.cpp) train through lib/train, so lib/data, lib/ckpt, lib/comm and
+# lib/model come too. nlohmann-json is header-only. lib/comm looks for Gloo's CMake config first:
+# this one, written here, makes the bundle's libgloo the target `gloo` inside lib/comm's own
 # folder (an imported target made here could not be promoted to global there).
 find_package(Threads REQUIRED)
-# The TCP store's handshake in lib/dist: OpenSSL's libcrypto from the bundle (lib/dist looks for
+# The TCP store's handshake in lib/comm: OpenSSL's libcrypto from the bundle (lib/comm looks for
 # the system's only when this target does not exist).
 add_library(OpenSSL::Crypto SHARED IMPORTED)
 set_target_properties(OpenSSL::Crypto PROPERTIES
@@ -72,7 +72,7 @@ file(WRITE "${Gloo_DIR}/GlooConfig.cmake"
 add_subdirectory(lib/tensor)
 add_subdirectory(lib/backend)
 add_subdirectory(kernels)
-foreach(module files data dist ckpt model train)
+foreach(module files data comm ckpt model train)
   add_subdirectory(lib/${module})
 endforeach()
 add_subdirectory(bench)

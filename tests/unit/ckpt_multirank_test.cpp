@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "ckpt_test_util.hpp"
-#include "dist_test_util.hpp"
+#include "comm_test_util.hpp"
 
 using namespace trainctl::ckpt;
 using namespace ckpt_test;
@@ -60,7 +60,7 @@ void die_mid_save(size_t) {
 // Every rank saves `steps`; returns the ranks' exit codes.
 std::vector<int> save_steps(const fs::path& dir, int world, std::vector<int64_t> steps,
                             int keep_last = 0) {
-  return dist_test::run_ranks(world, [&](int rank) {
+  return comm_test::run_ranks(world, [&](int rank) {
     auto o = options(rank, world, std::chrono::seconds(20));
     o.keep_last = keep_last;
     CheckpointWriter writer(dir, o);
@@ -122,7 +122,7 @@ TEST_CASE("a rank that never saves makes rank 0's save fail naming it, nothing c
   TempDir tmp;
   constexpr int world = 3;
   REQUIRE(save_steps(tmp.path, world, {1}) == std::vector<int>(world, 0));
-  const auto status = dist_test::run_ranks(world, [&](int rank) {
+  const auto status = comm_test::run_ranks(world, [&](int rank) {
     if (rank == 2) return 0;  // rank 2 never joins the save of step 2
     CheckpointWriter writer(tmp.path, options(rank, world, std::chrono::milliseconds(400)));
     writer.save(rank_request(rank, world, 2));
@@ -134,8 +134,8 @@ TEST_CASE("a rank that never saves makes rank 0's save fail naming it, nothing c
       writer.wait();
     } catch (const CheckpointError& e) {
       const std::string what = e.what();
-      dist_test::expect(what.find("rank 2 ") != std::string::npos, "names rank 2: " + what);
-      dist_test::expect(what.find("step 2") != std::string::npos, "names the step: " + what);
+      comm_test::expect(what.find("rank 2 ") != std::string::npos, "names rank 2: " + what);
+      comm_test::expect(what.find("step 2") != std::string::npos, "names the step: " + what);
       return 0;
     }
     return 3;  // the save must not succeed
@@ -149,7 +149,7 @@ TEST_CASE("a rank that never saves makes rank 0's save fail naming it, nothing c
 TEST_CASE("a rank whose shard write fails makes rank 0 fail at once with its reason", "[ckpt]") {
   TempDir tmp;
   constexpr int world = 2;
-  const auto status = dist_test::run_ranks(world, [&](int rank) {
+  const auto status = comm_test::run_ranks(world, [&](int rank) {
     CheckpointWriter writer(tmp.path, options(rank, world, std::chrono::seconds(20)));
     SaveRequest request = rank_request(rank, world, 5);
     if (rank == 1) {  // a box outside its tensor: write_shard refuses it
@@ -163,10 +163,10 @@ TEST_CASE("a rank whose shard write fails makes rank 0 fail at once with its rea
     } catch (const CheckpointError& e) {
       const std::string what = e.what();
       if (rank == 1) return what.find("outside its shape") != std::string::npos ? 0 : 4;
-      dist_test::expect(what.find("rank 1 could not write its shard") != std::string::npos &&
+      comm_test::expect(what.find("rank 1 could not write its shard") != std::string::npos &&
                             what.find("outside its shape") != std::string::npos,
                         "rank 0 names rank 1 and its reason: " + what);
-      dist_test::expect(Clock::now() - start < std::chrono::seconds(5), "fails without waiting");
+      comm_test::expect(Clock::now() - start < std::chrono::seconds(5), "fails without waiting");
       return 0;
     }
     return 3;
@@ -183,7 +183,7 @@ TEST_CASE(
   constexpr int world = 2;
   REQUIRE(save_steps(tmp.path, world, {1}) == std::vector<int>(world, 0));
   SECTION("one rank killed") {
-    const auto status = dist_test::run_ranks(world, [&](int rank) {
+    const auto status = comm_test::run_ranks(world, [&](int rank) {
       auto o = options(rank, world, std::chrono::milliseconds(500));
       if (rank == 1) o.after_slice = die_mid_save;
       CheckpointWriter writer(tmp.path, o);
@@ -200,7 +200,7 @@ TEST_CASE(
     CHECK(names_in(tmp.path) == std::vector<std::string>{"latest", "step_00000001"});
   }
   SECTION("every rank killed") {
-    const auto status = dist_test::run_ranks(world, [&](int rank) {
+    const auto status = comm_test::run_ranks(world, [&](int rank) {
       auto o = options(rank, world, std::chrono::seconds(20));
       o.after_slice = die_mid_save;
       CheckpointWriter writer(tmp.path, o);

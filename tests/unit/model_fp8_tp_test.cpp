@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "backend_test_util.hpp"
-#include "dist/dist.hpp"
-#include "dist_test_util.hpp"
+#include "comm/comm.hpp"
+#include "comm_test_util.hpp"
 #include "model/layers.hpp"
 
 using namespace backend_test;
-using dist_test::expect;
+using comm_test::expect;
 using trainctl::model::Fp8Mode;
 using trainctl::model::Linear;
 using trainctl::model::Param;
@@ -70,12 +70,12 @@ Results run(Backend& be, const TensorParallel* tp, const Values& x, const Values
 
 TEST_CASE("fp8 tp2: each shard of a Linear quantizes like one rank, bit for bit",
           "[model][parallel][fp8]") {
-  const dist_test::TempDir temp;
-  const auto status = dist_test::run_ranks(2, [&](int rank) {
+  const comm_test::TempDir temp;
+  const auto status = comm_test::run_ranks(2, [&](int rank) {
     auto be = trainctl::backend::make_cpu_backend();
-    trainctl::dist::FileStore store(temp.path);
-    auto comm = trainctl::dist::create_gloo_communicator(
-        store, trainctl::dist::GroupOptions{.name = "tp", .rank = rank, .size = 2});
+    trainctl::comm::FileStore store(temp.path);
+    auto comm = trainctl::comm::create_gloo_communicator(
+        store, trainctl::comm::GroupOptions{.name = "tp", .rank = rank, .size = 2});
     OwnedTensor amax(DType::f32, Shape{TensorParallel::kMaxAmax});
     TensorParallel tp;
     tp.comm = comm.get();

@@ -1,6 +1,6 @@
 // Tensor, expert and pipeline parallelism inside the model: every layout computes the same loss
 // and, element for element, the same gradients as the single-rank model on the same tokens.
-// Multi-rank cases fork one process per rank (dist_test::run_ranks) and build a Mesh in each.
+// Multi-rank cases fork one process per rank (comm_test::run_ranks) and build a Mesh in each.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -11,12 +11,12 @@
 #include <vector>
 
 #include "backend/backend.hpp"
-#include "dist/dist.hpp"
-#include "dist_test_util.hpp"
+#include "comm/comm.hpp"
+#include "comm_test_util.hpp"
 #include "model/model.hpp"
 
 using namespace trainctl;
-using dist_test::expect;
+using comm_test::expect;
 using model::ModelConfig;
 using model::ModelParallel;
 using model::ParamSpec;
@@ -71,7 +71,7 @@ Batch batch(const ModelConfig& c, int64_t micro_batch, int m) {
   const size_t n = static_cast<size_t>(micro_batch * c.seq_len);
   Batch b;
   for (size_t i = 0; i <= n; ++i) {
-    const double u = (dist_test::test_value(m, i, 99) + 1) / 2;
+    const double u = (comm_test::test_value(m, i, 99) + 1) / 2;
     b.tokens.push_back(std::min(c.vocab - 1, static_cast<int>(u * c.vocab)));
   }
   b.targets.assign(b.tokens.begin() + 1, b.tokens.end());
@@ -164,14 +164,14 @@ void check_loss(double got, double want, const std::string& where, double tolera
                              std::to_string(want));
 }
 
-dist::Mesh make_mesh(const std::string& dir, int world, int rank, const dist::Layout& layout) {
-  dist::FileStore base(dir);
-  dist::PrefixStore store = dist::job_store(base, "job", 0);
-  return dist::Mesh::create(store, world, rank, layout,
-                            dist::MeshOptions{.timeout = dist::Milliseconds(20000)});
+comm::Mesh make_mesh(const std::string& dir, int world, int rank, const comm::Layout& layout) {
+  comm::FileStore base(dir);
+  comm::PrefixStore store = comm::job_store(base, "job", 0);
+  return comm::Mesh::create(store, world, rank, layout,
+                            comm::MeshOptions{.timeout = comm::Milliseconds(20000)});
 }
 
-ModelParallel parallel_of(const dist::Mesh& mesh) {
+ModelParallel parallel_of(const comm::Mesh& mesh) {
   ModelParallel p;
   p.tp = &mesh.tp();
   p.ep = &mesh.ep();
@@ -190,10 +190,10 @@ struct WholeTolerance {
 void run_tp_ep(const ModelConfig& c, int tp, int ep, bool expect_drops = false,
                std::optional<WholeTolerance> whole = std::nullopt) {
   const int64_t micro_batch = 2;
-  const dist_test::TempDir temp;
-  const auto status = dist_test::run_ranks(tp * ep, [&](int rank) {
+  const comm_test::TempDir temp;
+  const auto status = comm_test::run_ranks(tp * ep, [&](int rank) {
     const Reference ref = reference(c, micro_batch, ep);
-    dist::Mesh mesh = make_mesh(temp.path, tp * ep, rank, dist::Layout{.tp = tp, .ep = ep});
+    comm::Mesh mesh = make_mesh(temp.path, tp * ep, rank, comm::Layout{.tp = tp, .ep = ep});
     auto be = backend::make_cpu_backend();
     Transformer model(c, *be, micro_batch, parallel_of(mesh));
     model.params().initialize(kSeed);
@@ -319,9 +319,9 @@ TEST_CASE("a ZeRO part holds the optimizer state of its range only", "[model][pa
 }
 
 TEST_CASE("tp2 parameter tables: local shapes, pieces and flags", "[model][parallel]") {
-  const dist_test::TempDir temp;
-  const auto status = dist_test::run_ranks(2, [&](int rank) {
-    dist::Mesh mesh = make_mesh(temp.path, 2, rank, dist::Layout{.tp = 2});
+  const comm_test::TempDir temp;
+  const auto status = comm_test::run_ranks(2, [&](int rank) {
+    comm::Mesh mesh = make_mesh(temp.path, 2, rank, comm::Layout{.tp = 2});
     const ModelConfig c = llama_small();  // H 4, KV 2, D 8, F 48
     const model::ParamTable t = model::build_param_table(c, parallel_of(mesh));
     const ParamSpec& qkv = t.find("layers.0.attn.qkv.weight");
@@ -346,13 +346,13 @@ TEST_CASE("tp2 parameter tables: local shapes, pieces and flags", "[model][paral
 
 TEST_CASE("a tp2 rank starts from the single-rank values at its global indices",
           "[model][parallel]") {
-  const dist_test::TempDir temp;
-  const auto status = dist_test::run_ranks(2, [&](int rank) {
+  const comm_test::TempDir temp;
+  const auto status = comm_test::run_ranks(2, [&](int rank) {
     const ModelConfig c = llama_small();
     auto be = backend::make_cpu_backend();
     Transformer whole(c, *be, 1);
     whole.params().initialize(kSeed);
-    dist::Mesh mesh = make_mesh(temp.path, 2, rank, dist::Layout{.tp = 2});
+    comm::Mesh mesh = make_mesh(temp.path, 2, rank, comm::Layout{.tp = 2});
     Transformer part(c, *be, 1, parallel_of(mesh));
     part.params().initialize(kSeed);
     for (const ParamSpec& spec : part.params().table().specs()) {
@@ -408,17 +408,17 @@ TEST_CASE("pp2 with two slots driven by hand matches one rank", "[model][paralle
     c.layers = 4;
     c.recompute = recompute;
     const int64_t micro_batch = 2;
-    const dist_test::TempDir temp;
-    const auto status = dist_test::run_ranks(2, [&](int rank) {
+    const comm_test::TempDir temp;
+    const auto status = comm_test::run_ranks(2, [&](int rank) {
       const Reference ref = reference(c, micro_batch, 2);
-      dist::Mesh mesh = make_mesh(temp.path, 2, rank, dist::Layout{.pp = 2});
+      comm::Mesh mesh = make_mesh(temp.path, 2, rank, comm::Layout{.pp = 2});
       ModelParallel par = parallel_of(mesh);
       par.activation_slots = rank == 0 ? 2 : 1;
       par.stage_layers = {1, 3};
       auto be = backend::make_cpu_backend();
       Transformer model(c, *be, micro_batch, par);
       model.params().initialize(kSeed);
-      dist::Communicator& pp = mesh.pp();
+      comm::Communicator& pp = mesh.pp();
       const Batch b0 = batch(c, micro_batch, 0), b1 = batch(c, micro_batch, 1);
       const std::string where = "stage " + std::to_string(rank);
       auto send = [&](const tensor::Tensor& t, uint32_t tag) {

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "comm/communicator.hpp"
 #include "convert.hpp"
-#include "dist/communicator.hpp"
 #include "model/model.hpp"
 #include "planner/planner.hpp"
 #include "shape_only_communicator.hpp"

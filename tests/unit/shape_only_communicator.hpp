@@ -9,11 +9,11 @@
 #include <string>
 #include <utility>
 
-#include "dist/communicator.hpp"
+#include "comm/communicator.hpp"
 
 namespace test_util {
 
-class ShapeOnlyCommunicator final : public trainctl::dist::Communicator {
+class ShapeOnlyCommunicator final : public trainctl::comm::Communicator {
  public:
   using DType = trainctl::tensor::DType;
   using ms = std::chrono::milliseconds;

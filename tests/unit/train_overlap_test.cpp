@@ -2,7 +2,7 @@
 // GradSync with the Mesh's background groups): whole multi-process runs with overlap on and off
 // must end with the same parameters byte for byte, the overlap must really start buckets during
 // backward (and, with ZeRO-1, the next forward must wait for the parameter gather bucket by
-// bucket), and a background failure must surface as a DistError naming the op and the group.
+// bucket), and a background failure must surface as a CommError naming the op and the group.
 // Every bucket reduced in the background is handed over with a backend fence that the reducer's
 // worker waits on (what makes it safe on a GPU, whose writes are still in flight at the hand-off).
 #include <catch2/catch.hpp>
@@ -14,9 +14,9 @@
 
 #include "backend/cpu/cpu_backend.hpp"
 
+#include "comm/comm.hpp"
+#include "comm_test_util.hpp"
 #include "data/sources.hpp"
-#include "dist/dist.hpp"
-#include "dist_test_util.hpp"
 #include "small_models.hpp"
 #include "train/checkpointing.hpp"
 #include "train/trainer.hpp"
@@ -37,7 +37,7 @@ model::ModelConfig small_moe() {
 }
 
 struct Setup {
-  dist::Layout layout;
+  comm::Layout layout;
   bool overlap = true;
   int zero = 0;
   int steps = 3;
@@ -156,10 +156,10 @@ train::TrainConfig train_config(const Setup& s) {
 }
 
 int train_rank(const Setup& s, const std::string& dir, int rank) {
-  dist::FileStore base(dir + "/store");
-  dist::PrefixStore store = dist::job_store(base, "train", 0);
-  const dist::Mesh mesh =
-      dist::Mesh::create(store, s.layout.world_size(), rank, s.layout,
+  comm::FileStore base(dir + "/store");
+  comm::PrefixStore store = comm::job_store(base, "train", 0);
+  const comm::Mesh mesh =
+      comm::Mesh::create(store, s.layout.world_size(), rank, s.layout,
                          {.timeout = std::chrono::seconds(30), .background_groups = s.overlap});
   const train::TrainConfig tc = train_config(s);
   model::ModelParallel parallel;
@@ -215,12 +215,12 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
 }
 
 std::vector<RankResult> run_job(const Setup& s) {
-  const dist_test::TempDir temp;
+  const comm_test::TempDir temp;
   std::filesystem::create_directories(temp.path + "/store");
   const int world = s.layout.world_size();
-  dist_test::RunOptions options;
+  comm_test::RunOptions options;
   options.deadline = std::chrono::seconds(120);
-  const auto status = dist_test::run_ranks(
+  const auto status = comm_test::run_ranks(
       world, [&](int rank) { return train_rank(s, temp.path, rank); }, options);
   std::vector<RankResult> ranks;
   for (int r = 0; r < world; ++r) {
@@ -367,18 +367,18 @@ TEST_CASE("overlap: ZeRO-1 dp2 x pp2 with tied embeddings is bit-identical", "[t
 
 TEST_CASE("overlap without the mesh's background groups falls back to reducing after backward",
           "[train][overlap]") {
-  const dist_test::TempDir temp;
-  const auto status = dist_test::run_ranks(2, [&](int rank) {
-    dist::FileStore base(temp.path);
-    dist::PrefixStore store = dist::job_store(base, "plain", 0);
-    dist::Layout layout;
+  const comm_test::TempDir temp;
+  const auto status = comm_test::run_ranks(2, [&](int rank) {
+    comm::FileStore base(temp.path);
+    comm::PrefixStore store = comm::job_store(base, "plain", 0);
+    comm::Layout layout;
     layout.dp = 2;
-    const dist::Mesh mesh = dist::Mesh::create(store, 2, rank, layout);
-    dist_test::expect(mesh.dp_bg() == nullptr && mesh.dp_ep_bg() == nullptr, "no _bg groups");
+    const comm::Mesh mesh = comm::Mesh::create(store, 2, rank, layout);
+    comm_test::expect(mesh.dp_bg() == nullptr && mesh.dp_ep_bg() == nullptr, "no _bg groups");
     auto backend = backend::make_cpu_backend();
     model::Transformer m(small_gpt(), *backend, 1);
     train::GradSync sync(mesh, *backend, m, 2048, false, true);
-    dist_test::expect(!sync.overlaps(), "no overlap without background groups");
+    comm_test::expect(!sync.overlaps(), "no overlap without background groups");
     return 0;
   });
   CHECK(status == std::vector<int>{0, 0});
@@ -387,21 +387,21 @@ TEST_CASE("overlap without the mesh's background groups falls back to reducing a
 namespace {
 
 // Rank 0 runs one armed backward whose buckets start on dp_bg; rank 1 has left (`stop` false) or
-// stays silent (`stop` true) once every group is connected. Rank 0 must get a DistError naming
+// stays silent (`stop` true) once every group is connected. Rank 0 must get a CommError naming
 // the background all_reduce and its group from reduce_gradients, not hang or crash.
 std::vector<int> provoke_background_failure(bool silent_peer, std::chrono::milliseconds timeout) {
-  const dist_test::TempDir temp;
-  dist_test::RunOptions options;
+  const comm_test::TempDir temp;
+  comm_test::RunOptions options;
   options.deadline = std::chrono::seconds(60);
   options.required = {0};  // then the silent rank 1 is killed
-  return dist_test::run_ranks(
+  return comm_test::run_ranks(
       2,
       [&](int rank) {
-        dist::FileStore base(temp.path);
-        dist::PrefixStore store = dist::job_store(base, "fail", 0);
-        dist::Layout layout;
+        comm::FileStore base(temp.path);
+        comm::PrefixStore store = comm::job_store(base, "fail", 0);
+        comm::Layout layout;
         layout.dp = 2;
-        const dist::Mesh mesh = dist::Mesh::create(store, 2, rank, layout,
+        const comm::Mesh mesh = comm::Mesh::create(store, 2, rank, layout,
                                                    {.timeout = timeout, .background_groups = true});
         // Mesh::create ended with a world barrier: every group, dp_bg included, is connected.
         if (rank == 1) {
@@ -413,7 +413,7 @@ std::vector<int> provoke_background_failure(bool silent_peer, std::chrono::milli
         model::Transformer m(config, *backend, 1);
         m.params().initialize(1);
         train::GradSync sync(mesh, *backend, m, 2048, false, true);
-        dist_test::expect(sync.overlaps(), "overlap on");
+        comm_test::expect(sync.overlaps(), "overlap on");
         std::vector<int32_t> tokens(static_cast<size_t>(config.seq_len), 1);
         m.forward(tokens.data(), tokens.data());
         sync.arm();
@@ -423,17 +423,17 @@ std::vector<int> provoke_background_failure(bool silent_peer, std::chrono::milli
         m.set_grads_ready_hook({});
         try {
           sync.reduce_gradients();
-        } catch (const dist::DistError& error) {
+        } catch (const comm::CommError& error) {
           const std::string what = error.what();
-          dist_test::expect(what.find("all_reduce") != std::string::npos &&
+          comm_test::expect(what.find("all_reduce") != std::string::npos &&
                                 what.find("dp_bg") != std::string::npos,
                             "the error names the op and the group: " + what);
-          dist_test::expect(!silent_peer || error.kind() == dist::DistError::Kind::timeout,
+          comm_test::expect(!silent_peer || error.kind() == comm::CommError::Kind::timeout,
                             "a silent peer is a timeout: " + what);
-          dist_test::expect(sync.started_during_backward() > 0, "buckets started in backward");
+          comm_test::expect(sync.started_during_backward() > 0, "buckets started in backward");
           return 0;
         }
-        dist_test::expect(false, "reduce_gradients succeeded without rank 1");
+        comm_test::expect(false, "reduce_gradients succeeded without rank 1");
         return 1;
       },
       options);
@@ -441,7 +441,7 @@ std::vector<int> provoke_background_failure(bool silent_peer, std::chrono::milli
 
 }  // namespace
 
-TEST_CASE("overlap: a peer that dies surfaces as a DistError naming all_reduce and dp_bg",
+TEST_CASE("overlap: a peer that dies surfaces as a CommError naming all_reduce and dp_bg",
           "[train][overlap]") {
   const auto status = provoke_background_failure(false, std::chrono::seconds(10));
   CHECK(status[0] == 0);

@@ -11,9 +11,9 @@
 #include <map>
 #include <set>
 
+#include "comm/comm.hpp"
+#include "comm_test_util.hpp"
 #include "data/sources.hpp"
-#include "dist/dist.hpp"
-#include "dist_test_util.hpp"
 #include "small_models.hpp"
 #include "train/trainer.hpp"
 
@@ -219,7 +219,7 @@ TEST_CASE("norm ownership: each element counted by exactly one rank", "[train][g
 namespace {
 
 struct Setup {
-  dist::Layout layout;  // world size 1 with no mesh: the reference
+  comm::Layout layout;  // world size 1 with no mesh: the reference
   bool use_mesh = true;
   int zero = 0;
   int steps = 10;
@@ -316,14 +316,14 @@ RankReport read_report(const std::string& path) {
 }
 
 int train_rank(const Setup& s, const std::string& dir, int rank) {
-  std::unique_ptr<dist::FileStore> base;
-  std::unique_ptr<dist::PrefixStore> store;
-  std::optional<dist::Mesh> mesh;
+  std::unique_ptr<comm::FileStore> base;
+  std::unique_ptr<comm::PrefixStore> store;
+  std::optional<comm::Mesh> mesh;
   if (s.use_mesh) {
-    base = std::make_unique<dist::FileStore>(dir + "/store");
-    store = std::make_unique<dist::PrefixStore>(dist::job_store(*base, "train", 0));
-    mesh.emplace(dist::Mesh::create(*store, s.layout.world_size(), rank, s.layout,
-                                    dist::MeshOptions{.timeout = std::chrono::seconds(30)}));
+    base = std::make_unique<comm::FileStore>(dir + "/store");
+    store = std::make_unique<comm::PrefixStore>(comm::job_store(*base, "train", 0));
+    mesh.emplace(comm::Mesh::create(*store, s.layout.world_size(), rank, s.layout,
+                                    comm::MeshOptions{.timeout = std::chrono::seconds(30)}));
   }
   const train::TrainConfig tc = train_config(s);
   model::ModelParallel parallel;
@@ -347,7 +347,7 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
   model::Transformer m(s.model, *backend, tc.micro_batch, parallel);
   m.params().initialize(1234);
   if (s.zero == 1)  // the optimizer state really is this rank's part only
-    dist_test::expect(
+    comm_test::expect(
         m.params().optimizer_end() - m.params().optimizer_begin() < m.params().values().numel(),
         "ZeRO-1 optimizer part smaller than the buffer");
   train::Trainer trainer(tc, m, *backend, sampler, &val, mesh ? &*mesh : nullptr);
@@ -366,7 +366,7 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
     return true;
   });
   // Every rank ends at the same place in the global sample order.
-  dist_test::expect(sampler.position() == int64_t{s.steps} * s.global_batch, "sampler position");
+  comm_test::expect(sampler.position() == int64_t{s.steps} * s.global_batch, "sampler position");
   // f32 or f64 storage, reported as f64.
   const tensor::Tensor stored = m.params().values();
   std::vector<unsigned char> raw(stored.bytes());
@@ -399,12 +399,12 @@ struct JobResult {
 };
 
 JobResult run_job(const Setup& s) {
-  const dist_test::TempDir temp;
+  const comm_test::TempDir temp;
   std::filesystem::create_directories(temp.path + "/store");
   const int world = s.use_mesh ? s.layout.world_size() : 1;
-  dist_test::RunOptions options;
+  comm_test::RunOptions options;
   options.deadline = std::chrono::seconds(120);
-  const auto status = dist_test::run_ranks(
+  const auto status = comm_test::run_ranks(
       world, [&](int rank) { return train_rank(s, temp.path, rank); }, options);
   for (int r = 0; r < world; ++r) {
     INFO("rank " << r << " of " << s.layout.to_string());
@@ -545,14 +545,14 @@ TEST_CASE("dp2 with ZeRO-1 trains like one rank and repeats bit for bit", "[trai
 }
 
 TEST_CASE("a layout the trainer cannot run is refused with the formula", "[train][parallel]") {
-  const dist_test::TempDir temp;
+  const comm_test::TempDir temp;
   std::filesystem::create_directories(temp.path + "/store");
-  const auto status = dist_test::run_ranks(2, [&](int rank) {
-    dist::FileStore base(temp.path + "/store");
-    dist::PrefixStore store = dist::job_store(base, "refuse", 0);
-    dist::Layout layout;
+  const auto status = comm_test::run_ranks(2, [&](int rank) {
+    comm::FileStore base(temp.path + "/store");
+    comm::PrefixStore store = comm::job_store(base, "refuse", 0);
+    comm::Layout layout;
     layout.dp = 2;
-    dist::Mesh mesh = dist::Mesh::create(store, 2, rank, layout);
+    comm::Mesh mesh = comm::Mesh::create(store, 2, rank, layout);
     auto backend = backend::make_cpu_backend();
     const data::SyntheticSource source(11, 32, 1 << 14);
     data::Sampler sampler(source, 16, 3, true, 32);
@@ -564,7 +564,7 @@ TEST_CASE("a layout the trainer cannot run is refused with the formula", "[train
       train::Trainer trainer(tc, m, *backend, sampler, nullptr, &mesh);
     } catch (const std::invalid_argument& e) {
       const std::string what = e.what();
-      dist_test::expect(
+      comm_test::expect(
           what.find("data ranks (dp*ep = 2) * micro_batch 2 = 4") != std::string::npos,
           "message: " + what);
       return 0;
@@ -622,14 +622,14 @@ TEST_CASE("a MoE model with ep2 (and with dp2) trains like one rank, expert metr
 }
 
 TEST_CASE("ZeRO-1 with expert parallel is refused with what to change", "[train][parallel]") {
-  const dist_test::TempDir temp;
+  const comm_test::TempDir temp;
   std::filesystem::create_directories(temp.path + "/store");
-  const auto status = dist_test::run_ranks(2, [&](int rank) {
-    dist::FileStore base(temp.path + "/store");
-    dist::PrefixStore store = dist::job_store(base, "refuse_zero", 0);
-    dist::Layout layout;
+  const auto status = comm_test::run_ranks(2, [&](int rank) {
+    comm::FileStore base(temp.path + "/store");
+    comm::PrefixStore store = comm::job_store(base, "refuse_zero", 0);
+    comm::Layout layout;
     layout.ep = 2;
-    dist::Mesh mesh = dist::Mesh::create(store, 2, rank, layout);
+    comm::Mesh mesh = comm::Mesh::create(store, 2, rank, layout);
     auto backend = backend::make_cpu_backend();
     const data::SyntheticSource source(11, 32, 1 << 14);
     data::Sampler sampler(source, 16, 3, true, 32);
@@ -644,7 +644,7 @@ TEST_CASE("ZeRO-1 with expert parallel is refused with what to change", "[train]
       train::Trainer trainer(tc, m, *backend, sampler, nullptr, &mesh);
     } catch (const std::invalid_argument& e) {
       const std::string what = e.what();
-      dist_test::expect(what.find("ZeRO-1 with expert parallel (ep 2)") != std::string::npos &&
+      comm_test::expect(what.find("ZeRO-1 with expert parallel (ep 2)") != std::string::npos &&
                             what.find("parallel.zero: 0") != std::string::npos,
                         "message: " + what);
       return 0;

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "ckpt_test_util.hpp"
+#include "comm/comm.hpp"
+#include "comm_test_util.hpp"
 #include "data/sources.hpp"
-#include "dist/dist.hpp"
-#include "dist_test_util.hpp"
 #include "model/params.hpp"
 #include "shape_only_communicator.hpp"
 #include "train/checkpointing.hpp"
@@ -265,13 +265,13 @@ Elements merge_dumps(const std::string& dir, int world) {
 
 // One rank of a job on `layout`: trains `steps` (then saves step `steps`) or loads the checkpoint
 // in `load_dir`, then dumps every element it holds and its trainer state.
-int job_rank(const dist::Layout& layout, int zero, const std::string& dir, int rank,
+int job_rank(const comm::Layout& layout, int zero, const std::string& dir, int rank,
              const std::string& job, bool save, const fs::path& load_dir) {
-  dist::FileStore base(dir + "/store");
-  dist::PrefixStore store = dist::job_store(base, job, 0);
-  const dist::Mesh mesh =
-      dist::Mesh::create(store, layout.world_size(), rank, layout,
-                         dist::MeshOptions{.timeout = std::chrono::seconds(30)});
+  comm::FileStore base(dir + "/store");
+  comm::PrefixStore store = comm::job_store(base, job, 0);
+  const comm::Mesh mesh =
+      comm::Mesh::create(store, layout.world_size(), rank, layout,
+                         comm::MeshOptions{.timeout = std::chrono::seconds(30)});
   const model::ModelConfig config = job_model();
   const train::TrainConfig tc = job_train_config(zero);
   model::ModelParallel parallel;
@@ -316,14 +316,14 @@ int job_rank(const dist::Layout& layout, int zero, const std::string& dir, int r
   return 0;
 }
 
-Elements run_job(const dist::Layout& layout, int zero, const std::string& dir,
+Elements run_job(const comm::Layout& layout, int zero, const std::string& dir,
                  const std::string& job, bool save, const fs::path& load_dir = {}) {
   fs::create_directories(dir + "/store");
   for (int r = 0; r < layout.world_size(); ++r)
     fs::remove(dir + "/dump_" + std::to_string(r) + ".bin");
-  dist_test::RunOptions options;
+  comm_test::RunOptions options;
   options.deadline = std::chrono::seconds(120);
-  const auto status = dist_test::run_ranks(
+  const auto status = comm_test::run_ranks(
       layout.world_size(),
       [&](int rank) { return job_rank(layout, zero, dir, rank, job, save, load_dir); }, options);
   if (status != std::vector<int>(static_cast<size_t>(layout.world_size()), 0))
@@ -428,8 +428,8 @@ TEST_CASE("a checkpoint of another global shape is refused naming the tensor", "
 
 TEST_CASE("a job saved at dp2 x tp2 with ZeRO-1 resumes bit-identically at pp2 and on one rank",
           "[train]") {
-  const dist_test::TempDir tmp;
-  dist::Layout dp2_tp2;
+  const comm_test::TempDir tmp;
+  comm::Layout dp2_tp2;
   dp2_tp2.tp = 2;
   dp2_tp2.dp = 2;
   const Elements saved = run_job(dp2_tp2, 1, tmp.path, "save", true);
@@ -441,7 +441,7 @@ TEST_CASE("a job saved at dp2 x tp2 with ZeRO-1 resumes bit-identically at pp2 a
   CHECK(saved.at("state/step").at(0) == 2.0f);
   CHECK(saved.at("state/sampler_position").at(0) == 8.0f);  // 2 steps of 4 sequences
 
-  dist::Layout pp2;
+  comm::Layout pp2;
   pp2.pp = 2;
   const Elements at_pp2 = run_job(pp2, 0, tmp.path, "load", false, step_dir);
   CHECK(at_pp2.size() == saved.size());

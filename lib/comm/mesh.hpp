@@ -1,0 +1,85 @@
+// Mesh: the communicators of one rank, one per group kind (world, tp, ep, dp, pp, dp_ep), built
+// from a validated Layout. A plain value passed down explicitly: no process-group globals.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "comm/communicator.hpp"
+#include "comm/gloo_communicator.hpp"
+#include "comm/layout.hpp"
+#include "comm/store.hpp"
+
+namespace trainctl::comm {
+
+class CommClock;
+
+// Which library carries the collectives: Gloo (host buffers, CPU ranks) or NCCL (device buffers
+// on cuda_device, GPU ranks; see nccl_communicator.hpp).
+enum class CommBackend { gloo, nccl };
+
+struct MeshOptions {
+  std::chrono::milliseconds timeout{30000};  // rendezvous and default per-call timeout
+  std::shared_ptr<GlooDevice> device{};      // gloo: null means one new device for all groups
+  CommBackend backend = CommBackend::gloo;
+  int cuda_device = 0;  // nccl: this rank's GPU (its local rank)
+  // nccl: the stream the backend writes the groups' device buffers on (Backend::stream()); every
+  // call of the groups above waits for it on the device first. Not given to the background groups:
+  // their caller hands over a fence per buffer instead (GradSync), so a bucket's reduction does not
+  // also wait for the backward issued after it.
+  void* cuda_stream = nullptr;
+  bool deterministic = false;  // nccl: pin NCCL_ALGO=Ring, NCCL_PROTO=Simple (docs/comm.md)
+  // Also join dp_bg and dp_ep_bg: the dp and dp_ep members a second time, for the gradient
+  // reduction that a BackgroundReducer runs on its own thread while backward goes on (a context
+  // serves one thread at a time). Only groups of more than one rank are joined.
+  bool background_groups = false;
+};
+
+class Mesh {
+ public:
+  // Collective over the whole world: every rank calls it with the same store namespace (a
+  // job_store), world size and layout. Validates the layout first (CommError, Kind::usage).
+  // Group kinds are joined in a fixed order (world, tp, ep, dp, pp, dp_ep) and each group
+  // rendezvouses under its own prefix "mesh/<kind>/<first member>/", so the disjoint groups of one
+  // kind connect in parallel and no rank waits on a group it is not in. Size-1 groups cost nothing
+  // with Gloo; with NCCL they are one-rank NCCL communicators (device buffers need device copies).
+  // Ends with a barrier on the world group: no rank returns before every group is connected.
+  static Mesh create(Store& store, int world_size, int rank, const Layout& layout,
+                     const MeshOptions& options = {});
+
+  const Layout& layout() const { return layout_; }
+  const RankGroups& groups() const { return groups_; }
+  int rank() const { return groups_.rank; }
+
+  Communicator& world() const { return *world_; }
+  Communicator& tp() const { return *tp_; }
+  Communicator& ep() const { return *ep_; }
+  Communicator& dp() const { return *dp_; }
+  Communicator& pp() const { return *pp_; }
+  Communicator& dp_ep() const { return *dp_ep_; }
+  // The background twins of dp and dp_ep (MeshOptions::background_groups), for one
+  // BackgroundReducer each; null when not joined or when the group has one rank. When dp and dp_ep
+  // have the same members (ep 1) both return the same communicator: one context, one worker.
+  Communicator* dp_bg() const { return dp_bg_.get(); }
+  Communicator* dp_ep_bg() const { return dp_ep_bg_ ? dp_ep_bg_.get() : dp_bg_.get(); }
+
+  // Wall time this process has spent inside calls of any of its communicators (all groups), for
+  // the share of step time spent communicating. Monotonic; callers take differences.
+  // Counts the union of the calls' intervals (overlapping calls on two threads count once) and
+  // only groups of more than one rank: a one-rank group's copies are not communication.
+  // Thread-safe.
+  double comm_seconds() const;
+  // The same for the background groups alone (busy time of the reducers' workers, which overlaps
+  // the training thread's work and is therefore not part of comm_seconds).
+  double background_comm_seconds() const;
+
+ private:
+  Layout layout_;
+  RankGroups groups_;
+  std::unique_ptr<Communicator> world_, tp_, ep_, dp_, pp_, dp_ep_;
+  std::unique_ptr<Communicator> dp_bg_, dp_ep_bg_;  // dp_ep_bg_ null when it would equal dp_bg_
+  std::shared_ptr<CommClock> clock_;  // shared by the timed communicators of the groups above
+  std::shared_ptr<CommClock> background_clock_;  // the _bg groups'
+};
+
+}  // namespace trainctl::comm

@@ -1,0 +1,117 @@
+#include "comm/timed_communicator.hpp"
+
+namespace trainctl::comm {
+
+void CommClock::enter() {
+  const Clock::time_point now = Clock::now();
+  std::lock_guard lock(mutex_);
+  if (active_++ == 0) since_ = now;
+}
+
+void CommClock::leave() {
+  const Clock::time_point now = Clock::now();
+  std::lock_guard lock(mutex_);
+  if (--active_ == 0) total_ += now - since_;
+}
+
+double CommClock::seconds() const {
+  std::lock_guard lock(mutex_);
+  Clock::duration total = total_;
+  if (active_ > 0) total += Clock::now() - since_;
+  return std::chrono::duration<double>(total).count();
+}
+
+namespace {
+
+// enter() on construction, leave() on scope exit, including when the call throws.
+class Timed {
+ public:
+  explicit Timed(CommClock& clock) : clock_(clock) { clock_.enter(); }
+  ~Timed() { clock_.leave(); }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  CommClock& clock_;
+};
+
+}  // namespace
+
+TimedCommunicator::TimedCommunicator(std::unique_ptr<Communicator> inner,
+                                     std::shared_ptr<CommClock> clock)
+    : inner_(std::move(inner)), clock_(std::move(clock)) {}
+
+void TimedCommunicator::all_reduce_sum(void* data, size_t count, DType dtype,
+                                       std::chrono::milliseconds timeout) {
+  Timed timed(*clock_);
+  inner_->all_reduce_sum(data, count, dtype, timeout);
+}
+
+void TimedCommunicator::all_reduce_max(void* data, size_t count, DType dtype,
+                                       std::chrono::milliseconds timeout) {
+  Timed timed(*clock_);
+  inner_->all_reduce_max(data, count, dtype, timeout);
+}
+
+void TimedCommunicator::reduce_scatter_sum(const void* input, void* output, size_t count,
+                                           DType dtype, std::chrono::milliseconds timeout) {
+  Timed timed(*clock_);
+  inner_->reduce_scatter_sum(input, output, count, dtype, timeout);
+}
+
+void TimedCommunicator::reduce_scatter_sum_v(const void* input, void* output,
+                                             std::span<const size_t> counts, DType dtype,
+                                             std::chrono::milliseconds timeout) {
+  Timed timed(*clock_);
+  inner_->reduce_scatter_sum_v(input, output, counts, dtype, timeout);
+}
+
+void TimedCommunicator::all_gather_v(const void* input, void* output, std::span<const size_t> bytes,
+                                     std::chrono::milliseconds timeout) {
+  Timed timed(*clock_);
+  inner_->all_gather_v(input, output, bytes, timeout);
+}
+
+void TimedCommunicator::all_gather(const void* input, void* output, size_t bytes,
+                                   std::chrono::milliseconds timeout) {
+  Timed timed(*clock_);
+  inner_->all_gather(input, output, bytes, timeout);
+}
+
+void TimedCommunicator::all_to_all(const void* input, void* output, size_t bytes,
+                                   std::chrono::milliseconds timeout) {
+  Timed timed(*clock_);
+  inner_->all_to_all(input, output, bytes, timeout);
+}
+
+void TimedCommunicator::all_to_allv(const void* input, std::span<const size_t> send_bytes,
+                                    void* output, std::span<const size_t> recv_bytes,
+                                    std::chrono::milliseconds timeout) {
+  Timed timed(*clock_);
+  inner_->all_to_allv(input, send_bytes, output, recv_bytes, timeout);
+}
+
+void TimedCommunicator::send(const void* data, size_t bytes, int peer, uint32_t tag,
+                             std::chrono::milliseconds timeout) {
+  Timed timed(*clock_);
+  inner_->send(data, bytes, peer, tag, timeout);
+}
+
+void TimedCommunicator::recv(void* data, size_t bytes, int peer, uint32_t tag,
+                             std::chrono::milliseconds timeout) {
+  Timed timed(*clock_);
+  inner_->recv(data, bytes, peer, tag, timeout);
+}
+
+void TimedCommunicator::broadcast(void* data, size_t bytes, int root,
+                                  std::chrono::milliseconds timeout) {
+  Timed timed(*clock_);
+  inner_->broadcast(data, bytes, root, timeout);
+}
+
+void TimedCommunicator::barrier(std::chrono::milliseconds timeout) {
+  Timed timed(*clock_);
+  inner_->barrier(timeout);
+}
+
+}  // namespace trainctl::comm

@@ -9,12 +9,15 @@
 namespace trainctl::backend {
 
 void ArgCheck::fail(std::string_view op, const std::string& message) const {
-  throw std::invalid_argument(fmt::format("{} {}: {}", backend_, op, message));
+  throw std::invalid_argument(fmt::format("{} backend {}: {}", backend_, op, message));
 }
 
 void ArgCheck::present(std::string_view op, std::string_view name, const Tensor& t) const {
   if (t.empty()) fail(op, fmt::format("{} is empty (null data) but is required", name));
-  if (t.device != device_) fail(op, fmt::format("{} {}", name, misplaced_));
+  if (t.device == device_) return;
+  if (device_ == Device::cpu) fail(op, fmt::format("{} is not in host memory", name));
+  fail(op, fmt::format("{} is in host memory; the {} backend takes tensors from its own allocate()",
+                       name, backend_));
 }
 
 void ArgCheck::dtype(std::string_view op, std::string_view name, const Tensor& t,

@@ -1,7 +1,9 @@
 // The argument checks of the Backend contract (backend.hpp), written once for every backend: the
-// shapes, dtypes and sizes an op requires, whatever memory its tensors live in. A backend adds only
-// what it alone can or must check (the CPU backend reads token ids and slots; the CUDA backend
-// checks kernel limits). Every failure throws std::invalid_argument "<backend> <op>: <what>".
+// shapes, dtypes and sizes an op requires, whatever memory its tensors live in. Backend's public
+// ops run them (backend_ops.cpp) before calling the backend's do_<op>; a backend adds only what it
+// alone can or must check (the CPU backend reads token ids, targets and slots; the CUDA backend
+// checks the dtypes it computes on and its kernels' limits) with the same ArgCheck::fail.
+// Every failure throws std::invalid_argument "<name> backend <op>: <what>".
 #pragma once
 
 #include <cstdint>
@@ -15,10 +17,12 @@ namespace trainctl::backend {
 
 class ArgCheck {
  public:
-  // backend: the message prefix ("cpu backend"); device: where the backend's tensors live;
-  // misplaced: what a tensor elsewhere is told ("is not in host memory").
-  constexpr ArgCheck(std::string_view backend, Device device, std::string_view misplaced)
-      : backend_(backend), device_(device), misplaced_(misplaced) {}
+  // backend: the backend's name ("cpu": messages start "cpu backend <op>: "); device: where its
+  // tensors live. A tensor elsewhere "is not in host memory" (cpu) or "is in host memory; the
+  // <name> backend takes tensors from its own allocate()" (a device backend).
+  constexpr ArgCheck(std::string_view backend, Device device)
+      : backend_(backend), device_(device) {}
+  explicit ArgCheck(const BackendDevice& backend) : ArgCheck(backend.name(), backend.device()) {}
 
   [[noreturn]] void fail(std::string_view op, const std::string& message) const;
   // t has data and lives on this backend's device.
@@ -58,7 +62,6 @@ class ArgCheck {
  private:
   std::string_view backend_;
   Device device_;
-  std::string_view misplaced_;
 };
 
 }  // namespace trainctl::backend

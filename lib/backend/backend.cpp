@@ -1,10 +1,13 @@
-// The backend-independent parts of backend.hpp: derived dtypes, capabilities, Allocation.
+// The backend-independent parts of backend.hpp: derived dtypes, op families, capabilities, the
+// device part's checked copies and passed fence, Allocation. The ops' wrappers are in
+// backend_ops.cpp.
 #include "backend/backend.hpp"
 
 #include <memory>
 #include <stdexcept>
 #include <utility>
 
+#include "backend/arg_check.hpp"
 #include "tensor/fp8_scale.hpp"
 
 namespace trainctl::backend {
@@ -31,21 +34,72 @@ float fp8_scale(DType format, float amax) {
 namespace {
 
 // The fence of a backend whose ops are complete when they return.
-class PassedFence final : public Backend::Fence {
+class PassedFence final : public BackendDevice::Fence {
  public:
   void wait() override {}
 };
 
 }  // namespace
 
-std::unique_ptr<Backend::Fence> Backend::fence() {
+std::unique_ptr<BackendDevice::Fence> BackendDevice::fence() {
   return std::make_unique<PassedFence>();
 }
 
-void Backend::adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
-                    const Tensor& v, const AdamW& hyper) {
-  const AdamWRange whole{0, param.numel(), true};
-  adamw(param, master, grad, m, v, std::span<const AdamWRange>(&whole, 1), hyper);
+void BackendDevice::copy_to_host(void* dst, const Tensor& src) {
+  ArgCheck(*this).present("copy_to_host", "src", src);
+  do_copy_to_host(dst, src);
+}
+
+void BackendDevice::copy_from_host(const Tensor& dst, const void* src) {
+  ArgCheck(*this).present("copy_from_host", "dst", dst);
+  do_copy_from_host(dst, src);
+}
+
+std::string_view op_family_name(OpFamily family) {
+  switch (family) {
+    case OpFamily::gemm:
+      return "gemm";
+    case OpFamily::attention:
+      return "attention";
+    case OpFamily::norm:
+      return "norm";
+    case OpFamily::activation:
+      return "activation";
+    case OpFamily::rope:
+      return "rope";
+    case OpFamily::embedding:
+      return "embedding";
+    case OpFamily::loss:
+      return "loss";
+    case OpFamily::moe:
+      return "moe";
+    case OpFamily::optimizer:
+      return "optimizer";
+    case OpFamily::elementwise:
+      return "elementwise";
+    case OpFamily::reduction:
+      return "reduction";
+    case OpFamily::fp8:
+      return "fp8";
+    case OpFamily::count:
+      break;
+  }
+  return "?";
+}
+
+bool Capabilities::supports(OpFamily family) const {
+  if (family == OpFamily::fp8) return fp8;
+  const int bit = static_cast<int>(family);
+  return bit >= 0 && bit < kNumOpFamilies && ((op_families >> bit) & 1u) != 0;
+}
+
+void Capabilities::set_supported(OpFamily family, bool supported) {
+  if (family == OpFamily::fp8) {
+    fp8 = supported;
+    return;
+  }
+  const uint32_t bit = uint32_t{1} << static_cast<int>(family);
+  op_families = supported ? (op_families | bit) : (op_families & ~bit);
 }
 
 bool Capabilities::supports(DType storage) const {

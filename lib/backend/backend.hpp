@@ -1,6 +1,18 @@
 // The Backend: every numerical operation the model and the optimizer need, written once against
-// this interface and implemented by `cpu` (the numerical reference, OpenBLAS + loops) and later by
-// `cuda` (cuBLASLt + kernels/). Ops are synchronous from the caller's point of view.
+// this interface and implemented by `cpu` (the numerical reference, OpenBLAS + loops) and `cuda`
+// (cuBLASLt + kernels/). Ops are synchronous from the caller's point of view.
+//
+// Two parts, one object at runtime:
+//   BackendDevice  what the backend is and can do (name, device, Capabilities: storage dtypes and
+//                  op families), its memory (allocate, copies) and its hand-off to other consumers
+//                  (fence, stream).
+//   Backend        the ops. Each public op is a non-virtual wrapper (ggml-backend's pattern): it
+//                  refuses an op family the backend does not declare, checks the arguments against
+//                  this contract once for every backend (arg_check.hpp, backend_ops.cpp), then
+//                  calls the backend's private do_<op>. A backend's do_<op> adds only the checks it
+//                  alone can do (the CPU reads token ids, targets and slots; the CUDA backend
+//                  checks the dtypes it computes on and its kernels' limits).
+// Every argument error is a std::invalid_argument "<name> backend <op>: <what is wrong>".
 //
 // Types. A run has one storage type S for parameters and activations (f64 | f32 | bf16 | f16).
 // Derived from it:
@@ -37,6 +49,28 @@ using tensor::Tensor;
 DType grad_dtype(DType storage);   // G above
 DType stats_dtype(DType storage);  // A above
 
+// The op families of the Backend interface; a backend declares which it implements
+// (Capabilities::supports). A call into a family it lacks throws std::invalid_argument from the
+// wrapper, before any argument is looked at. The CPU backend's op timing counts per family too
+// (cpu/op_timing.hpp; it counts bias_backward under elementwise and fp8 GEMMs under gemm).
+enum class OpFamily : int {
+  gemm,         // gemm, bias_backward
+  attention,    // attention_forward, attention_backward
+  norm,         // layernorm_*, rmsnorm_*
+  activation,   // gelu_*, swiglu_*
+  rope,         // rope
+  embedding,    // embedding_forward/backward and their _shard forms
+  loss,         // cross_entropy_forward/backward, cross_entropy_backward_shard
+  moe,          // moe_router_*, moe_permute*, moe_unpermute*
+  optimizer,    // adamw
+  elementwise,  // cast, fill, add, accumulate, scale
+  reduction,    // sum, sum_squares, all_finite, amax
+  fp8,          // gemm with GemmArgs fp8 operands (the fp8 flag of Capabilities)
+  count
+};
+inline constexpr int kNumOpFamilies = static_cast<int>(OpFamily::count);
+std::string_view op_family_name(OpFamily family);
+
 // What a backend can do, declared up front so a recipe asking for something it lacks fails at
 // validation, not mid-run.
 struct Capabilities {
@@ -45,16 +79,21 @@ struct Capabilities {
   bool bf16 = false;
   bool f16 = false;
   bool fp8 = false;  // GemmArgs fp8 operands (on the CPU: the same values, computed in fp32)
+  // The op families implemented, bit i for OpFamily i; every family unless a backend clears it.
+  // fp8's support is the flag above (its bit is not read).
+  uint32_t op_families = ~uint32_t{0};
   bool supports(DType storage) const;
+  bool supports(OpFamily family) const;
+  void set_supported(OpFamily family, bool supported);
 };
 
-class Backend;
+class BackendDevice;
 
 // Owning device memory from a backend. Move-only; frees itself.
 class Allocation {
  public:
   Allocation() = default;
-  Allocation(Backend* owner, void* data, size_t bytes)
+  Allocation(BackendDevice* owner, void* data, size_t bytes)
       : owner_(owner), data_(data), bytes_(bytes) {}
   Allocation(Allocation&& other) noexcept;
   Allocation& operator=(Allocation&& other) noexcept;
@@ -66,7 +105,7 @@ class Allocation {
   Tensor view(DType dtype, Shape shape, size_t byte_offset = 0) const;
 
  private:
-  Backend* owner_ = nullptr;
+  BackendDevice* owner_ = nullptr;
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };
@@ -142,18 +181,27 @@ struct RouterLosses {
   double z_loss = 0;    // ST-MoE: mean_n logsumexp(logits[n])^2
 };
 
-class Backend {
+// ================================================================================================
+// Part 1: the device. What the backend is and can do, its memory, its hand-off to communication.
+// ================================================================================================
+class BackendDevice {
  public:
-  virtual ~Backend() = default;
-  virtual std::string_view name() const = 0;
-  virtual Device device() const = 0;
-  virtual Capabilities capabilities() const = 0;
+  virtual ~BackendDevice() = default;
+  BackendDevice(const BackendDevice&) = delete;
+  BackendDevice& operator=(const BackendDevice&) = delete;
+
+  virtual std::string_view name() const = 0;  // "cpu", "cuda": messages say "<name> backend"
+  virtual Device device() const = 0;          // where its tensors live
+  // Declared by the backend's constructor (declare_capabilities) and fixed from then on.
+  Capabilities capabilities() const { return capabilities_; }
+  bool supports(OpFamily family) const { return capabilities_.supports(family); }
 
   // ---- memory ----
   virtual Allocation allocate(size_t bytes) = 0;  // zero-filled
   virtual void deallocate(void* data) = 0;
-  virtual void copy_to_host(void* dst, const Tensor& src) = 0;
-  virtual void copy_from_host(const Tensor& dst, const void* src) = 0;
+  // src / dst present and on this backend's device (checked here), then the backend's copy.
+  void copy_to_host(void* dst, const Tensor& src);
+  void copy_from_host(const Tensor& dst, const void* src);
 
   // ---- hand-off to communication ----
   // Ops run in the order they are issued, but a backend may complete them after they return (the
@@ -175,121 +223,132 @@ class Backend {
   virtual std::unique_ptr<Fence> fence();
   virtual void* stream() const { return nullptr; }
 
+ protected:
+  BackendDevice() = default;
+  void declare_capabilities(const Capabilities& capabilities) { capabilities_ = capabilities; }
+
+ private:
+  virtual void do_copy_to_host(void* dst, const Tensor& src) = 0;
+  virtual void do_copy_from_host(const Tensor& dst, const void* src) = 0;
+
+  Capabilities capabilities_;
+};
+
+// ================================================================================================
+// Part 2: the ops. Public: non-virtual, family gate and argument checks (backend_ops.cpp), then
+// the backend's do_<op> (private, below). Adding an op: its declaration and contract here, its
+// wrapper in backend_ops.cpp, its do_<op> in each backend's file of its family (cpu/<family>.cpp,
+// cuda/<family>.cpp), its cases in tests/unit/backend_op_cases.hpp.
+// ================================================================================================
+class Backend : public BackendDevice {
+ public:
   // ---- elementwise and reductions (any float dtypes; shapes must match in numel) ----
-  virtual void cast(const Tensor& dst, const Tensor& src) = 0;  // dst = round(src)
-  virtual void fill(const Tensor& dst, double value) = 0;
-  virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b
-  virtual void accumulate(const Tensor& dst, const Tensor& src) = 0;          // dst += src
-  virtual void scale(const Tensor& dst, double factor) = 0;                   // dst *= factor
-  virtual double sum(const Tensor& src) = 0;  // fixed order, f64 accumulation
+  void cast(const Tensor& dst, const Tensor& src);  // dst = round(src)
+  void fill(const Tensor& dst, double value);
+  void add(const Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b
+  void accumulate(const Tensor& dst, const Tensor& src);          // dst += src
+  void scale(const Tensor& dst, double factor);                   // dst *= factor
+  double sum(const Tensor& src);                                  // fixed order, f64 accumulation
   // Fixed order, f64 accumulation. For f32/bf16/f16 input it cannot overflow, so it is finite
   // exactly when every element is (the trainer's overflow check relies on this).
-  virtual double sum_squares(const Tensor& src) = 0;
-  virtual bool all_finite(const Tensor& src) = 0;
+  double sum_squares(const Tensor& src);
+  bool all_finite(const Tensor& src);
   // out[0] (f32, [1]) = max |src| over f32/bf16/f16 src, +inf when any element is not finite (so
   // that a max over ranks keeps it); exact. The amax of an fp8 operand (GemmArgs amax_a/amax_b).
-  virtual void amax(const Tensor& out, const Tensor& src) = 0;
+  void amax(const Tensor& out, const Tensor& src);
 
   // ---- GEMM ----
-  virtual void gemm(const GemmArgs& args) = 0;
+  void gemm(const GemmArgs& args);  // fp8 operands also need the fp8 family
   // dbias[C] (G) += column sums of dout[N, C] (S)
-  virtual void bias_backward(const Tensor& dbias, const Tensor& dout) = 0;
+  void bias_backward(const Tensor& dbias, const Tensor& dout);
 
   // ---- norms over the last dim of [N, C] ----
   // LayerNorm: out = (x - mean) * rstd * weight + bias (bias optional). mean, rstd: [N] A.
-  virtual void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                                 const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                 double eps) = 0;
-  virtual void layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                                  const Tensor& dout, const Tensor& x, const Tensor& weight,
-                                  const Tensor& mean, const Tensor& rstd) = 0;
+  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
+                         const Tensor& weight, const Tensor& bias, double eps);
+  void layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                          const Tensor& dout, const Tensor& x, const Tensor& weight,
+                          const Tensor& mean, const Tensor& rstd);
   // RMSNorm: out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps).
-  virtual void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                               const Tensor& weight, double eps) = 0;
-  virtual void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                                const Tensor& x, const Tensor& weight, const Tensor& rstd) = 0;
+  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                       double eps);
+  void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                        const Tensor& x, const Tensor& weight, const Tensor& rstd);
 
   // ---- activations ----
   // GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-  virtual void gelu_forward(const Tensor& out, const Tensor& x) = 0;
-  virtual void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) = 0;
+  void gelu_forward(const Tensor& out, const Tensor& x);
+  void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x);
   // SwiGLU: gate_up [N, 2F] holds gate in columns [0, F), up in [F, 2F); out [N, F] =
   // silu(gate) * up.
-  virtual void swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;
-  virtual void swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
-                               const Tensor& gate_up) = 0;
+  void swiglu_forward(const Tensor& out, const Tensor& gate_up);
+  void swiglu_backward(const Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up);
 
   // ---- rotary position embedding (rotate-half / GPT-NeoX / Hugging Face Llama convention) ----
   // x, out: [B*T, width]; the first `rotated_heads` heads of D columns of each row are rotated by
   // the angle of their position t (row % T), the remaining columns are copied. `inverse` applies
   // the transpose rotation: the backward pass.
-  virtual void rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads, int64_t D,
-                    double theta, bool inverse) = 0;
+  void rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads, int64_t D,
+            double theta, bool inverse);
 
   // ---- causal attention, softmax scale 1/sqrt(D) ----
   // out [N, H*D] S; lse [B, H, T] A (log-sum-exp of each score row, kept for backward).
-  virtual void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                                 const AttentionShape& shape) = 0;
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                         const AttentionShape& shape);
   // dqkv [N, (H+2KV)*D] is overwritten.
-  virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                  const Tensor& out, const Tensor& lse,
-                                  const AttentionShape& shape) = 0;
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                          const Tensor& out, const Tensor& lse, const AttentionShape& shape);
 
   // ---- embeddings ----
   // out[n] = wte[tokens[n]] + (wpe ? wpe[n % T] : 0). tokens: [N] i32.
-  virtual void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                 const Tensor& wpe, int64_t T) = 0;
+  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                         const Tensor& wpe, int64_t T);
   // dwte (G) += scatter of dout by token; dwpe (G, optional) += sum over sequences. Fixed order.
-  virtual void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                  const Tensor& tokens, int64_t T) = 0;
+  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                          const Tensor& tokens, int64_t T);
 
   // ---- loss ----
   // losses[n] = logsumexp(logits[n]) - logits[n, targets[n]] (A); lse[n] kept (A).
   // A target < 0 is ignored (loss 0, gradient 0).
-  virtual void cross_entropy_forward(const Tensor& losses, const Tensor& lse, const Tensor& logits,
-                                     const Tensor& targets) = 0;
+  void cross_entropy_forward(const Tensor& losses, const Tensor& lse, const Tensor& logits,
+                             const Tensor& targets);
   // dlogits[n] = (softmax(logits[n]) - onehot(targets[n])) * grad_scale   (overwritten, S)
-  virtual void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits,
-                                      const Tensor& lse, const Tensor& targets,
-                                      double grad_scale) = 0;
+  void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
+                              const Tensor& targets, double grad_scale);
 
   // ---- vocab-parallel variants (tensor parallel) ----
   // The table or logits hold vocabulary rows/columns [vocab_begin, vocab_begin + V_local) of a
   // larger vocabulary; tokens and targets are global ids.
   // Lookup: a token outside the shard reads zeros; wpe (optional) is added to every row.
-  virtual void embedding_forward_shard(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                       const Tensor& wpe, int64_t T, int64_t vocab_begin) = 0;
+  void embedding_forward_shard(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                               const Tensor& wpe, int64_t T, int64_t vocab_begin);
   // dwte (G) += dout rows of the tokens inside the shard; dwpe (G, optional) += as for
   // embedding_backward (every token). Fixed order.
-  virtual void embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                        const Tensor& tokens, int64_t T, int64_t vocab_begin) = 0;
+  void embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                const Tensor& tokens, int64_t T, int64_t vocab_begin);
   // lse [N] (A) is the log-sum-exp over the WHOLE vocabulary. dlogits[n] = (softmax(logits[n]) -
   // onehot(targets[n] when inside the shard)) * grad_scale, with softmax relative to that lse;
   // target < 0: zeros. Overwritten, S.
-  virtual void cross_entropy_backward_shard(const Tensor& dlogits, const Tensor& logits,
-                                            const Tensor& lse, const Tensor& targets,
-                                            int64_t vocab_begin, double grad_scale) = 0;
+  void cross_entropy_backward_shard(const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
+                                    const Tensor& targets, int64_t vocab_begin, double grad_scale);
 
   // ---- mixture of experts ----
-  virtual RouterLosses moe_router_forward(const RouterArgs& args) = 0;
+  RouterLosses moe_router_forward(const RouterArgs& args);
   // dlogits (S, overwritten) from dgates [N, k] (A), plus the gradients of
   // aux_coef * aux_loss and z_coef * z_loss, all multiplied by grad_scale.
-  virtual void moe_router_backward(const Tensor& dlogits, const Tensor& dgates,
-                                   const RouterArgs& args, double aux_coef, double z_coef,
-                                   double grad_scale) = 0;
+  void moe_router_backward(const Tensor& dlogits, const Tensor& dgates, const RouterArgs& args,
+                           double aux_coef, double z_coef, double grad_scale);
   // expert_in[slot[n, j]] = x[n] for every kept assignment; unused rows are zeroed.
-  virtual void moe_permute(const Tensor& expert_in, const Tensor& x, const Tensor& slot) = 0;
+  void moe_permute(const Tensor& expert_in, const Tensor& x, const Tensor& slot);
   // dx[n] = sum_j dexpert_in[slot[n, j]] (overwritten).
-  virtual void moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in,
-                                    const Tensor& slot) = 0;
+  void moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in, const Tensor& slot);
   // out[n] = sum_j gates[n, j] * expert_out[slot[n, j]] over kept assignments (overwritten).
-  virtual void moe_unpermute(const Tensor& out, const Tensor& expert_out, const Tensor& gates,
-                             const Tensor& slot) = 0;
+  void moe_unpermute(const Tensor& out, const Tensor& expert_out, const Tensor& gates,
+                     const Tensor& slot);
   // dexpert_out[slot] = gates * dout (unused rows zeroed); dgates[n, j] = dot(dout[n],
   // expert_out[slot[n, j]]) (0 where dropped). Both overwritten.
-  virtual void moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dgates,
-                                      const Tensor& dout, const Tensor& expert_out,
-                                      const Tensor& gates, const Tensor& slot) = 0;
+  void moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dgates, const Tensor& dout,
+                              const Tensor& expert_out, const Tensor& gates, const Tensor& slot);
 
   // ---- optimizer ----
   // AdamW with decoupled weight decay on one contiguous parameter range. grad (G) is multiplied
@@ -307,11 +366,93 @@ class Backend {
     int64_t begin = 0, end = 0;
     bool decay = true;
   };
-  virtual void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
-                     const Tensor& v, std::span<const AdamWRange> ranges, const AdamW& hyper) = 0;
+  void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
+             const Tensor& v, std::span<const AdamWRange> ranges, const AdamW& hyper);
   // One range: the whole tensors, decayed by hyper.weight_decay.
   void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
              const Tensor& v, const AdamW& hyper);
+
+ protected:
+  Backend() = default;
+
+ private:
+  // What a backend implements: one do_<op> per public op above, same arguments, called only after
+  // the family gate and the contract's checks passed.
+  virtual void do_cast(const Tensor& dst, const Tensor& src) = 0;
+  virtual void do_fill(const Tensor& dst, double value) = 0;
+  virtual void do_add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
+  virtual void do_accumulate(const Tensor& dst, const Tensor& src) = 0;
+  virtual void do_scale(const Tensor& dst, double factor) = 0;
+  virtual double do_sum(const Tensor& src) = 0;
+  virtual double do_sum_squares(const Tensor& src) = 0;
+  virtual bool do_all_finite(const Tensor& src) = 0;
+  virtual void do_amax(const Tensor& out, const Tensor& src) = 0;
+
+  virtual void do_gemm(const GemmArgs& args) = 0;
+  virtual void do_bias_backward(const Tensor& dbias, const Tensor& dout) = 0;
+
+  virtual void do_layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                    const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                    double eps) = 0;
+  virtual void do_layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                                     const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                     const Tensor& mean, const Tensor& rstd) = 0;
+  virtual void do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                  const Tensor& weight, double eps) = 0;
+  virtual void do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                                   const Tensor& x, const Tensor& weight, const Tensor& rstd) = 0;
+
+  virtual void do_gelu_forward(const Tensor& out, const Tensor& x) = 0;
+  virtual void do_gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) = 0;
+  virtual void do_swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;
+  virtual void do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
+                                  const Tensor& gate_up) = 0;
+
+  virtual void do_rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads,
+                       int64_t D, double theta, bool inverse) = 0;
+
+  virtual void do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                    const AttentionShape& shape) = 0;
+  virtual void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                     const Tensor& out, const Tensor& lse,
+                                     const AttentionShape& shape) = 0;
+
+  virtual void do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                    const Tensor& wpe, int64_t T) = 0;
+  virtual void do_embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                     const Tensor& tokens, int64_t T) = 0;
+  virtual void do_embedding_forward_shard(const Tensor& out, const Tensor& tokens,
+                                          const Tensor& wte, const Tensor& wpe, int64_t T,
+                                          int64_t vocab_begin) = 0;
+  virtual void do_embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe,
+                                           const Tensor& dout, const Tensor& tokens, int64_t T,
+                                           int64_t vocab_begin) = 0;
+
+  virtual void do_cross_entropy_forward(const Tensor& losses, const Tensor& lse,
+                                        const Tensor& logits, const Tensor& targets) = 0;
+  virtual void do_cross_entropy_backward(const Tensor& dlogits, const Tensor& logits,
+                                         const Tensor& lse, const Tensor& targets,
+                                         double grad_scale) = 0;
+  virtual void do_cross_entropy_backward_shard(const Tensor& dlogits, const Tensor& logits,
+                                               const Tensor& lse, const Tensor& targets,
+                                               int64_t vocab_begin, double grad_scale) = 0;
+
+  virtual RouterLosses do_moe_router_forward(const RouterArgs& args) = 0;
+  virtual void do_moe_router_backward(const Tensor& dlogits, const Tensor& dgates,
+                                      const RouterArgs& args, double aux_coef, double z_coef,
+                                      double grad_scale) = 0;
+  virtual void do_moe_permute(const Tensor& expert_in, const Tensor& x, const Tensor& slot) = 0;
+  virtual void do_moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in,
+                                       const Tensor& slot) = 0;
+  virtual void do_moe_unpermute(const Tensor& out, const Tensor& expert_out, const Tensor& gates,
+                                const Tensor& slot) = 0;
+  virtual void do_moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dgates,
+                                         const Tensor& dout, const Tensor& expert_out,
+                                         const Tensor& gates, const Tensor& slot) = 0;
+
+  virtual void do_adamw(const Tensor& param, const Tensor& master, const Tensor& grad,
+                        const Tensor& m, const Tensor& v, std::span<const AdamWRange> ranges,
+                        const AdamW& hyper) = 0;
 };
 
 // The CPU backend (lib/backend/cpu): OpenBLAS GEMMs (its thread count: OPENBLAS_NUM_THREADS) and

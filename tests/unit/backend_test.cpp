@@ -8,10 +8,12 @@
 #include <string>
 
 #include "backend/backend.hpp"
+#include "backend/cpu/cpu_backend.hpp"
 #include "backend_test_util.hpp"
 
 using namespace backend_test;
 using trainctl::backend::grad_dtype;
+using trainctl::backend::OpFamily;
 using trainctl::backend::stats_dtype;
 
 TEST_CASE("grad and stats dtypes follow the storage type") {
@@ -31,6 +33,72 @@ TEST_CASE("cpu capabilities: the four float storage types, fp8 GEMM operands, no
   CHECK_FALSE(caps.supports(DType::e4m3));
   CHECK_FALSE(caps.supports(DType::i32));
   CHECK(cpu().name() == "cpu");
+}
+
+TEST_CASE("cpu capabilities: every op family, fp8 being the fp8 flag") {
+  const auto caps = cpu().capabilities();
+  for (int f = 0; f < trainctl::backend::kNumOpFamilies; ++f) {
+    INFO(trainctl::backend::op_family_name(static_cast<OpFamily>(f)));
+    CHECK(caps.supports(static_cast<OpFamily>(f)));
+    CHECK(cpu().supports(static_cast<OpFamily>(f)));
+  }
+  trainctl::backend::Capabilities partial = caps;
+  partial.set_supported(OpFamily::moe, false);
+  partial.set_supported(OpFamily::fp8, false);
+  CHECK_FALSE(partial.supports(OpFamily::moe));
+  CHECK_FALSE(partial.supports(OpFamily::fp8));
+  CHECK_FALSE(partial.fp8);
+  CHECK(partial.supports(OpFamily::gemm));
+  partial.set_supported(OpFamily::moe, true);
+  CHECK(partial.supports(OpFamily::moe));
+}
+
+namespace {
+
+// The CPU backend declaring that it lacks attention and fp8 GEMMs.
+class PartialBackend final : public trainctl::backend::cpu::CpuBackend {
+ public:
+  PartialBackend() {
+    trainctl::backend::Capabilities caps = capabilities();
+    caps.set_supported(OpFamily::attention, false);
+    caps.set_supported(OpFamily::fp8, false);
+    declare_capabilities(caps);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a call into an op family the backend does not declare fails in the wrapper") {
+  PartialBackend be;
+  const trainctl::backend::AttentionShape s{.B = 1, .T = 2, .H = 2, .KV = 2, .D = 4};
+  OwnedTensor qkv(DType::f32, Shape{2, s.qkv_width()}), out(DType::f32, Shape{2, 8}),
+      lse(DType::f32, Shape{1, 2, 2});
+  // Refused before any argument is looked at (an empty tensor too).
+  CHECK_THROWS_AS(be.attention_forward(out, lse, Tensor{}, s), std::invalid_argument);
+  CHECK_THROWS_WITH(be.attention_backward(qkv, out, qkv, out, lse, s),
+                    Catch::Contains("cpu backend attention_backward: the cpu backend does not "
+                                    "implement the attention op family"));
+  OwnedTensor a = make(DType::f32, Shape{4}, {1, 2, 3, 4}), c(DType::f32, Shape{4});
+  trainctl::backend::GemmArgs g{.a = a, .b = a, .c = c, .m = 2, .n = 2, .k = 2, .bias = {}};
+  be.gemm(g);  // the gemm family is there
+  CHECK(read(c) == Values{7, 10, 15, 22});
+  g.fp8_a = DType::e4m3;
+  CHECK_THROWS_WITH(be.gemm(g), Catch::Contains("cpu backend gemm") &&
+                                    Catch::Contains("does not implement the fp8 op family"));
+  CHECK_NOTHROW(cpu().gemm(g));  // the full CPU backend has it
+}
+
+TEST_CASE("argument errors name the backend and the op, and a misplaced tensor is refused") {
+  OwnedTensor x(DType::f32, Shape{4});
+  Tensor on_gpu = x;
+  on_gpu.device = trainctl::tensor::Device::cuda;
+  CHECK_THROWS_WITH(cpu().scale(on_gpu, 2.0),
+                    Catch::Equals("cpu backend scale: dst is not in host memory"));
+  CHECK_THROWS_WITH(cpu().sum(Tensor{}),
+                    Catch::Equals("cpu backend sum: src is empty (null data) but is required"));
+  float host[4] = {};
+  CHECK_THROWS_WITH(cpu().copy_to_host(host, on_gpu),
+                    Catch::Equals("cpu backend copy_to_host: src is not in host memory"));
 }
 
 TEST_CASE("allocations are zero-filled, movable, and views are bounds-checked") {

@@ -12,32 +12,15 @@
 #include <span>
 #include <string_view>
 
-#include <fmt/format.h>
-
 #include "backend/cpu/cpu_backend.hpp"
 
 namespace trainctl::backend::cpu {
 
-void CpuBackend::adamw(const Tensor& param, const Tensor& master, const Tensor& grad,
-                       const Tensor& m, const Tensor& v, std::span<const AdamWRange> ranges,
-                       const AdamW& hyper) {
+void CpuBackend::do_adamw(const Tensor& param, const Tensor& master, const Tensor& grad,
+                          const Tensor& m, const Tensor& v, std::span<const AdamWRange> ranges,
+                          const AdamW& hyper) {
   const ScopedOp timed(timer_, OpFamily::optimizer);
   constexpr std::string_view op = "adamw";
-  expect_present(op, "param", param);
-  const int64_t count = param.numel();
-  const DType g_type = grad_dtype(param.dtype);
-  expect_dtype(op, "grad", grad, g_type);
-  expect_numel(op, "grad", grad, count);
-  expect_dtype(op, "m", m, g_type);
-  expect_numel(op, "m", m, count);
-  expect_dtype(op, "v", v, g_type);
-  expect_numel(op, "v", v, count);
-  if (!master.empty()) {
-    expect_dtype(op, "master", master, g_type);
-    expect_numel(op, "master", master, count);
-  }
-  kArgs.adamw_ranges(op, count, ranges);
-  if (hyper.step < 1) fail(op, fmt::format("step={} must count from 1", hyper.step));
   dispatch_float(param.dtype, op, "param", [&]<class S>(Tag<S>) {
     using C = compute_t<S>;
     const C lr = static_cast<C>(hyper.lr);

@@ -76,19 +76,12 @@ void causal_softmax(C* p, int64_t ldp, C* lse, int64_t i0, int64_t rows, int64_t
 
 }  // namespace
 
-void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                                   const AttentionShape& shape) {
+void CpuBackend::do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                      const AttentionShape& shape) {
   const ScopedOp timed(timer_, OpFamily::attention);
   constexpr std::string_view op = "attention_forward";
-  kArgs.attention(op, shape);
   const auto [B, T, H, KV, D] = shape;
   const int64_t W = shape.qkv_width();
-  expect_present(op, "qkv", qkv);
-  expect_numel(op, "qkv", qkv, B * T * W);
-  expect_dtype(op, "out", out, qkv.dtype);
-  expect_numel(op, "out", out, B * T * H * D);
-  expect_dtype(op, "lse", lse, stats_dtype(qkv.dtype));
-  expect_numel(op, "lse", lse, B * H * T);
   dispatch_float(qkv.dtype, op, "qkv", [&]<class S>(Tag<S>) {
     using C = compute_t<S>;
     constexpr bool narrow = !std::is_same_v<S, C>;
@@ -118,24 +111,13 @@ void CpuBackend::attention_forward(const Tensor& out, const Tensor& lse, const T
   });
 }
 
-void CpuBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                    const Tensor& out, const Tensor& lse,
-                                    const AttentionShape& shape) {
+void CpuBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                       const Tensor& out, const Tensor& lse,
+                                       const AttentionShape& shape) {
   const ScopedOp timed(timer_, OpFamily::attention);
   constexpr std::string_view op = "attention_backward";
-  kArgs.attention(op, shape);
   const auto [B, T, H, KV, D] = shape;
   const int64_t W = shape.qkv_width();
-  expect_present(op, "qkv", qkv);
-  expect_numel(op, "qkv", qkv, B * T * W);
-  expect_dtype(op, "dqkv", dqkv, qkv.dtype);
-  expect_numel(op, "dqkv", dqkv, B * T * W);
-  expect_dtype(op, "out", out, qkv.dtype);
-  expect_numel(op, "out", out, B * T * H * D);
-  expect_dtype(op, "dout", dout, qkv.dtype);
-  expect_numel(op, "dout", dout, B * T * H * D);
-  expect_dtype(op, "lse", lse, stats_dtype(qkv.dtype));
-  expect_numel(op, "lse", lse, B * H * T);
   dispatch_float(qkv.dtype, op, "qkv", [&]<class S>(Tag<S>) {
     using C = compute_t<S>;
     constexpr bool narrow = !std::is_same_v<S, C>;

@@ -4,8 +4,9 @@
 //   - Tag<S> and dispatch_float(): switch on a storage dtype once, then run a kernel templated on
 //     S in {double, float, bf16, f16}; the compute type is tensor::compute_t<S>, and the statistics
 //     and gradient types (A, G in backend.hpp) are the same C++ type as compute_t<S>.
-//   - expect_*(): cheap argument checks that throw std::invalid_argument naming the op, the
-//     argument and the mismatch.
+//   - fail(): the error of the checks only this backend can do (token ids, targets and slots it
+//     reads, dtypes it has no kernel for); the contract's checks ran before any do_<op>
+//     (backend_ops.cpp).
 //   - ScratchPool: growing scratch buffers owned by the backend, so warm calls do not allocate.
 // Determinism: every kernel runs on one thread in a fixed order of operations that depends only on
 // the shapes (lane sums of fast_math.hpp, fixed attention blocks); reductions over many elements
@@ -38,8 +39,7 @@ struct Tag {
   using type = S;
 };
 
-// The Backend contract's argument checks with this backend's messages; the functions below are
-// shorthands for it.
+// This backend's messages ("cpu backend <op>: ..."), for the checks only it does.
 extern const ArgCheck kArgs;
 [[noreturn]] void fail(std::string_view op, const std::string& message);
 [[noreturn]] void fail_unsupported_dtype(std::string_view op, std::string_view name, DType dtype);
@@ -69,12 +69,6 @@ constexpr DType dtype_of() {
   if constexpr (std::is_same_v<S, bf16>) return DType::bf16;
   if constexpr (std::is_same_v<S, f16>) return DType::f16;
 }
-
-void expect_present(std::string_view op, std::string_view name, const Tensor& t);
-void expect_dtype(std::string_view op, std::string_view name, const Tensor& t, DType expected);
-void expect_numel(std::string_view op, std::string_view name, const Tensor& t, int64_t expected);
-// Rows of a [rows, width] matrix given its row width; throws when numel is not a multiple.
-int64_t rows_of(std::string_view op, std::string_view name, const Tensor& t, int64_t width);
 
 // Growing scratch buffers, one per slot. A pointer stays valid until the same slot is asked for
 // more memory. Slots are assigned per op family (see kSlot* below) so no op overwrites the
@@ -133,85 +127,86 @@ class CpuBackend : public Backend {
 
   std::string_view name() const override { return "cpu"; }
   Device device() const override { return Device::cpu; }
-  Capabilities capabilities() const override;
 
   Allocation allocate(size_t bytes) override;
   void deallocate(void* data) override;
-  void copy_to_host(void* dst, const Tensor& src) override;
-  void copy_from_host(const Tensor& dst, const void* src) override;
-
-  void cast(const Tensor& dst, const Tensor& src) override;
-  void fill(const Tensor& dst, double value) override;
-  void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
-  void accumulate(const Tensor& dst, const Tensor& src) override;
-  void scale(const Tensor& dst, double factor) override;
-  double sum(const Tensor& src) override;
-  double sum_squares(const Tensor& src) override;
-  bool all_finite(const Tensor& src) override;
-  void amax(const Tensor& out, const Tensor& src) override;
-
-  void gemm(const GemmArgs& args) override;
-  void bias_backward(const Tensor& dbias, const Tensor& dout) override;
-
-  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                         const Tensor& weight, const Tensor& bias, double eps) override;
-  void layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                          const Tensor& dout, const Tensor& x, const Tensor& weight,
-                          const Tensor& mean, const Tensor& rstd) override;
-  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
-                       double eps) override;
-  void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                        const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
-
-  void gelu_forward(const Tensor& out, const Tensor& x) override;
-  void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) override;
-  void swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
-  void swiglu_backward(const Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) override;
-
-  void rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads, int64_t D,
-            double theta, bool inverse) override;
-
-  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                         const AttentionShape& shape) override;
-  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                          const Tensor& out, const Tensor& lse,
-                          const AttentionShape& shape) override;
-
-  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                         const Tensor& wpe, int64_t T) override;
-  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                          const Tensor& tokens, int64_t T) override;
-
-  void cross_entropy_forward(const Tensor& losses, const Tensor& lse, const Tensor& logits,
-                             const Tensor& targets) override;
-  void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
-                              const Tensor& targets, double grad_scale) override;
-
-  void embedding_forward_shard(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                               const Tensor& wpe, int64_t T, int64_t vocab_begin) override;
-  void embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                const Tensor& tokens, int64_t T, int64_t vocab_begin) override;
-  void cross_entropy_backward_shard(const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
-                                    const Tensor& targets, int64_t vocab_begin,
-                                    double grad_scale) override;
-
-  RouterLosses moe_router_forward(const RouterArgs& args) override;
-  void moe_router_backward(const Tensor& dlogits, const Tensor& dgates, const RouterArgs& args,
-                           double aux_coef, double z_coef, double grad_scale) override;
-  void moe_permute(const Tensor& expert_in, const Tensor& x, const Tensor& slot) override;
-  void moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in,
-                            const Tensor& slot) override;
-  void moe_unpermute(const Tensor& out, const Tensor& expert_out, const Tensor& gates,
-                     const Tensor& slot) override;
-  void moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dgates, const Tensor& dout,
-                              const Tensor& expert_out, const Tensor& gates,
-                              const Tensor& slot) override;
-
-  using Backend::adamw;
-  void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
-             const Tensor& v, std::span<const AdamWRange> ranges, const AdamW& hyper) override;
 
  private:
+  void do_copy_to_host(void* dst, const Tensor& src) override;
+  void do_copy_from_host(const Tensor& dst, const void* src) override;
+
+  void do_cast(const Tensor& dst, const Tensor& src) override;
+  void do_fill(const Tensor& dst, double value) override;
+  void do_add(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void do_accumulate(const Tensor& dst, const Tensor& src) override;
+  void do_scale(const Tensor& dst, double factor) override;
+  double do_sum(const Tensor& src) override;
+  double do_sum_squares(const Tensor& src) override;
+  bool do_all_finite(const Tensor& src) override;
+  void do_amax(const Tensor& out, const Tensor& src) override;
+
+  void do_gemm(const GemmArgs& args) override;
+  void do_bias_backward(const Tensor& dbias, const Tensor& dout) override;
+
+  void do_layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                            const Tensor& x, const Tensor& weight, const Tensor& bias,
+                            double eps) override;
+  void do_layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                             const Tensor& dout, const Tensor& x, const Tensor& weight,
+                             const Tensor& mean, const Tensor& rstd) override;
+  void do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                          const Tensor& weight, double eps) override;
+  void do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                           const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
+
+  void do_gelu_forward(const Tensor& out, const Tensor& x) override;
+  void do_gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) override;
+  void do_swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
+  void do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
+                          const Tensor& gate_up) override;
+
+  void do_rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads, int64_t D,
+               double theta, bool inverse) override;
+
+  void do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                            const AttentionShape& shape) override;
+  void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                             const Tensor& out, const Tensor& lse,
+                             const AttentionShape& shape) override;
+
+  void do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                            const Tensor& wpe, int64_t T) override;
+  void do_embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                             const Tensor& tokens, int64_t T) override;
+
+  void do_cross_entropy_forward(const Tensor& losses, const Tensor& lse, const Tensor& logits,
+                                const Tensor& targets) override;
+  void do_cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
+                                 const Tensor& targets, double grad_scale) override;
+
+  void do_embedding_forward_shard(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                  const Tensor& wpe, int64_t T, int64_t vocab_begin) override;
+  void do_embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                   const Tensor& tokens, int64_t T, int64_t vocab_begin) override;
+  void do_cross_entropy_backward_shard(const Tensor& dlogits, const Tensor& logits,
+                                       const Tensor& lse, const Tensor& targets,
+                                       int64_t vocab_begin, double grad_scale) override;
+
+  RouterLosses do_moe_router_forward(const RouterArgs& args) override;
+  void do_moe_router_backward(const Tensor& dlogits, const Tensor& dgates, const RouterArgs& args,
+                              double aux_coef, double z_coef, double grad_scale) override;
+  void do_moe_permute(const Tensor& expert_in, const Tensor& x, const Tensor& slot) override;
+  void do_moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in,
+                               const Tensor& slot) override;
+  void do_moe_unpermute(const Tensor& out, const Tensor& expert_out, const Tensor& gates,
+                        const Tensor& slot) override;
+  void do_moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dgates,
+                                 const Tensor& dout, const Tensor& expert_out, const Tensor& gates,
+                                 const Tensor& slot) override;
+
+  void do_adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
+                const Tensor& v, std::span<const AdamWRange> ranges, const AdamW& hyper) override;
+
   ScratchPool scratch_;
   OpTimer timer_;
   GeluTables gelu_tables_;

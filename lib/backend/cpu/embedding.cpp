@@ -15,17 +15,12 @@ struct EmbeddingDims {
   int64_t N, C, V;
 };
 
-EmbeddingDims check_embedding(std::string_view op, const Tensor& table, const Tensor& rows,
-                              const Tensor& tokens, int64_t T, bool shard = false) {
-  expect_dtype(op, "tokens", tokens, DType::i32);
-  expect_present(op, op.find("backward") != std::string_view::npos ? "dwte" : "wte", table);
-  if (table.shape.rank != 2)
-    fail(op, fmt::format("the token table must be [V, C], got {}", table.shape.to_string()));
+// The shapes (checked by Backend's wrapper), then what only a host backend can check: a whole
+// table's tokens inside it.
+EmbeddingDims check_tokens(std::string_view op, const Tensor& table, const Tensor& tokens,
+                           bool shard) {
   const int64_t V = table.shape[0], C = table.shape[1];
   const int64_t N = tokens.numel();
-  expect_numel(op, op.find("backward") != std::string_view::npos ? "dout" : "out", rows, N * C);
-  if (T <= 0 || N % T != 0)
-    fail(op, fmt::format("{} tokens are not whole sequences of T={}", N, T));
   const int32_t* tok = tokens.as<int32_t>();
   for (int64_t n = 0; n < N && !shard; ++n)
     if (tok[n] < 0 || tok[n] >= V)
@@ -35,23 +30,13 @@ EmbeddingDims check_embedding(std::string_view op, const Tensor& table, const Te
   return {N, C, V};
 }
 
-void check_positions(std::string_view op, std::string_view name, const Tensor& wpe, DType dtype,
-                     int64_t T, int64_t C) {
-  expect_dtype(op, name, wpe, dtype);
-  if (wpe.numel() < T * C)
-    fail(op, fmt::format("{} has shape {}, fewer than T={} positions of C={}", name,
-                         wpe.shape.to_string(), T, C));
-}
-
 // The lookups of a whole table (vocab_begin 0, every token checked to be inside it) and of a
 // vocab-parallel shard (rows of tokens outside [vocab_begin, vocab_begin + V) read zeros forward
 // and take no gradient backward; positions count for every token) share these loops.
 void embedding_forward_rows(std::string_view op, const Tensor& out, const Tensor& tokens,
                             const Tensor& wte, const Tensor& wpe, int64_t T, int64_t vocab_begin,
                             bool shard) {
-  const auto [N, C, V] = check_embedding(op, wte, out, tokens, T, shard);
-  expect_dtype(op, "out", out, wte.dtype);
-  if (!wpe.empty()) check_positions(op, "wpe", wpe, wte.dtype, T, C);
+  const auto [N, C, V] = check_tokens(op, wte, tokens, shard);
   dispatch_float(wte.dtype, op, "wte", [&]<class S>(Tag<S>) {
     using Cm = compute_t<S>;
     const int32_t* tok = tokens.as<int32_t>();
@@ -72,10 +57,7 @@ void embedding_forward_rows(std::string_view op, const Tensor& out, const Tensor
 void embedding_backward_rows(std::string_view op, const Tensor& dwte, const Tensor& dwpe,
                              const Tensor& dout, const Tensor& tokens, int64_t T,
                              int64_t vocab_begin, bool shard) {
-  expect_present(op, "dout", dout);
-  const auto [N, C, V] = check_embedding(op, dwte, dout, tokens, T, shard);
-  expect_dtype(op, "dwte", dwte, grad_dtype(dout.dtype));
-  if (!dwpe.empty()) check_positions(op, "dwpe", dwpe, grad_dtype(dout.dtype), T, C);
+  const auto [N, C, V] = check_tokens(op, dwte, tokens, shard);
   dispatch_float(dout.dtype, op, "dout", [&]<class S>(Tag<S>) {
     using G = compute_t<S>;
     const int32_t* tok = tokens.as<int32_t>();
@@ -95,27 +77,28 @@ void embedding_backward_rows(std::string_view op, const Tensor& dwte, const Tens
 
 }  // namespace
 
-void CpuBackend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                   const Tensor& wpe, int64_t T) {
+void CpuBackend::do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                      const Tensor& wpe, int64_t T) {
   const ScopedOp timed(timer_, OpFamily::embedding);
   embedding_forward_rows("embedding_forward", out, tokens, wte, wpe, T, 0, false);
 }
 
-void CpuBackend::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                    const Tensor& tokens, int64_t T) {
+void CpuBackend::do_embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                       const Tensor& tokens, int64_t T) {
   const ScopedOp timed(timer_, OpFamily::embedding);
   embedding_backward_rows("embedding_backward", dwte, dwpe, dout, tokens, T, 0, false);
 }
 
-void CpuBackend::embedding_forward_shard(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                         const Tensor& wpe, int64_t T, int64_t vocab_begin) {
+void CpuBackend::do_embedding_forward_shard(const Tensor& out, const Tensor& tokens,
+                                            const Tensor& wte, const Tensor& wpe, int64_t T,
+                                            int64_t vocab_begin) {
   const ScopedOp timed(timer_, OpFamily::embedding);
   embedding_forward_rows("embedding_forward_shard", out, tokens, wte, wpe, T, vocab_begin, true);
 }
 
-void CpuBackend::embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe,
-                                          const Tensor& dout, const Tensor& tokens, int64_t T,
-                                          int64_t vocab_begin) {
+void CpuBackend::do_embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe,
+                                             const Tensor& dout, const Tensor& tokens, int64_t T,
+                                             int64_t vocab_begin) {
   const ScopedOp timed(timer_, OpFamily::embedding);
   embedding_backward_rows("embedding_backward_shard", dwte, dwpe, dout, tokens, T, vocab_begin,
                           true);

@@ -103,8 +103,7 @@ float quantize_fp8(float* x, int64_t count, DType format, const Tensor& given) {
 
 }  // namespace
 
-void CpuBackend::gemm(const GemmArgs& g) {
-  kArgs.gemm(g);
+void CpuBackend::do_gemm(const GemmArgs& g) {
   if (g.epilogue == Epilogue::gelu) {
     // The GEMM into pre_gelu, then the GELU: the same two roundings as the unfused ops.
     GemmArgs plain = g;
@@ -174,13 +173,11 @@ void CpuBackend::gemm(const GemmArgs& g) {
   });
 }
 
-void CpuBackend::bias_backward(const Tensor& dbias, const Tensor& dout) {
+void CpuBackend::do_bias_backward(const Tensor& dbias, const Tensor& dout) {
   const ScopedOp timed(timer_, OpFamily::elementwise);
   constexpr std::string_view op = "bias_backward";
-  expect_present(op, "dout", dout);
-  expect_dtype(op, "dbias", dbias, grad_dtype(dout.dtype));
   const int64_t C = dbias.numel();
-  const int64_t N = rows_of(op, "dout", dout, C);
+  const int64_t N = dout.numel() / C;
   dispatch_float(dout.dtype, op, "dout", [&]<class S>(Tag<S>) {
     using G = compute_t<S>;
     G* db = dbias.as<G>();

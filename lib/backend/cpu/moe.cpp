@@ -36,12 +36,16 @@ A softmax_row(A* probs, const S* logits, int64_t E) {
   return lse;
 }
 
-// The contract's checks, then the slot values, which only a host backend can read.
-ArgCheck::PermuteDims check_permute(std::string_view op, std::string_view token_name,
-                                    const Tensor& tokens, std::string_view expert_name,
-                                    const Tensor& experts, const Tensor& slot) {
-  const ArgCheck::PermuteDims dims =
-      kArgs.permute(op, token_name, tokens, expert_name, experts, slot);
+struct PermuteDims {
+  int64_t N, K, C, R;
+};
+
+// The shapes (checked by Backend's wrapper: tokens [N, C], expert rows [R, C], slot [N, K]), then
+// the slot values, which only a host backend can read.
+PermuteDims check_slots(std::string_view op, const Tensor& tokens, const Tensor& experts,
+                        const Tensor& slot) {
+  const int64_t N = tokens.shape[0], C = tokens.shape[1];
+  const PermuteDims dims{N, slot.numel() / N, C, experts.numel() / C};
   const int32_t* s = slot.as<int32_t>();
   for (int64_t i = 0; i < dims.N * dims.K; ++i)
     if (s[i] < -1 || s[i] >= dims.R)
@@ -51,10 +55,10 @@ ArgCheck::PermuteDims check_permute(std::string_view op, std::string_view token_
 
 }  // namespace
 
-RouterLosses CpuBackend::moe_router_forward(const RouterArgs& r) {
+RouterLosses CpuBackend::do_moe_router_forward(const RouterArgs& r) {
   const ScopedOp timed(timer_, OpFamily::moe);
   constexpr std::string_view op = "moe_router_forward";
-  const auto [N, E, K] = kArgs.router(op, r);
+  const int64_t N = r.logits.shape[0], E = r.logits.shape[1], K = r.top_k;
   const int64_t capacity = r.capacity > 0 ? r.capacity : N;
   return dispatch_float(r.logits.dtype, op, "logits", [&]<class S>(Tag<S>) {
     using A = compute_t<S>;
@@ -105,16 +109,12 @@ RouterLosses CpuBackend::moe_router_forward(const RouterArgs& r) {
   });
 }
 
-void CpuBackend::moe_router_backward(const Tensor& dlogits, const Tensor& dgates,
-                                     const RouterArgs& r, double aux_coef, double z_coef,
-                                     double grad_scale) {
+void CpuBackend::do_moe_router_backward(const Tensor& dlogits, const Tensor& dgates,
+                                        const RouterArgs& r, double aux_coef, double z_coef,
+                                        double grad_scale) {
   const ScopedOp timed(timer_, OpFamily::moe);
   constexpr std::string_view op = "moe_router_backward";
-  const auto [N, E, K] = kArgs.router(op, r);
-  expect_dtype(op, "dlogits", dlogits, r.logits.dtype);
-  expect_numel(op, "dlogits", dlogits, N * E);
-  expect_dtype(op, "dgates", dgates, stats_dtype(r.logits.dtype));
-  expect_numel(op, "dgates", dgates, N * K);
+  const int64_t N = r.logits.shape[0], E = r.logits.shape[1], K = r.top_k;
   dispatch_float(r.logits.dtype, op, "logits", [&]<class S>(Tag<S>) {
     using A = compute_t<S>;
     const A* probs = r.probs.as<A>();
@@ -151,9 +151,9 @@ void CpuBackend::moe_router_backward(const Tensor& dlogits, const Tensor& dgates
   });
 }
 
-void CpuBackend::moe_permute(const Tensor& expert_in, const Tensor& x, const Tensor& slot) {
+void CpuBackend::do_moe_permute(const Tensor& expert_in, const Tensor& x, const Tensor& slot) {
   const ScopedOp timed(timer_, OpFamily::moe);
-  const auto [N, K, C, R] = check_permute("moe_permute", "x", x, "expert_in", expert_in, slot);
+  const auto [N, K, C, R] = check_slots("moe_permute", x, expert_in, slot);
   const size_t row_bytes = static_cast<size_t>(C) * tensor::dtype_size(x.dtype);
   auto* dst = static_cast<char*>(expert_in.data);
   const auto* src = static_cast<const char*>(x.data);
@@ -166,11 +166,11 @@ void CpuBackend::moe_permute(const Tensor& expert_in, const Tensor& x, const Ten
                     src + static_cast<size_t>(n) * row_bytes, row_bytes);
 }
 
-void CpuBackend::moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in,
-                                      const Tensor& slot) {
+void CpuBackend::do_moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in,
+                                         const Tensor& slot) {
   const ScopedOp timed(timer_, OpFamily::moe);
   constexpr std::string_view op = "moe_permute_backward";
-  const auto [N, K, C, R] = check_permute(op, "dx", dx, "dexpert_in", dexpert_in, slot);
+  const auto [N, K, C, R] = check_slots(op, dx, dexpert_in, slot);
   dispatch_float(dx.dtype, op, "dx", [&]<class S>(Tag<S>) {
     using Cm = compute_t<S>;
     const int32_t* s = slot.as<int32_t>();
@@ -184,13 +184,11 @@ void CpuBackend::moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in
   });
 }
 
-void CpuBackend::moe_unpermute(const Tensor& out, const Tensor& expert_out, const Tensor& gates,
-                               const Tensor& slot) {
+void CpuBackend::do_moe_unpermute(const Tensor& out, const Tensor& expert_out, const Tensor& gates,
+                                  const Tensor& slot) {
   const ScopedOp timed(timer_, OpFamily::moe);
   constexpr std::string_view op = "moe_unpermute";
-  const auto [N, K, C, R] = check_permute(op, "out", out, "expert_out", expert_out, slot);
-  expect_dtype(op, "gates", gates, stats_dtype(out.dtype));
-  expect_numel(op, "gates", gates, N * K);
+  const auto [N, K, C, R] = check_slots(op, out, expert_out, slot);
   dispatch_float(out.dtype, op, "out", [&]<class S>(Tag<S>) {
     using Cm = compute_t<S>;
     const int32_t* s = slot.as<int32_t>();
@@ -206,18 +204,12 @@ void CpuBackend::moe_unpermute(const Tensor& out, const Tensor& expert_out, cons
   });
 }
 
-void CpuBackend::moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dgates,
-                                        const Tensor& dout, const Tensor& expert_out,
-                                        const Tensor& gates, const Tensor& slot) {
+void CpuBackend::do_moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dgates,
+                                           const Tensor& dout, const Tensor& expert_out,
+                                           const Tensor& gates, const Tensor& slot) {
   const ScopedOp timed(timer_, OpFamily::moe);
   constexpr std::string_view op = "moe_unpermute_backward";
-  const auto [N, K, C, R] = check_permute(op, "dout", dout, "expert_out", expert_out, slot);
-  expect_dtype(op, "dexpert_out", dexpert_out, dout.dtype);
-  expect_numel(op, "dexpert_out", dexpert_out, R * C);
-  expect_dtype(op, "gates", gates, stats_dtype(dout.dtype));
-  expect_numel(op, "gates", gates, N * K);
-  expect_dtype(op, "dgates", dgates, stats_dtype(dout.dtype));
-  expect_numel(op, "dgates", dgates, N * K);
+  const auto [N, K, C, R] = check_slots(op, dout, expert_out, slot);
   dispatch_float(dout.dtype, op, "dout", [&]<class S>(Tag<S>) {
     using Cm = compute_t<S>;
     const int32_t* s = slot.as<int32_t>();

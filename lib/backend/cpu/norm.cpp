@@ -16,31 +16,20 @@ struct NormDims {
   int64_t N, C;
 };
 
-NormDims check_norm(std::string_view op, const Tensor& x, const Tensor& weight) {
-  expect_present(op, "x", x);
-  expect_dtype(op, "weight", weight, x.dtype);
+// x [N, C], C = weight.numel() (checked by Backend's wrapper).
+NormDims norm_dims(const Tensor& x, const Tensor& weight) {
   const int64_t C = weight.numel();
-  return {rows_of(op, "x", x, C), C};
+  return {x.numel() / C, C};
 }
 
 }  // namespace
 
-void CpuBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                                   const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                   double eps) {
+void CpuBackend::do_layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                      const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                      double eps) {
   const ScopedOp timed(timer_, OpFamily::norm);
   constexpr std::string_view op = "layernorm_forward";
-  const auto [N, C] = check_norm(op, x, weight);
-  expect_dtype(op, "out", out, x.dtype);
-  expect_numel(op, "out", out, N * C);
-  expect_dtype(op, "mean", mean, stats_dtype(x.dtype));
-  expect_numel(op, "mean", mean, N);
-  expect_dtype(op, "rstd", rstd, stats_dtype(x.dtype));
-  expect_numel(op, "rstd", rstd, N);
-  if (!bias.empty()) {
-    expect_dtype(op, "bias", bias, x.dtype);
-    expect_numel(op, "bias", bias, C);
-  }
+  const auto [N, C] = norm_dims(x, weight);
   dispatch_float(x.dtype, op, "x", [&]<class S>(Tag<S>) {
     using T = compute_t<S>;
     const S* w = weight.as<S>();
@@ -68,26 +57,12 @@ void CpuBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const 
   });
 }
 
-void CpuBackend::layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                                    const Tensor& dout, const Tensor& x, const Tensor& weight,
-                                    const Tensor& mean, const Tensor& rstd) {
+void CpuBackend::do_layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                                       const Tensor& dout, const Tensor& x, const Tensor& weight,
+                                       const Tensor& mean, const Tensor& rstd) {
   const ScopedOp timed(timer_, OpFamily::norm);
   constexpr std::string_view op = "layernorm_backward";
-  const auto [N, C] = check_norm(op, x, weight);
-  expect_dtype(op, "dx", dx, x.dtype);
-  expect_numel(op, "dx", dx, N * C);
-  expect_dtype(op, "dout", dout, x.dtype);
-  expect_numel(op, "dout", dout, N * C);
-  expect_dtype(op, "dweight", dweight, grad_dtype(x.dtype));
-  expect_numel(op, "dweight", dweight, C);
-  if (!dbias.empty()) {
-    expect_dtype(op, "dbias", dbias, grad_dtype(x.dtype));
-    expect_numel(op, "dbias", dbias, C);
-  }
-  expect_dtype(op, "mean", mean, stats_dtype(x.dtype));
-  expect_numel(op, "mean", mean, N);
-  expect_dtype(op, "rstd", rstd, stats_dtype(x.dtype));
-  expect_numel(op, "rstd", rstd, N);
+  const auto [N, C] = norm_dims(x, weight);
   dispatch_float(x.dtype, op, "x", [&]<class S>(Tag<S>) {
     using T = compute_t<S>;
     const S* w = weight.as<S>();
@@ -122,15 +97,11 @@ void CpuBackend::layernorm_backward(const Tensor& dx, const Tensor& dweight, con
   });
 }
 
-void CpuBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                                 const Tensor& weight, double eps) {
+void CpuBackend::do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                    const Tensor& weight, double eps) {
   const ScopedOp timed(timer_, OpFamily::norm);
   constexpr std::string_view op = "rmsnorm_forward";
-  const auto [N, C] = check_norm(op, x, weight);
-  expect_dtype(op, "out", out, x.dtype);
-  expect_numel(op, "out", out, N * C);
-  expect_dtype(op, "rstd", rstd, stats_dtype(x.dtype));
-  expect_numel(op, "rstd", rstd, N);
+  const auto [N, C] = norm_dims(x, weight);
   dispatch_float(x.dtype, op, "x", [&]<class S>(Tag<S>) {
     using T = compute_t<S>;
     const S* w = weight.as<S>();
@@ -149,19 +120,11 @@ void CpuBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Te
   });
 }
 
-void CpuBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                                  const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+void CpuBackend::do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                                     const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   const ScopedOp timed(timer_, OpFamily::norm);
   constexpr std::string_view op = "rmsnorm_backward";
-  const auto [N, C] = check_norm(op, x, weight);
-  expect_dtype(op, "dx", dx, x.dtype);
-  expect_numel(op, "dx", dx, N * C);
-  expect_dtype(op, "dout", dout, x.dtype);
-  expect_numel(op, "dout", dout, N * C);
-  expect_dtype(op, "dweight", dweight, grad_dtype(x.dtype));
-  expect_numel(op, "dweight", dweight, C);
-  expect_dtype(op, "rstd", rstd, stats_dtype(x.dtype));
-  expect_numel(op, "rstd", rstd, N);
+  const auto [N, C] = norm_dims(x, weight);
   dispatch_float(x.dtype, op, "x", [&]<class S>(Tag<S>) {
     using T = compute_t<S>;
     const S* w = weight.as<S>();

@@ -9,36 +9,6 @@
 
 namespace trainctl::backend::cpu {
 
-std::string_view op_family_name(OpFamily family) {
-  switch (family) {
-    case OpFamily::gemm:
-      return "gemm";
-    case OpFamily::attention:
-      return "attention";
-    case OpFamily::norm:
-      return "norm";
-    case OpFamily::activation:
-      return "activation";
-    case OpFamily::rope:
-      return "rope";
-    case OpFamily::embedding:
-      return "embedding";
-    case OpFamily::loss:
-      return "loss";
-    case OpFamily::moe:
-      return "moe";
-    case OpFamily::optimizer:
-      return "optimizer";
-    case OpFamily::elementwise:
-      return "elementwise";
-    case OpFamily::reduction:
-      return "reduction";
-    case OpFamily::count:
-      break;
-  }
-  return "?";
-}
-
 int64_t OpStats::total_ns() const {
   int64_t total = 0;
   for (int64_t v : ns)

@@ -14,23 +14,13 @@
 
 namespace trainctl::backend::cpu {
 
-enum class OpFamily : int {
-  gemm,         // Backend::gemm (OpenBLAS plus bf16/f16 widening and the bias epilogue)
-  attention,    // attention_forward/backward (their own GEMMs and softmax)
-  norm,         // layernorm, rmsnorm
-  activation,   // gelu, swiglu
-  rope,         //
-  embedding,    //
-  loss,         // cross-entropy
-  moe,          // router, permute, unpermute
-  optimizer,    // adamw
-  elementwise,  // cast, fill, add, accumulate, scale, bias_backward
-  reduction,    // sum, sum_squares, all_finite
-  count
-};
-inline constexpr int kNumOpFamilies = static_cast<int>(OpFamily::count);
-
-std::string_view op_family_name(OpFamily family);
+// The Backend's op families (backend.hpp), counted as the ops report them: gemm includes the
+// OpenBLAS calls, bf16/f16 widening, fp8 quantization and the bias epilogue; attention its own
+// GEMMs and softmax; elementwise also bias_backward; reduction also amax. fp8 is never counted on
+// its own (fp8 GEMMs count as gemm).
+using backend::kNumOpFamilies;
+using backend::op_family_name;
+using backend::OpFamily;
 
 struct OpStats {
   std::array<int64_t, kNumOpFamilies> ns{};     // cumulative wall time per family

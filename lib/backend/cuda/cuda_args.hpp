@@ -1,5 +1,6 @@
-// Argument checks shared by cuda_backend.cpp and cuda_ops.cpp (private to lib/backend/cuda).
-// Each throws std::invalid_argument "cuda backend <op>: <what is wrong>", like the CPU backend's.
+// The CUDA backend's own argument checks (private to lib/backend/cuda): what it alone must check
+// after the contract's checks (Backend's wrappers, backend_ops.cpp) passed: the dtypes it computes
+// on and its kernels' limits. Each throws std::invalid_argument "cuda backend <op>: <what>".
 #pragma once
 
 #include <cstdint>
@@ -12,16 +13,9 @@
 
 namespace trainctl::backend::cuda {
 
-// The Backend contract's argument checks with this backend's messages; the functions below are
-// shorthands for it.
+// This backend's messages ("cuda backend <op>: ...").
 extern const ArgCheck kArgs;
 [[noreturn]] void fail(std::string_view op, const std::string& message);
-
-// t has data and lives on the GPU.
-void expect_gpu(std::string_view op, std::string_view name, const Tensor& t);
-void expect_numel(std::string_view op, std::string_view name, const Tensor& t, int64_t expected);
-void expect_dtype(std::string_view op, std::string_view name, const Tensor& t, DType expected);
-int64_t rows_of(std::string_view op, std::string_view name, const Tensor& t, int64_t width);
 
 // The kernel type of a dtype the CUDA backend computes on (f32, bf16, f16); any other dtype
 // fails naming the op and the argument.

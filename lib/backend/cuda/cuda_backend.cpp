@@ -1,5 +1,5 @@
-// CudaBackend: construction, capabilities, memory, the error checks and argument checks. The
-// GEMMs (cuBLASLt, epilogues, fp8) and bias_backward are in cuda_gemm.cpp; elementwise ops,
+// CudaBackend: construction, capabilities, memory, the error checks and its own argument checks.
+// The GEMMs (cuBLASLt, epilogues, fp8) and bias_backward are in cuda_gemm.cpp; elementwise ops,
 // reductions, casts and AdamW in cuda_ops.cpp; the layer ops in cuda_layers.cpp.
 
 #include "backend/cuda/cuda_backend.hpp"
@@ -45,27 +45,10 @@ void check_cublas(cublasStatus_t status, std::string_view op, std::string_view w
                                        cublasLtGetStatusName(status), static_cast<int>(status)));
 }
 
-const ArgCheck kArgs{"cuda backend", Device::cuda,
-                     "is in host memory; the cuda backend takes tensors from its own allocate()"};
+const ArgCheck kArgs{"cuda", Device::cuda};
 
 void fail(std::string_view op, const std::string& message) {
   kArgs.fail(op, message);
-}
-
-void expect_gpu(std::string_view op, std::string_view name, const Tensor& t) {
-  kArgs.present(op, name, t);
-}
-
-void expect_numel(std::string_view op, std::string_view name, const Tensor& t, int64_t expected) {
-  kArgs.numel(op, name, t, expected);
-}
-
-void expect_dtype(std::string_view op, std::string_view name, const Tensor& t, DType expected) {
-  kArgs.dtype(op, name, t, expected);
-}
-
-int64_t rows_of(std::string_view op, std::string_view name, const Tensor& t, int64_t width) {
-  return kArgs.rows(op, name, t, width);
 }
 
 kernels::Storage storage_type(std::string_view op, std::string_view name, DType dtype) {
@@ -132,6 +115,22 @@ void activate(const CudaBackend::Impl& impl, std::string_view op) {
   check_cuda(cudaSetDevice(impl.device), op, fmt::format("cudaSetDevice({})", impl.device));
 }
 
+// What the backend declares: every op family, f32, bf16 and f16 storage, fp8 where it pays.
+Capabilities capabilities_of(int device) {
+  Capabilities caps;
+  caps.f64 = false;  // no f64 kernels: f64 runs on the cpu backend
+  caps.f32 = caps.bf16 = caps.f16 = true;
+  // fp8 GEMM operands: on sm_90+ (fp8 tensor cores). Older GPUs would compute the same values on
+  // the emulated path (cuda_gemm.cpp) with no speed gain, so they do not offer it.
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    major = 0;
+  }
+  caps.fp8 = major >= 9;
+  return caps;
+}
+
 }  // namespace
 
 void CudaBackend::reserve_scratch(size_t bytes) {
@@ -171,6 +170,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : impl_(std::make_unique<Im
     release(impl);
     throw;
   }
+  declare_capabilities(capabilities_of(impl.device));
 }
 
 CudaBackend::~CudaBackend() {
@@ -178,22 +178,6 @@ CudaBackend::~CudaBackend() {
   (void)cudaSetDevice(impl_->device);
   if (impl_->stream) (void)cudaStreamSynchronize(impl_->stream);
   release(*impl_);
-}
-
-Capabilities CudaBackend::capabilities() const {
-  Capabilities caps;
-  caps.f64 = false;  // no f64 kernels: f64 runs on the cpu backend
-  caps.f32 = caps.bf16 = caps.f16 = true;
-  // fp8 GEMM operands: on sm_90+ (fp8 tensor cores). Older GPUs would compute the same values on
-  // the emulated path (cuda_gemm.cpp) with no speed gain, so they do not offer it.
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, impl_->device) !=
-      cudaSuccess) {
-    (void)cudaGetLastError();
-    major = 0;
-  }
-  caps.fp8 = major >= 9;
-  return caps;
 }
 
 // ---- memory ------------------------------------------------------------------------------------
@@ -225,8 +209,7 @@ void CudaBackend::deallocate(void* data) {
   }
 }
 
-void CudaBackend::copy_to_host(void* dst, const Tensor& src) {
-  expect_gpu("copy_to_host", "src", src);
+void CudaBackend::do_copy_to_host(void* dst, const Tensor& src) {
   activate(*impl_, "copy_to_host");
   if (src.bytes() == 0) return;
   check_cuda(cudaMemcpyAsync(dst, src.data, src.bytes(), cudaMemcpyDeviceToHost, impl_->stream),
@@ -234,8 +217,7 @@ void CudaBackend::copy_to_host(void* dst, const Tensor& src) {
   check_cuda(cudaStreamSynchronize(impl_->stream), "copy_to_host", "cudaStreamSynchronize");
 }
 
-void CudaBackend::copy_from_host(const Tensor& dst, const void* src) {
-  expect_gpu("copy_from_host", "dst", dst);
+void CudaBackend::do_copy_from_host(const Tensor& dst, const void* src) {
   activate(*impl_, "copy_from_host");
   if (dst.bytes() == 0) return;
   check_cuda(cudaMemcpyAsync(dst.data, src, dst.bytes(), cudaMemcpyHostToDevice, impl_->stream),

@@ -45,80 +45,13 @@ class CudaBackend final : public Backend {
 
   std::string_view name() const override { return "cuda"; }
   Device device() const override { return Device::cuda; }
-  Capabilities capabilities() const override;
 
   Allocation allocate(size_t bytes) override;
   void deallocate(void* data) override;
-  void copy_to_host(void* dst, const Tensor& src) override;
-  void copy_from_host(const Tensor& dst, const void* src) override;
-
   // A fence is a cudaEvent recorded on the compute stream (created per call: about a microsecond,
   // cheap next to a gradient bucket); wait() synchronises on it from any thread.
   std::unique_ptr<Fence> fence() override;
   void* stream() const override;  // the compute stream, a cudaStream_t
-
-  void cast(const Tensor& dst, const Tensor& src) override;
-  void fill(const Tensor& dst, double value) override;
-  void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
-  void accumulate(const Tensor& dst, const Tensor& src) override;
-  void scale(const Tensor& dst, double factor) override;
-  double sum(const Tensor& src) override;
-  double sum_squares(const Tensor& src) override;
-  bool all_finite(const Tensor& src) override;
-  void amax(const Tensor& out, const Tensor& src) override;
-
-  void gemm(const GemmArgs& args) override;
-  void bias_backward(const Tensor& dbias, const Tensor& dout) override;
-
-  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x,
-                         const Tensor& weight, const Tensor& bias, double eps) override;
-  void layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                          const Tensor& dout, const Tensor& x, const Tensor& weight,
-                          const Tensor& mean, const Tensor& rstd) override;
-  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x, const Tensor& weight,
-                       double eps) override;
-  void rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                        const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
-  void gelu_forward(const Tensor& out, const Tensor& x) override;
-  void gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) override;
-  void swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
-  void swiglu_backward(const Tensor& dgate_up, const Tensor& dout, const Tensor& gate_up) override;
-  void rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads, int64_t D,
-            double theta, bool inverse) override;
-  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                         const AttentionShape& shape) override;
-  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                          const Tensor& out, const Tensor& lse,
-                          const AttentionShape& shape) override;
-  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                         const Tensor& wpe, int64_t T) override;
-  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                          const Tensor& tokens, int64_t T) override;
-  void embedding_forward_shard(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                               const Tensor& wpe, int64_t T, int64_t vocab_begin) override;
-  void embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                const Tensor& tokens, int64_t T, int64_t vocab_begin) override;
-  void cross_entropy_forward(const Tensor& losses, const Tensor& lse, const Tensor& logits,
-                             const Tensor& targets) override;
-  void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
-                              const Tensor& targets, double grad_scale) override;
-  void cross_entropy_backward_shard(const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
-                                    const Tensor& targets, int64_t vocab_begin,
-                                    double grad_scale) override;
-  RouterLosses moe_router_forward(const RouterArgs& args) override;
-  void moe_router_backward(const Tensor& dlogits, const Tensor& dgates, const RouterArgs& args,
-                           double aux_coef, double z_coef, double grad_scale) override;
-  void moe_permute(const Tensor& expert_in, const Tensor& x, const Tensor& slot) override;
-  void moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in,
-                            const Tensor& slot) override;
-  void moe_unpermute(const Tensor& out, const Tensor& expert_out, const Tensor& gates,
-                     const Tensor& slot) override;
-  void moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dgates, const Tensor& dout,
-                              const Tensor& expert_out, const Tensor& gates,
-                              const Tensor& slot) override;
-  using Backend::adamw;  // the one-range convenience form
-  void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
-             const Tensor& v, std::span<const AdamWRange> ranges, const AdamW& hyper) override;
 
   // How many GEMMs took each path since construction (cuda_gemm.cpp): fp8 operands on fp8
   // tensor cores, or emulated on the input dtype's GEMM (same values: dequantized operands);
@@ -140,6 +73,75 @@ class CudaBackend final : public Backend {
   Impl& impl() { return *impl_; }
 
  private:
+  // The ops: the contract's checks ran in Backend's wrappers; these add the CUDA backend's own (the
+  // dtypes it computes on, its kernels' limits). One file per op family (backend_cuda.cmake).
+  void do_copy_to_host(void* dst, const Tensor& src) override;
+  void do_copy_from_host(const Tensor& dst, const void* src) override;
+
+  void do_cast(const Tensor& dst, const Tensor& src) override;
+  void do_fill(const Tensor& dst, double value) override;
+  void do_add(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void do_accumulate(const Tensor& dst, const Tensor& src) override;
+  void do_scale(const Tensor& dst, double factor) override;
+  double do_sum(const Tensor& src) override;
+  double do_sum_squares(const Tensor& src) override;
+  bool do_all_finite(const Tensor& src) override;
+  void do_amax(const Tensor& out, const Tensor& src) override;
+
+  void do_gemm(const GemmArgs& args) override;
+  void do_bias_backward(const Tensor& dbias, const Tensor& dout) override;
+
+  void do_layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                            const Tensor& x, const Tensor& weight, const Tensor& bias,
+                            double eps) override;
+  void do_layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
+                             const Tensor& dout, const Tensor& x, const Tensor& weight,
+                             const Tensor& mean, const Tensor& rstd) override;
+  void do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                          const Tensor& weight, double eps) override;
+  void do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                           const Tensor& x, const Tensor& weight, const Tensor& rstd) override;
+  void do_gelu_forward(const Tensor& out, const Tensor& x) override;
+  void do_gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) override;
+  void do_swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
+  void do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
+                          const Tensor& gate_up) override;
+  void do_rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads, int64_t D,
+               double theta, bool inverse) override;
+  void do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                            const AttentionShape& shape) override;
+  void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                             const Tensor& out, const Tensor& lse,
+                             const AttentionShape& shape) override;
+  void do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                            const Tensor& wpe, int64_t T) override;
+  void do_embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                             const Tensor& tokens, int64_t T) override;
+  void do_embedding_forward_shard(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                  const Tensor& wpe, int64_t T, int64_t vocab_begin) override;
+  void do_embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                   const Tensor& tokens, int64_t T, int64_t vocab_begin) override;
+  void do_cross_entropy_forward(const Tensor& losses, const Tensor& lse, const Tensor& logits,
+                                const Tensor& targets) override;
+  void do_cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& lse,
+                                 const Tensor& targets, double grad_scale) override;
+  void do_cross_entropy_backward_shard(const Tensor& dlogits, const Tensor& logits,
+                                       const Tensor& lse, const Tensor& targets,
+                                       int64_t vocab_begin, double grad_scale) override;
+  RouterLosses do_moe_router_forward(const RouterArgs& args) override;
+  void do_moe_router_backward(const Tensor& dlogits, const Tensor& dgates, const RouterArgs& args,
+                              double aux_coef, double z_coef, double grad_scale) override;
+  void do_moe_permute(const Tensor& expert_in, const Tensor& x, const Tensor& slot) override;
+  void do_moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in,
+                               const Tensor& slot) override;
+  void do_moe_unpermute(const Tensor& out, const Tensor& expert_out, const Tensor& gates,
+                        const Tensor& slot) override;
+  void do_moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dgates,
+                                 const Tensor& dout, const Tensor& expert_out, const Tensor& gates,
+                                 const Tensor& slot) override;
+  void do_adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
+                const Tensor& v, std::span<const AdamWRange> ranges, const AdamW& hyper) override;
+
   void gemm_fp8(const GemmArgs& g);
   void gemm_gelu(const GemmArgs& g);
 

@@ -37,15 +37,10 @@ void activate(const CudaBackend::Impl& impl, std::string_view op) {
   check_cuda(cudaSetDevice(impl.device), op, fmt::format("cudaSetDevice({})", impl.device));
 }
 
+// The kernel type of t's dtype: the CUDA backend's own check (f32, bf16 or f16; so the
+// statistics and gradients, A and G, are f32).
 Storage storage_of(std::string_view op, std::string_view name, const Tensor& t) {
-  expect_gpu(op, name, t);
   return storage_type(op, name, t.dtype);
-}
-
-// A: f32 for every storage type the cuda backend takes.
-void expect_stats(std::string_view op, std::string_view name, const Tensor& t, int64_t numel) {
-  expect_dtype(op, name, t, DType::f32);
-  expect_numel(op, name, t, numel);
 }
 
 float* f32(const Tensor& t) {
@@ -59,22 +54,13 @@ const int32_t* i32(const Tensor& t) {
 
 // ---- norms ---------------------------------------------------------------------------------
 
-void CudaBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                                    const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                    double eps) {
+void CudaBackend::do_layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                       const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                       double eps) {
   constexpr std::string_view op = "layernorm_forward";
   const Storage s = storage_of(op, "x", x);
-  expect_dtype(op, "weight", weight, x.dtype);
   const int64_t C = weight.numel();
-  const int64_t N = rows_of(op, "x", x, C);
-  expect_dtype(op, "out", out, x.dtype);
-  expect_numel(op, "out", out, N * C);
-  expect_stats(op, "mean", mean, N);
-  expect_stats(op, "rstd", rstd, N);
-  if (!bias.empty()) {
-    expect_dtype(op, "bias", bias, x.dtype);
-    expect_numel(op, "bias", bias, C);
-  }
+  const int64_t N = x.numel() / C;
   activate(*impl_, op);
   check_cuda(
       kernels::launch_layernorm_forward(s, out.data, f32(mean), f32(rstd), x.data, weight.data,
@@ -82,22 +68,14 @@ void CudaBackend::layernorm_forward(const Tensor& out, const Tensor& mean, const
       op, "the layernorm kernel");
 }
 
-void CudaBackend::layernorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dbias,
-                                     const Tensor& dout, const Tensor& x, const Tensor& weight,
-                                     const Tensor& mean, const Tensor& rstd) {
+void CudaBackend::do_layernorm_backward(const Tensor& dx, const Tensor& dweight,
+                                        const Tensor& dbias, const Tensor& dout, const Tensor& x,
+                                        const Tensor& weight, const Tensor& mean,
+                                        const Tensor& rstd) {
   constexpr std::string_view op = "layernorm_backward";
   const Storage s = storage_of(op, "x", x);
-  expect_dtype(op, "weight", weight, x.dtype);
   const int64_t C = weight.numel();
-  const int64_t N = rows_of(op, "x", x, C);
-  expect_dtype(op, "dx", dx, x.dtype);
-  expect_numel(op, "dx", dx, N * C);
-  expect_dtype(op, "dout", dout, x.dtype);
-  expect_numel(op, "dout", dout, N * C);
-  expect_stats(op, "dweight", dweight, C);
-  if (!dbias.empty()) expect_stats(op, "dbias", dbias, C);
-  expect_stats(op, "mean", mean, N);
-  expect_stats(op, "rstd", rstd, N);
+  const int64_t N = x.numel() / C;
   activate(*impl_, op);
   auto* scratch = static_cast<float*>(
       impl_->scratch_for(kernels::norm_backward_scratch_floats(N, C) * sizeof(float)));
@@ -107,35 +85,24 @@ void CudaBackend::layernorm_backward(const Tensor& dx, const Tensor& dweight, co
              op, "the layernorm backward kernels");
 }
 
-void CudaBackend::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
-                                  const Tensor& weight, double eps) {
+void CudaBackend::do_rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& x,
+                                     const Tensor& weight, double eps) {
   constexpr std::string_view op = "rmsnorm_forward";
   const Storage s = storage_of(op, "x", x);
-  expect_dtype(op, "weight", weight, x.dtype);
   const int64_t C = weight.numel();
-  const int64_t N = rows_of(op, "x", x, C);
-  expect_dtype(op, "out", out, x.dtype);
-  expect_numel(op, "out", out, N * C);
-  expect_stats(op, "rstd", rstd, N);
+  const int64_t N = x.numel() / C;
   activate(*impl_, op);
   check_cuda(kernels::launch_rmsnorm_forward(s, out.data, f32(rstd), x.data, weight.data, N, C,
                                              static_cast<float>(eps), impl_->stream),
              op, "the rmsnorm kernel");
 }
 
-void CudaBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
-                                   const Tensor& x, const Tensor& weight, const Tensor& rstd) {
+void CudaBackend::do_rmsnorm_backward(const Tensor& dx, const Tensor& dweight, const Tensor& dout,
+                                      const Tensor& x, const Tensor& weight, const Tensor& rstd) {
   constexpr std::string_view op = "rmsnorm_backward";
   const Storage s = storage_of(op, "x", x);
-  expect_dtype(op, "weight", weight, x.dtype);
   const int64_t C = weight.numel();
-  const int64_t N = rows_of(op, "x", x, C);
-  expect_dtype(op, "dx", dx, x.dtype);
-  expect_numel(op, "dx", dx, N * C);
-  expect_dtype(op, "dout", dout, x.dtype);
-  expect_numel(op, "dout", dout, N * C);
-  expect_stats(op, "dweight", dweight, C);
-  expect_stats(op, "rstd", rstd, N);
+  const int64_t N = x.numel() / C;
   activate(*impl_, op);
   auto* scratch = static_cast<float*>(
       impl_->scratch_for(kernels::norm_backward_scratch_floats(N, C) * sizeof(float)));
@@ -146,52 +113,38 @@ void CudaBackend::rmsnorm_backward(const Tensor& dx, const Tensor& dweight, cons
 
 // ---- activations ---------------------------------------------------------------------------
 
-void CudaBackend::gelu_forward(const Tensor& out, const Tensor& x) {
+void CudaBackend::do_gelu_forward(const Tensor& out, const Tensor& x) {
   constexpr std::string_view op = "gelu_forward";
   const Storage s = storage_of(op, "x", x);
-  expect_dtype(op, "out", out, x.dtype);
-  expect_numel(op, "out", out, x.numel());
   activate(*impl_, op);
   check_cuda(kernels::launch_gelu_forward(s, out.data, x.data, x.numel(), impl_->stream), op,
              "the gelu kernel");
 }
 
-void CudaBackend::gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) {
+void CudaBackend::do_gelu_backward(const Tensor& dx, const Tensor& dout, const Tensor& x) {
   constexpr std::string_view op = "gelu_backward";
   const Storage s = storage_of(op, "x", x);
-  expect_dtype(op, "dx", dx, x.dtype);
-  expect_numel(op, "dx", dx, x.numel());
-  expect_dtype(op, "dout", dout, x.dtype);
-  expect_numel(op, "dout", dout, x.numel());
   activate(*impl_, op);
   check_cuda(kernels::launch_gelu_backward(s, dx.data, dout.data, x.data, x.numel(), impl_->stream),
              op, "the gelu backward kernel");
 }
 
-void CudaBackend::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
+void CudaBackend::do_swiglu_forward(const Tensor& out, const Tensor& gate_up) {
   constexpr std::string_view op = "swiglu_forward";
   const Storage s = storage_of(op, "gate_up", gate_up);
-  expect_dtype(op, "out", out, gate_up.dtype);
-  if (out.shape.rank == 0) fail(op, "out must be [N, F]");
   const int64_t F = out.shape[out.shape.rank - 1];
-  const int64_t N = rows_of(op, "out", out, F);
-  expect_numel(op, "gate_up", gate_up, N * 2 * F);
+  const int64_t N = out.numel() / F;
   activate(*impl_, op);
   check_cuda(kernels::launch_swiglu_forward(s, out.data, gate_up.data, N, F, impl_->stream), op,
              "the swiglu kernel");
 }
 
-void CudaBackend::swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
-                                  const Tensor& gate_up) {
+void CudaBackend::do_swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
+                                     const Tensor& gate_up) {
   constexpr std::string_view op = "swiglu_backward";
   const Storage s = storage_of(op, "gate_up", gate_up);
-  expect_dtype(op, "dout", dout, gate_up.dtype);
-  expect_dtype(op, "dgate_up", dgate_up, gate_up.dtype);
-  expect_numel(op, "dgate_up", dgate_up, gate_up.numel());
-  if (dout.shape.rank == 0) fail(op, "dout must be [N, F]");
   const int64_t F = dout.shape[dout.shape.rank - 1];
-  const int64_t N = rows_of(op, "dout", dout, F);
-  expect_numel(op, "gate_up", gate_up, N * 2 * F);
+  const int64_t N = dout.numel() / F;
   activate(*impl_, op);
   check_cuda(kernels::launch_swiglu_backward(s, dgate_up.data, dout.data, gate_up.data, N, F,
                                              impl_->stream),
@@ -200,23 +153,12 @@ void CudaBackend::swiglu_backward(const Tensor& dgate_up, const Tensor& dout,
 
 // ---- RoPE ----------------------------------------------------------------------------------
 
-void CudaBackend::rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads,
-                       int64_t D, double theta, bool inverse) {
+void CudaBackend::do_rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads,
+                          int64_t D, double theta, bool inverse) {
   constexpr std::string_view op = "rope";
   const Storage s = storage_of(op, "x", x);
-  expect_dtype(op, "out", out, x.dtype);
-  expect_numel(op, "out", out, x.numel());
-  if (x.shape.rank < 2)
-    fail(op, fmt::format("x must be [B*T, width], got {}", x.shape.to_string()));
   const int64_t N = x.shape[0];
   const int64_t width = N > 0 ? x.numel() / N : 0;
-  if (T <= 0 || N % T != 0)
-    fail(op, fmt::format("{} rows are not a whole number of sequences of T={}", N, T));
-  if (D <= 0 || D % 2 != 0) fail(op, fmt::format("head size D={} must be even and positive", D));
-  if (rotated_heads < 0 || rotated_heads * D > width)
-    fail(op,
-         fmt::format("{} rotated heads of D={} exceed the row width {}", rotated_heads, D, width));
-  if (!(theta > 0)) fail(op, fmt::format("theta={} must be positive", theta));
   activate(*impl_, op);
   auto* table =
       static_cast<float2*>(impl_->scratch_for(static_cast<size_t>(T * (D / 2)) * sizeof(float2)));
@@ -229,9 +171,8 @@ void CudaBackend::rope(const Tensor& out, const Tensor& x, int64_t T, int64_t ro
 
 namespace {
 
-// The contract's checks, then the kernels' limits.
+// The kernels' limits (the contract's checks ran in Backend's wrapper).
 void check_attention(std::string_view op, const AttentionShape& a) {
-  kArgs.attention(op, a);
   if (!kernels::attention_supported_head_size(a.D))
     fail(op, fmt::format("head size D={} has no CUDA attention kernel (32, 64 and 128 do): "
                          "choose hidden / heads among them, or run on the cpu backend",
@@ -242,37 +183,25 @@ void check_attention(std::string_view op, const AttentionShape& a) {
 
 }  // namespace
 
-void CudaBackend::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                                    const AttentionShape& shape) {
+void CudaBackend::do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                       const AttentionShape& shape) {
   constexpr std::string_view op = "attention_forward";
   check_attention(op, shape);
   const auto [B, T, H, KV, D] = shape;
   const Storage s = storage_of(op, "qkv", qkv);
-  expect_numel(op, "qkv", qkv, B * T * shape.qkv_width());
-  expect_dtype(op, "out", out, qkv.dtype);
-  expect_numel(op, "out", out, B * T * H * D);
-  expect_stats(op, "lse", lse, B * H * T);
   activate(*impl_, op);
   check_cuda(kernels::launch_attention_forward(s, out.data, f32(lse), qkv.data, B, T, H, KV, D,
                                                impl_->stream),
              op, "the attention kernel");
 }
 
-void CudaBackend::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                     const Tensor& out, const Tensor& lse,
-                                     const AttentionShape& shape) {
+void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                        const Tensor& out, const Tensor& lse,
+                                        const AttentionShape& shape) {
   constexpr std::string_view op = "attention_backward";
   check_attention(op, shape);
   const auto [B, T, H, KV, D] = shape;
   const Storage s = storage_of(op, "qkv", qkv);
-  expect_numel(op, "qkv", qkv, B * T * shape.qkv_width());
-  expect_dtype(op, "dqkv", dqkv, qkv.dtype);
-  expect_numel(op, "dqkv", dqkv, B * T * shape.qkv_width());
-  expect_dtype(op, "out", out, qkv.dtype);
-  expect_numel(op, "out", out, B * T * H * D);
-  expect_dtype(op, "dout", dout, qkv.dtype);
-  expect_numel(op, "dout", dout, B * T * H * D);
-  expect_stats(op, "lse", lse, B * H * T);
   activate(*impl_, op);
   auto* delta = static_cast<float*>(
       impl_->scratch_for(kernels::attention_backward_scratch_floats(B, H, T) * sizeof(float)));
@@ -289,67 +218,45 @@ struct EmbeddingDims {
   int64_t N, C, V;
 };
 
-EmbeddingDims check_embedding(std::string_view op, std::string_view table_name, const Tensor& table,
-                              std::string_view rows_name, const Tensor& rows, const Tensor& tokens,
-                              int64_t T) {
-  expect_dtype(op, "tokens", tokens, DType::i32);
-  expect_gpu(op, table_name, table);
-  if (table.shape.rank != 2)
-    fail(op, fmt::format("the token table must be [V, C], got {}", table.shape.to_string()));
-  const int64_t V = table.shape[0], C = table.shape[1];
-  const int64_t N = tokens.numel();
-  expect_numel(op, rows_name, rows, N * C);
-  if (T <= 0 || N % T != 0)
-    fail(op, fmt::format("{} tokens are not whole sequences of T={}", N, T));
-  return {N, C, V};
-}
-
-void check_positions(std::string_view op, std::string_view name, const Tensor& wpe, DType dtype,
-                     int64_t T, int64_t C) {
-  expect_dtype(op, name, wpe, dtype);
-  if (wpe.numel() < T * C)
-    fail(op, fmt::format("{} has shape {}, fewer than T={} positions of C={}", name,
-                         wpe.shape.to_string(), T, C));
+// table [V, C], N tokens (checked by Backend's wrapper).
+EmbeddingDims embedding_dims(const Tensor& table, const Tensor& tokens) {
+  return {tokens.numel(), table.shape[1], table.shape[0]};
 }
 
 }  // namespace
 
-void CudaBackend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                    const Tensor& wpe, int64_t T) {
-  embedding_forward_shard(out, tokens, wte, wpe, T, -1);
+void CudaBackend::do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                       const Tensor& wpe, int64_t T) {
+  do_embedding_forward_shard(out, tokens, wte, wpe, T, -1);
 }
 
-void CudaBackend::embedding_forward_shard(const Tensor& out, const Tensor& tokens,
-                                          const Tensor& wte, const Tensor& wpe, int64_t T,
-                                          int64_t vocab_begin) {
+void CudaBackend::do_embedding_forward_shard(const Tensor& out, const Tensor& tokens,
+                                             const Tensor& wte, const Tensor& wpe, int64_t T,
+                                             int64_t vocab_begin) {
   // vocab_begin -1 marks the whole-table lookup (embedding_forward): rows start at 0 and a token
   // outside the table is an error (NaN row), not another rank's row.
   const bool shard = vocab_begin >= 0;
   const std::string_view op = shard ? "embedding_forward_shard" : "embedding_forward";
   const Storage s = storage_of(op, "wte", wte);
-  const auto [N, C, V] = check_embedding(op, "wte", wte, "out", out, tokens, T);
-  expect_dtype(op, "out", out, wte.dtype);
-  if (!wpe.empty()) check_positions(op, "wpe", wpe, wte.dtype, T, C);
+  const auto [N, C, V] = embedding_dims(wte, tokens);
   activate(*impl_, op);
   check_cuda(kernels::launch_embedding_forward(s, out.data, i32(tokens), wte.data, wpe.data, N, C,
                                                V, T, shard ? vocab_begin : 0, shard, impl_->stream),
              op, "the embedding kernel");
 }
 
-void CudaBackend::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                     const Tensor& tokens, int64_t T) {
-  embedding_backward_shard(dwte, dwpe, dout, tokens, T, -1);
+void CudaBackend::do_embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                        const Tensor& tokens, int64_t T) {
+  do_embedding_backward_shard(dwte, dwpe, dout, tokens, T, -1);
 }
 
-void CudaBackend::embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe,
-                                           const Tensor& dout, const Tensor& tokens, int64_t T,
-                                           int64_t vocab_begin) {
+void CudaBackend::do_embedding_backward_shard(const Tensor& dwte, const Tensor& dwpe,
+                                              const Tensor& dout, const Tensor& tokens, int64_t T,
+                                              int64_t vocab_begin) {
   const bool shard = vocab_begin >= 0;
   const std::string_view op = shard ? "embedding_backward_shard" : "embedding_backward";
   const Storage s = storage_of(op, "dout", dout);
-  const auto [N, C, V] = check_embedding(op, "dwte", dwte, "dout", dout, tokens, T);
-  expect_dtype(op, "dwte", dwte, DType::f32);
-  if (!dwpe.empty()) check_positions(op, "dwpe", dwpe, DType::f32, T, C);
+  const auto [N, C, V] = embedding_dims(dwte, tokens);
   if (N >= INT32_MAX || V >= INT32_MAX)
     fail(op, fmt::format("N={} tokens or V={} rows exceed the sort's 32-bit keys", N, V));
   activate(*impl_, op);
@@ -365,50 +272,41 @@ void CudaBackend::embedding_backward_shard(const Tensor& dwte, const Tensor& dwp
 
 namespace {
 
+// N = targets.numel() rows of V logits (checked by Backend's wrapper), within one grid dimension.
 int64_t check_logits(std::string_view op, const Tensor& logits, const Tensor& targets, int64_t& V) {
-  expect_gpu(op, "logits", logits);
-  expect_dtype(op, "targets", targets, DType::i32);
   const int64_t N = targets.numel();
-  if (N <= 0) fail(op, "targets is empty");
   V = logits.numel() / N;
-  if (V <= 0 || logits.numel() != N * V)
-    fail(op, fmt::format("logits {} is not [N={}, V]", logits.shape.to_string(), N));
   if (N > INT32_MAX) fail(op, fmt::format("N={} rows exceed one grid dimension", N));
   return N;
 }
 
 }  // namespace
 
-void CudaBackend::cross_entropy_forward(const Tensor& losses, const Tensor& lse,
-                                        const Tensor& logits, const Tensor& targets) {
+void CudaBackend::do_cross_entropy_forward(const Tensor& losses, const Tensor& lse,
+                                           const Tensor& logits, const Tensor& targets) {
   constexpr std::string_view op = "cross_entropy_forward";
   const Storage s = storage_of(op, "logits", logits);
   int64_t V = 0;
   const int64_t N = check_logits(op, logits, targets, V);
-  expect_stats(op, "losses", losses, N);
-  expect_stats(op, "lse", lse, N);
   activate(*impl_, op);
   check_cuda(kernels::launch_cross_entropy_forward(s, f32(losses), f32(lse), logits.data,
                                                    i32(targets), N, V, impl_->stream),
              op, "the cross-entropy kernel");
 }
 
-void CudaBackend::cross_entropy_backward(const Tensor& dlogits, const Tensor& logits,
-                                         const Tensor& lse, const Tensor& targets,
-                                         double grad_scale) {
-  cross_entropy_backward_shard(dlogits, logits, lse, targets, 0, grad_scale);
+void CudaBackend::do_cross_entropy_backward(const Tensor& dlogits, const Tensor& logits,
+                                            const Tensor& lse, const Tensor& targets,
+                                            double grad_scale) {
+  do_cross_entropy_backward_shard(dlogits, logits, lse, targets, 0, grad_scale);
 }
 
-void CudaBackend::cross_entropy_backward_shard(const Tensor& dlogits, const Tensor& logits,
-                                               const Tensor& lse, const Tensor& targets,
-                                               int64_t vocab_begin, double grad_scale) {
+void CudaBackend::do_cross_entropy_backward_shard(const Tensor& dlogits, const Tensor& logits,
+                                                  const Tensor& lse, const Tensor& targets,
+                                                  int64_t vocab_begin, double grad_scale) {
   constexpr std::string_view op = "cross_entropy_backward";
   const Storage s = storage_of(op, "logits", logits);
   int64_t V = 0;
   const int64_t N = check_logits(op, logits, targets, V);
-  expect_dtype(op, "dlogits", dlogits, logits.dtype);
-  expect_numel(op, "dlogits", dlogits, N * V);
-  expect_stats(op, "lse", lse, N);
   activate(*impl_, op);
   check_cuda(kernels::launch_cross_entropy_backward(s, dlogits.data, logits.data, f32(lse),
                                                     i32(targets), N, V, vocab_begin,
@@ -420,15 +318,30 @@ void CudaBackend::cross_entropy_backward_shard(const Tensor& dlogits, const Tens
 
 namespace {
 
-ArgCheck::RouterDims check_router(std::string_view op, const RouterArgs& r) {
-  const ArgCheck::RouterDims dims = kArgs.router(op, r);
+struct RouterDims {
+  int64_t N, E, K;
+};
+
+// logits [N, E], top_k K (checked by Backend's wrapper); the kernels need a row.
+RouterDims check_router(std::string_view op, const RouterArgs& r) {
+  const RouterDims dims{r.logits.shape[0], r.logits.shape[1], r.top_k};
   if (dims.N <= 0) fail(op, "logits has no rows");
   return dims;
 }
 
+struct PermuteDims {
+  int64_t N, K, C, R;
+};
+
+// tokens [N, C], expert rows [R, C], slot [N, K] (checked by Backend's wrapper).
+PermuteDims permute_dims(const Tensor& tokens, const Tensor& experts, const Tensor& slot) {
+  const int64_t N = tokens.shape[0], C = tokens.shape[1];
+  return {N, slot.numel() / N, C, experts.numel() / C};
+}
+
 }  // namespace
 
-RouterLosses CudaBackend::moe_router_forward(const RouterArgs& r) {
+RouterLosses CudaBackend::do_moe_router_forward(const RouterArgs& r) {
   constexpr std::string_view op = "moe_router_forward";
   const Storage s = storage_of(op, "logits", r.logits);
   const auto [N, E, K] = check_router(op, r);
@@ -462,15 +375,12 @@ RouterLosses CudaBackend::moe_router_forward(const RouterArgs& r) {
   return losses;
 }
 
-void CudaBackend::moe_router_backward(const Tensor& dlogits, const Tensor& dgates,
-                                      const RouterArgs& r, double aux_coef, double z_coef,
-                                      double grad_scale) {
+void CudaBackend::do_moe_router_backward(const Tensor& dlogits, const Tensor& dgates,
+                                         const RouterArgs& r, double aux_coef, double z_coef,
+                                         double grad_scale) {
   constexpr std::string_view op = "moe_router_backward";
   const Storage s = storage_of(op, "logits", r.logits);
   const auto [N, E, K] = check_router(op, r);
-  expect_dtype(op, "dlogits", dlogits, r.logits.dtype);
-  expect_numel(op, "dlogits", dlogits, N * E);
-  expect_stats(op, "dgates", dgates, N * K);
   activate(*impl_, op);
   check_cuda(kernels::launch_moe_router_backward(
                  s, dlogits.data, f32(dgates), r.logits.data, f32(r.probs), i32(r.expert_idx),
@@ -479,49 +389,44 @@ void CudaBackend::moe_router_backward(const Tensor& dlogits, const Tensor& dgate
              op, "the router backward kernel");
 }
 
-void CudaBackend::moe_permute(const Tensor& expert_in, const Tensor& x, const Tensor& slot) {
+void CudaBackend::do_moe_permute(const Tensor& expert_in, const Tensor& x, const Tensor& slot) {
   constexpr std::string_view op = "moe_permute";
   const Storage s = storage_of(op, "x", x);
-  const auto [N, K, C, R] = kArgs.permute(op, "x", x, "expert_in", expert_in, slot);
+  const auto [N, K, C, R] = permute_dims(x, expert_in, slot);
   activate(*impl_, op);
   check_cuda(
       kernels::launch_moe_permute(s, expert_in.data, x.data, i32(slot), N, K, C, R, impl_->stream),
       op, "the permute kernel");
 }
 
-void CudaBackend::moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in,
-                                       const Tensor& slot) {
+void CudaBackend::do_moe_permute_backward(const Tensor& dx, const Tensor& dexpert_in,
+                                          const Tensor& slot) {
   constexpr std::string_view op = "moe_permute_backward";
   const Storage s = storage_of(op, "dx", dx);
-  const auto [N, K, C, R] = kArgs.permute(op, "dx", dx, "dexpert_in", dexpert_in, slot);
+  const auto [N, K, C, R] = permute_dims(dx, dexpert_in, slot);
   activate(*impl_, op);
   check_cuda(kernels::launch_moe_permute_backward(s, dx.data, dexpert_in.data, i32(slot), N, K, C,
                                                   R, impl_->stream),
              op, "the permute backward kernel");
 }
 
-void CudaBackend::moe_unpermute(const Tensor& out, const Tensor& expert_out, const Tensor& gates,
-                                const Tensor& slot) {
+void CudaBackend::do_moe_unpermute(const Tensor& out, const Tensor& expert_out, const Tensor& gates,
+                                   const Tensor& slot) {
   constexpr std::string_view op = "moe_unpermute";
   const Storage s = storage_of(op, "out", out);
-  const auto [N, K, C, R] = kArgs.permute(op, "out", out, "expert_out", expert_out, slot);
-  expect_stats(op, "gates", gates, N * K);
+  const auto [N, K, C, R] = permute_dims(out, expert_out, slot);
   activate(*impl_, op);
   check_cuda(kernels::launch_moe_unpermute(s, out.data, expert_out.data, f32(gates), i32(slot), N,
                                            K, C, R, impl_->stream),
              op, "the unpermute kernel");
 }
 
-void CudaBackend::moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dgates,
-                                         const Tensor& dout, const Tensor& expert_out,
-                                         const Tensor& gates, const Tensor& slot) {
+void CudaBackend::do_moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dgates,
+                                            const Tensor& dout, const Tensor& expert_out,
+                                            const Tensor& gates, const Tensor& slot) {
   constexpr std::string_view op = "moe_unpermute_backward";
   const Storage s = storage_of(op, "dout", dout);
-  const auto [N, K, C, R] = kArgs.permute(op, "dout", dout, "expert_out", expert_out, slot);
-  expect_dtype(op, "dexpert_out", dexpert_out, dout.dtype);
-  expect_numel(op, "dexpert_out", dexpert_out, R * C);
-  expect_stats(op, "gates", gates, N * K);
-  expect_stats(op, "dgates", dgates, N * K);
+  const auto [N, K, C, R] = permute_dims(dout, expert_out, slot);
   activate(*impl_, op);
   check_cuda(kernels::launch_moe_unpermute_backward(s, dexpert_out.data, f32(dgates), dout.data,
                                                     expert_out.data, f32(gates), i32(slot), N, K, C,

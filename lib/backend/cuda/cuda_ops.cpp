@@ -36,10 +36,8 @@ constexpr size_t kPartialsOffset = 256;
 
 }  // namespace
 
-void CudaBackend::cast(const Tensor& dst, const Tensor& src) {
+void CudaBackend::do_cast(const Tensor& dst, const Tensor& src) {
   constexpr std::string_view op = "cast";
-  expect_gpu(op, "src", src);
-  expect_numel(op, "dst", dst, src.numel());
   const auto dst_type = storage_type(op, "dst", dst.dtype);
   const auto src_type = storage_type(op, "src", src.dtype);
   activate(*impl_, op);
@@ -48,9 +46,8 @@ void CudaBackend::cast(const Tensor& dst, const Tensor& src) {
       "the cast kernel");
 }
 
-void CudaBackend::fill(const Tensor& dst, double value) {
+void CudaBackend::do_fill(const Tensor& dst, double value) {
   constexpr std::string_view op = "fill";
-  expect_gpu(op, "dst", dst);
   const auto type = storage_type(op, "dst", dst.dtype);
   activate(*impl_, op);
   check_cuda(
@@ -58,11 +55,8 @@ void CudaBackend::fill(const Tensor& dst, double value) {
       op, "the fill kernel");
 }
 
-void CudaBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+void CudaBackend::do_add(const Tensor& out, const Tensor& a, const Tensor& b) {
   constexpr std::string_view op = "add";
-  expect_gpu(op, "out", out);
-  expect_numel(op, "a", a, out.numel());
-  expect_numel(op, "b", b, out.numel());
   const auto out_type = storage_type(op, "out", out.dtype);
   const auto a_type = storage_type(op, "a", a.dtype);
   const auto b_type = storage_type(op, "b", b.dtype);
@@ -72,10 +66,8 @@ void CudaBackend::add(const Tensor& out, const Tensor& a, const Tensor& b) {
              op, "the add kernel");
 }
 
-void CudaBackend::accumulate(const Tensor& dst, const Tensor& src) {
+void CudaBackend::do_accumulate(const Tensor& dst, const Tensor& src) {
   constexpr std::string_view op = "accumulate";
-  expect_gpu(op, "dst", dst);
-  expect_numel(op, "src", src, dst.numel());
   const auto dst_type = storage_type(op, "dst", dst.dtype);
   const auto src_type = storage_type(op, "src", src.dtype);
   activate(*impl_, op);
@@ -84,9 +76,8 @@ void CudaBackend::accumulate(const Tensor& dst, const Tensor& src) {
              op, "the accumulate kernel");
 }
 
-void CudaBackend::scale(const Tensor& dst, double factor) {
+void CudaBackend::do_scale(const Tensor& dst, double factor) {
   constexpr std::string_view op = "scale";
-  expect_gpu(op, "dst", dst);
   const auto type = storage_type(op, "dst", dst.dtype);
   activate(*impl_, op);
   check_cuda(
@@ -98,7 +89,6 @@ namespace {
 
 double reduce(CudaBackend::Impl& impl, const Tensor& src, kernels::ReduceKind kind,
               std::string_view op) {
-  expect_gpu(op, "src", src);
   const auto type = storage_type(op, "src", src.dtype);
   activate(impl, op);
   const size_t partial_bytes = kernels::reduce_scratch_bytes(src.numel());
@@ -116,17 +106,16 @@ double reduce(CudaBackend::Impl& impl, const Tensor& src, kernels::ReduceKind ki
 
 }  // namespace
 
-double CudaBackend::sum(const Tensor& src) {
+double CudaBackend::do_sum(const Tensor& src) {
   return reduce(*impl_, src, kernels::ReduceKind::sum, "sum");
 }
 
-double CudaBackend::sum_squares(const Tensor& src) {
+double CudaBackend::do_sum_squares(const Tensor& src) {
   return reduce(*impl_, src, kernels::ReduceKind::sum_squares, "sum_squares");
 }
 
-bool CudaBackend::all_finite(const Tensor& src) {
+bool CudaBackend::do_all_finite(const Tensor& src) {
   constexpr std::string_view op = "all_finite";
-  expect_gpu(op, "src", src);
   const auto type = storage_type(op, "src", src.dtype);
   activate(*impl_, op);
   auto* flag = static_cast<int*>(impl_->scratch_for(sizeof(int)));
@@ -142,9 +131,8 @@ bool CudaBackend::all_finite(const Tensor& src) {
 // Stays on the device (no copy back, no synchronisation): the GEMM that takes it as amax_a/amax_b
 // runs after it on the same stream. A collective on another stream (NCCL's all_reduce_max) needs
 // this stream synchronised first (nccl_communicator.hpp, "Buffers").
-void CudaBackend::amax(const Tensor& out, const Tensor& src) {
+void CudaBackend::do_amax(const Tensor& out, const Tensor& src) {
   constexpr std::string_view op = "amax";
-  kArgs.amax(out, src);
   const auto type = storage_type(op, "src", src.dtype);
   activate(*impl_, op);
   const int64_t n = src.numel();
@@ -160,25 +148,12 @@ void CudaBackend::amax(const Tensor& out, const Tensor& src) {
       op, "the amax kernels");
 }
 
-void CudaBackend::adamw(const Tensor& param, const Tensor& master, const Tensor& grad,
-                        const Tensor& m, const Tensor& v, std::span<const AdamWRange> ranges,
-                        const AdamW& hyper) {
+void CudaBackend::do_adamw(const Tensor& param, const Tensor& master, const Tensor& grad,
+                           const Tensor& m, const Tensor& v, std::span<const AdamWRange> ranges,
+                           const AdamW& hyper) {
   constexpr std::string_view op = "adamw";
-  expect_gpu(op, "param", param);
+  // Its own check: a dtype it computes on (so grad, m, v and master are f32, G).
   const auto param_type = storage_type(op, "param", param.dtype);
-  const int64_t count = param.numel();
-  expect_dtype(op, "grad", grad, DType::f32);
-  expect_numel(op, "grad", grad, count);
-  expect_dtype(op, "m", m, DType::f32);
-  expect_numel(op, "m", m, count);
-  expect_dtype(op, "v", v, DType::f32);
-  expect_numel(op, "v", v, count);
-  if (!master.empty()) {
-    expect_dtype(op, "master", master, DType::f32);
-    expect_numel(op, "master", master, count);
-  }
-  kArgs.adamw_ranges(op, count, ranges);
-  if (hyper.step < 1) fail(op, fmt::format("step={} must count from 1", hyper.step));
   // The same expressions, in the same types, as lib/backend/cpu/adamw.cpp: the kernel then
   // reproduces the CPU backend's bits.
   kernels::AdamWConstants k;

@@ -2,7 +2,7 @@
 // backend (tests/gpu/gpu_compare.hpp), on fresh random inputs with poisoned outputs, at odd
 // sizes and at misaligned (sliced) offsets, for f32, bf16 and f16.
 //
-// What "agree" means per op (see cuda_ops.cpp and cuda_backend.cpp for why):
+// What "agree" means per op (see lib/backend/cuda/elementwise.cpp, adamw.cpp and gemm.cpp for why):
 //   cast, fill, add, accumulate, scale, adamw: identical bits (same fp32 arithmetic, one
 //     rounding per stored value, no FMA contraction on either side);
 //   sum, sum_squares: within 1e-12 of sum |x| (both accumulate in double, in different orders);

@@ -9,16 +9,21 @@
 function(trainctl_backend_add_cuda target)
   set(here ${CMAKE_CURRENT_FUNCTION_LIST_DIR})
   if(TRAINCTL_HAVE_CUDA)
+    # One file per op family, as in cpu/ (cuda_backend.cpp: construction, memory, fences).
     target_sources(${target} PRIVATE
       ${here}/device.cpp
       ${here}/cast_check.cpp
       ${here}/cuda_backend.cpp
-      ${here}/cuda_gemm.cpp
-      ${here}/cuda_ops.cpp)
-    # The layer ops (norms, attention, embedding, loss, MoE) live in their own file.
-    if(EXISTS ${here}/cuda_layers.cpp)
-      target_sources(${target} PRIVATE ${here}/cuda_layers.cpp)
-    endif()
+      ${here}/elementwise.cpp
+      ${here}/gemm.cpp
+      ${here}/norm.cpp
+      ${here}/activation.cpp
+      ${here}/rope.cpp
+      ${here}/attention.cpp
+      ${here}/embedding.cpp
+      ${here}/loss.cpp
+      ${here}/moe.cpp
+      ${here}/adamw.cpp)
     target_link_libraries(${target} PUBLIC trainctl_kernels CUDA::cublasLt)
   else()
     target_sources(${target} PRIVATE ${here}/device_stub.cpp)

@@ -20,5 +20,9 @@ extern const ArgCheck kArgs;
 // The kernel type of a dtype the CUDA backend computes on (f32, bf16, f16); any other dtype
 // fails naming the op and the argument.
 kernels::Storage storage_type(std::string_view op, std::string_view name, DType dtype);
+// storage_type of t's dtype. Where it passes, the op's statistics and gradients (A, G) are f32.
+inline kernels::Storage storage_of(std::string_view op, std::string_view name, const Tensor& t) {
+  return storage_type(op, name, t.dtype);
+}
 
 }  // namespace trainctl::backend::cuda

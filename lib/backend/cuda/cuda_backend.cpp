@@ -1,6 +1,7 @@
-// CudaBackend: construction, capabilities, memory, the error checks and its own argument checks.
-// The GEMMs (cuBLASLt, epilogues, fp8) and bias_backward are in cuda_gemm.cpp; elementwise ops,
-// reductions, casts and AdamW in cuda_ops.cpp; the layer ops in cuda_layers.cpp.
+// CudaBackend: construction, capabilities, memory, fences, the scratch buffer, the error checks
+// and its own argument checks. The ops live in one file per op family, as in cpu/: elementwise.cpp
+// (casts, elementwise ops, reductions), gemm.cpp (cuBLASLt GEMMs, epilogues, fp8, bias_backward),
+// norm.cpp, activation.cpp, rope.cpp, attention.cpp, embedding.cpp, loss.cpp, moe.cpp, adamw.cpp.
 
 #include "backend/cuda/cuda_backend.hpp"
 
@@ -67,6 +68,10 @@ kernels::Storage storage_type(std::string_view op, std::string_view name, DType 
   }
 }
 
+void activate(const CudaBackend::Impl& impl, std::string_view op) {
+  check_cuda(cudaSetDevice(impl.device), op, fmt::format("cudaSetDevice({})", impl.device));
+}
+
 // ---- the scratch buffer ------------------------------------------------------------------------
 
 void* CudaBackend::Impl::scratch_for(size_t bytes) {
@@ -109,19 +114,13 @@ void release(CudaBackend::Impl& impl) {
   (void)cudaGetLastError();
 }
 
-// The calling thread's current device is per thread: an op called from another thread than the
-// one that built the backend (a checkpoint writer, say) must switch to our GPU first.
-void activate(const CudaBackend::Impl& impl, std::string_view op) {
-  check_cuda(cudaSetDevice(impl.device), op, fmt::format("cudaSetDevice({})", impl.device));
-}
-
 // What the backend declares: every op family, f32, bf16 and f16 storage, fp8 where it pays.
 Capabilities capabilities_of(int device) {
   Capabilities caps;
   caps.f64 = false;  // no f64 kernels: f64 runs on the cpu backend
   caps.f32 = caps.bf16 = caps.f16 = true;
   // fp8 GEMM operands: on sm_90+ (fp8 tensor cores). Older GPUs would compute the same values on
-  // the emulated path (cuda_gemm.cpp) with no speed gain, so they do not offer it.
+  // the emulated path (gemm.cpp) with no speed gain, so they do not offer it.
   int major = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
     (void)cudaGetLastError();

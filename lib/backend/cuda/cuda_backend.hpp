@@ -1,7 +1,7 @@
 // The CUDA backend: every Backend op on one GPU, numerically checked against the CPU backend by
-// tests/gpu. GEMMs go through cuBLASLt (cuda_gemm.cpp), everything else through the kernels of
-// kernels/ (launch wrappers in cuda_ops.cpp for elementwise/reductions/optimizer/casts and in
-// cuda_layers.cpp for norms, activations, RoPE, attention, embedding, loss and MoE).
+// tests/gpu. One file per op family, as in cpu/: GEMMs through cuBLASLt (gemm.cpp), everything
+// else through the kernels of kernels/ (launch wrappers in elementwise.cpp, norm.cpp,
+// activation.cpp, rope.cpp, attention.cpp, embedding.cpp, loss.cpp, moe.cpp, adamw.cpp).
 //
 // Execution: every op is enqueued on the backend's compute stream; the Backend contract
 // ("synchronous from the caller's point of view") holds because every op that returns a host value
@@ -53,7 +53,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Fence> fence() override;
   void* stream() const override;  // the compute stream, a cudaStream_t
 
-  // How many GEMMs took each path since construction (cuda_gemm.cpp): fp8 operands on fp8
+  // How many GEMMs took each path since construction (gemm.cpp): fp8 operands on fp8
   // tensor cores, or emulated on the input dtype's GEMM (same values: dequantized operands);
   // the GELU epilogue fused into cuBLASLt, or the GEMM followed by gelu_forward. fp8_given_amax
   // counts operands scaled by a caller's amax (GemmArgs amax_a / amax_b) on either fp8 path.

@@ -436,10 +436,6 @@ void check_gemm(const GemmArgs& g) {
          "dequantized value exactly); cast the operands to bf16");
 }
 
-void activate(const CudaBackend::Impl& impl, std::string_view op) {
-  check_cuda(cudaSetDevice(impl.device), op, fmt::format("cudaSetDevice({})", impl.device));
-}
-
 }  // namespace
 
 void CudaBackend::do_gemm(const GemmArgs& g) {

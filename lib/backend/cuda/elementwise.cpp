@@ -1,23 +1,19 @@
-// CudaBackend: casts, elementwise ops, reductions and AdamW: argument checks here, the kernels in
-// kernels/{elementwise,reduce,adamw,fp8}.cu. Every op is enqueued on the backend's stream; the
+// CudaBackend: casts, elementwise ops and reductions: its own argument checks here, the kernels
+// in kernels/{elementwise,reduce,fp8}.cu. Every op is enqueued on the backend's stream; the
 // reductions that return a host value copy it back and so synchronise (amax does not).
 //
-// Numerics: cast, fill, add, accumulate, scale and adamw do the CPU backend's fp32 arithmetic
+// Numerics: cast, fill, add, accumulate, scale do the CPU backend's fp32 arithmetic
 // operation for operation with one rounding per stored value, so they return the same bits.
 // sum and sum_squares accumulate in double in a fixed tree order (not the CPU's sequential
 // order): deterministic run to run, equal to the CPU's to about 1e-15 relative of sum |x|.
 #include <fmt/format.h>
 
-#include <cmath>
 #include <cstdint>
-#include <span>
 #include <string_view>
-#include <vector>
 
 #include "backend/cuda/cuda_args.hpp"
 #include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/cuda_backend_impl.hpp"
-#include "kernels/adamw.cuh"
 #include "kernels/check.cuh"
 #include "kernels/elementwise.cuh"
 #include "kernels/fp8.cuh"
@@ -26,10 +22,6 @@
 namespace trainctl::backend::cuda {
 
 namespace {
-
-void activate(const CudaBackend::Impl& impl, std::string_view op) {
-  check_cuda(cudaSetDevice(impl.device), op, fmt::format("cudaSetDevice({})", impl.device));
-}
 
 // Where a reduction's device-side result lives in scratch; the partials follow at kPartials.
 constexpr size_t kPartialsOffset = 256;
@@ -146,45 +138,6 @@ void CudaBackend::do_amax(const Tensor& out, const Tensor& src) {
   check_cuda(
       kernels::launch_fp8_amax(src.data, type, n, out.as<float>(), scratch, bytes, impl_->stream),
       op, "the amax kernels");
-}
-
-void CudaBackend::do_adamw(const Tensor& param, const Tensor& master, const Tensor& grad,
-                           const Tensor& m, const Tensor& v, std::span<const AdamWRange> ranges,
-                           const AdamW& hyper) {
-  constexpr std::string_view op = "adamw";
-  // Its own check: a dtype it computes on (so grad, m, v and master are f32, G).
-  const auto param_type = storage_type(op, "param", param.dtype);
-  // The same expressions, in the same types, as lib/backend/cpu/adamw.cpp: the kernel then
-  // reproduces the CPU backend's bits.
-  kernels::AdamWConstants k;
-  const auto lr = static_cast<float>(hyper.lr);
-  k.beta1 = static_cast<float>(hyper.beta1);
-  k.beta2 = static_cast<float>(hyper.beta2);
-  k.one_minus_beta1 = 1.0f - k.beta1;
-  k.one_minus_beta2 = 1.0f - k.beta2;
-  k.eps = static_cast<float>(hyper.eps);
-  k.grad_scale = static_cast<float>(hyper.grad_scale);
-  const auto t = static_cast<double>(hyper.step);
-  const auto correction1 = static_cast<float>(1.0 - std::pow(hyper.beta1, t));
-  const auto correction2 = static_cast<float>(1.0 - std::pow(hyper.beta2, t));
-  k.step_size = lr / correction1;
-  k.inv_correction2 = 1.0f / correction2;
-  const auto decay_of = [&](bool decay) {
-    return static_cast<float>(1.0 - hyper.lr * (decay ? hyper.weight_decay : 0.0));
-  };
-  // One span per range: callers pass their ranges already merged (train::AdamW joins adjacent
-  // parameters of the same decay), so most steps are one launch of a few spans.
-  std::vector<kernels::AdamWSpan> spans;
-  spans.reserve(ranges.size());
-  for (const AdamWRange& r : ranges)
-    if (r.end > r.begin) spans.push_back({r.begin, r.end, decay_of(r.decay)});
-  if (spans.empty()) return;
-  activate(*impl_, op);
-  check_cuda(
-      kernels::launch_adamw(param.data, param_type, master.empty() ? nullptr : master.as<float>(),
-                            grad.as<float>(), m.as<float>(), v.as<float>(), spans.data(),
-                            static_cast<int64_t>(spans.size()), k, impl_->stream),
-      op, "the AdamW kernel");
 }
 
 }  // namespace trainctl::backend::cuda

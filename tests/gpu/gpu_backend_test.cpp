@@ -8,6 +8,8 @@
 //   sum, sum_squares: within 1e-12 of sum |x| (both accumulate in double, in different orders);
 //   gemm, bias_backward: the dtype tolerance of gpu_compare.hpp (different summation orders).
 // Determinism: the same op twice on the same inputs gives identical bits.
+// The GEMM and bias_backward shapes are the gpu rows of the shared case table
+// (tests/unit/backend_op_cases.hpp), which the CPU reference suite iterates too.
 #include <cuda_runtime.h>
 #include <catch2/catch.hpp>
 
@@ -20,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend_op_cases.hpp"
 #include "gpu_compare.hpp"
 
 using gpu_compare::enqueue_long_work;
@@ -385,16 +388,13 @@ void expect_gemm_close(Harness& h, const GemmCase& g, const Twin& c) {
 
 TEST_CASE("cuda gemm matches the CPU for every transpose, dtype and size") {
   Harness h;
-  const int64_t shapes[][3] = {{1, 1, 1},       {1, 7, 3},        {5, 1, 9},
-                               {7, 13, 33},     {64, 64, 64},     {127, 65, 31},
-                               {128, 256, 512}, {512, 768, 1024}, {1024, 1, 768}};
   for (const DType ab : kGpuFloatTypes) {
-    for (const auto& shape : shapes) {
+    for (const op_cases::GemmShape& shape : op_cases::rows(op_cases::kGemmShapes, op_cases::kGpu)) {
       for (int trans = 0; trans < 4; ++trans) {
         GemmCase g;
-        g.m = shape[0];
-        g.n = shape[1];
-        g.k = shape[2];
+        g.m = shape.m;
+        g.n = shape.n;
+        g.k = shape.k;
         g.trans_a = (trans & 1) != 0;
         g.trans_b = (trans & 2) != 0;
         g.ab = ab;
@@ -409,20 +409,20 @@ TEST_CASE("cuda gemm accumulates 16-bit products into f32 with beta 1 (weight gr
   Harness h;
   for (const DType ab : kGpuFloatTypes) {
     for (const double alpha : {1.0, 0.25}) {
-      GemmCase g;
-      g.m = 768;
-      g.n = 320;
-      g.k = 1000;
-      g.trans_a = true;  // dW = dout^T x: the layout the model uses
-      g.ab = ab;
-      g.c = DType::f32;
-      g.alpha = alpha;
-      g.beta = 1.0;
-      expect_gemm_close(h, g, run_gemm(h, g));
-      g.trans_a = false;
-      g.trans_b = true;
-      g.m = 33;
-      expect_gemm_close(h, g, run_gemm(h, g));
+      for (const op_cases::GemmAccumulateCase& row :
+           op_cases::rows(op_cases::kGemmAccumulate, op_cases::kGpu)) {
+        GemmCase g;
+        g.m = row.m;
+        g.n = row.n;
+        g.k = row.k;
+        g.trans_a = row.trans_a;
+        g.trans_b = row.trans_b;
+        g.ab = ab;
+        g.c = DType::f32;
+        g.alpha = alpha;
+        g.beta = 1.0;
+        expect_gemm_close(h, g, run_gemm(h, g));
+      }
     }
   }
 }
@@ -564,10 +564,10 @@ TEST_CASE("cuda gemm repeats bit for bit at split-K shapes, also on a fresh back
 TEST_CASE("cuda bias_backward accumulates column sums like the CPU, repeatably") {
   Harness h;
   for (const DType dtype : kGpuFloatTypes) {
-    for (const auto& shape :
-         {std::pair<int64_t, int64_t>{1, 1}, {7, 33}, {1000, 96}, {4099, 768}, {64, 50257}}) {
+    for (const op_cases::BiasBackwardShape& shape :
+         op_cases::rows(op_cases::kBiasBackward, op_cases::kGpu)) {
       for (const int64_t offset : {int64_t{0}, int64_t{1}}) {
-        const auto [rows, cols] = shape;
+        const int64_t rows = shape.rows, cols = shape.cols;
         Twin dout = h.random(dtype, {rows, cols}, offset);
         Twin dbias = h.random(DType::f32, {cols}, offset);  // += onto existing values
         Twin dbias_again = h.output(DType::f32, {cols});

@@ -8,6 +8,8 @@
 // and backward (sorted tokens, then the CPU's sequential sums), MoE routing decisions (indices,
 // slots, counts, load) and permute. Determinism: every op runs twice on the GPU and must give
 // the same bits (accumulated gradients are reset to their initial values in between).
+// The shapes are the gpu rows of the shared case table (tests/unit/backend_op_cases.hpp), which
+// the CPU reference suite iterates too.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_op_cases.hpp"
 #include "gpu_compare.hpp"
 
 using gpu_compare::Harness;
@@ -32,6 +35,9 @@ using trainctl::tensor::dtype_name;
 using trainctl::tensor::Tensor;
 
 namespace {
+
+using op_cases::kGpu;
+using op_cases::rows;
 
 const Tensor& side(const Twin& t, bool gpu) {
   return gpu ? t.gpu : t.cpu;
@@ -89,9 +95,9 @@ std::string label(DType dtype) {
 TEST_CASE("cuda layernorm forward and backward match the CPU (with and without bias)") {
   Harness h;
   for (const DType dtype : kGpuFloatTypes)
-    for (const int64_t C : {int64_t{64}, int64_t{769}})
+    for (const op_cases::NormShape& shape : rows(op_cases::kNorms, kGpu))
       for (const bool with_bias : {true, false}) {
-        const int64_t N = 37;
+        const int64_t N = shape.N, C = shape.C;
         INFO(label(dtype) << " N=" << N << " C=" << C << " bias=" << with_bias);
         Twin x = h.random(dtype, {N, C}, 0, 0.05, 2.0);
         Twin w = h.random(dtype, {C});
@@ -127,8 +133,8 @@ TEST_CASE("cuda layernorm forward and backward match the CPU (with and without b
 TEST_CASE("cuda rmsnorm forward and backward match the CPU") {
   Harness h;
   for (const DType dtype : kGpuFloatTypes)
-    for (const int64_t C : {int64_t{32}, int64_t{1000}}) {
-      const int64_t N = 45;
+    for (const op_cases::NormShape& shape : rows(op_cases::kNorms, kGpu)) {
+      const int64_t N = shape.N, C = shape.C;
       INFO(label(dtype) << " N=" << N << " C=" << C);
       Twin x = h.random(dtype, {N, C}, 0, 0.05, 2.0);
       Twin w = h.random(dtype, {C});
@@ -212,32 +218,33 @@ TEST_CASE("cuda norm column sums stay exact over many rows (several row chunks)"
 
 TEST_CASE("cuda gelu and swiglu forward and backward match the CPU") {
   Harness h;
-  for (const DType dtype : kGpuFloatTypes) {
-    INFO(label(dtype));
-    const int64_t N = 41, F = 101;
-    Twin x = h.random(dtype, {N, F}, 0, 0.01, 4.0);
-    Twin out = h.output(dtype, {N, F});
-    run_both(h, {&out}, {},
-             [&](Backend& be, bool g) { be.gelu_forward(side(out, g), side(x, g)); });
-    GPU_EXPECT_CLOSE(h, out, "gelu out");
-    Twin dout = h.random(dtype, {N, F});
-    Twin dx = h.output(dtype, {N, F});
-    run_both(h, {&dx}, {}, [&](Backend& be, bool g) {
-      be.gelu_backward(side(dx, g), side(dout, g), side(x, g));
-    });
-    GPU_EXPECT_CLOSE(h, dx, "gelu dx");
+  for (const DType dtype : kGpuFloatTypes)
+    for (const op_cases::ActivationShape& shape : rows(op_cases::kActivations, kGpu)) {
+      const int64_t N = shape.N, F = shape.F;
+      INFO(label(dtype) << " N=" << N << " F=" << F);
+      Twin x = h.random(dtype, {N, F}, 0, 0.01, 4.0);
+      Twin out = h.output(dtype, {N, F});
+      run_both(h, {&out}, {},
+               [&](Backend& be, bool g) { be.gelu_forward(side(out, g), side(x, g)); });
+      GPU_EXPECT_CLOSE(h, out, "gelu out");
+      Twin dout = h.random(dtype, {N, F});
+      Twin dx = h.output(dtype, {N, F});
+      run_both(h, {&dx}, {}, [&](Backend& be, bool g) {
+        be.gelu_backward(side(dx, g), side(dout, g), side(x, g));
+      });
+      GPU_EXPECT_CLOSE(h, dx, "gelu dx");
 
-    Twin gate_up = h.random(dtype, {N, 2 * F}, 0, 0.01, 4.0);
-    Twin sw = h.output(dtype, {N, F});
-    run_both(h, {&sw}, {},
-             [&](Backend& be, bool g) { be.swiglu_forward(side(sw, g), side(gate_up, g)); });
-    GPU_EXPECT_CLOSE(h, sw, "swiglu out");
-    Twin dgate_up = h.output(dtype, {N, 2 * F});
-    run_both(h, {&dgate_up}, {}, [&](Backend& be, bool g) {
-      be.swiglu_backward(side(dgate_up, g), side(dout, g), side(gate_up, g));
-    });
-    GPU_EXPECT_CLOSE(h, dgate_up, "swiglu dgate_up");
-  }
+      Twin gate_up = h.random(dtype, {N, 2 * F}, 0, 0.01, 4.0);
+      Twin sw = h.output(dtype, {N, F});
+      run_both(h, {&sw}, {},
+               [&](Backend& be, bool g) { be.swiglu_forward(side(sw, g), side(gate_up, g)); });
+      GPU_EXPECT_CLOSE(h, sw, "swiglu out");
+      Twin dgate_up = h.output(dtype, {N, 2 * F});
+      run_both(h, {&dgate_up}, {}, [&](Backend& be, bool g) {
+        be.swiglu_backward(side(dgate_up, g), side(dout, g), side(gate_up, g));
+      });
+      GPU_EXPECT_CLOSE(h, dgate_up, "swiglu dgate_up");
+    }
 }
 
 // ---- RoPE ----------------------------------------------------------------------------------
@@ -245,28 +252,31 @@ TEST_CASE("cuda gelu and swiglu forward and backward match the CPU") {
 TEST_CASE("cuda rope rotates like the CPU, forward, inverse and in place") {
   Harness h;
   for (const DType dtype : kGpuFloatTypes)
-    for (const bool inverse : {false, true}) {
-      const int64_t B = 3, T = 7, heads = 6, rotated = 4, D = 64;
-      INFO(label(dtype) << " inverse=" << inverse);
-      Twin x = h.random(dtype, {B * T, heads * D});
-      Twin out = h.output(dtype, {B * T, heads * D});
-      run_both(h, {&out}, {}, [&](Backend& be, bool g) {
-        be.rope(side(out, g), side(x, g), T, rotated, D, 10000.0, inverse);
-      });
-      GPU_EXPECT_CLOSE(h, out, "rope out");
-      // In place: x becomes the output.
-      Twin y = h.random(dtype, {B * T, heads * D});
-      const auto original = h.bytes(y.cpu);
-      h.cpu().rope(y.cpu, y.cpu, T, rotated, D, 500000.0, inverse);
-      h.gpu().rope(y.gpu, y.gpu, T, rotated, D, 500000.0, inverse);
-      GPU_EXPECT_CLOSE(h, y, "rope in place");
-      h.gpu().copy_from_host(y.gpu, original.data());
-      h.gpu().rope(y.gpu, y.gpu, T, rotated, D, 500000.0, inverse);
-      const auto again = h.bytes(y.gpu);
-      h.gpu().copy_from_host(y.gpu, original.data());
-      h.gpu().rope(y.gpu, y.gpu, T, rotated, D, 500000.0, inverse);
-      CHECK(h.bytes(y.gpu) == again);
-    }
+    for (const op_cases::RopeShape& shape : rows(op_cases::kRope, kGpu))
+      for (const bool inverse : {false, true}) {
+        const int64_t B = shape.B, T = shape.T, rotated = shape.rotated, D = shape.D,
+                      width = shape.width();
+        INFO(label(dtype) << " B=" << B << " T=" << T << " width=" << width
+                          << " rotated=" << rotated << " D=" << D << " inverse=" << inverse);
+        Twin x = h.random(dtype, {B * T, width});
+        Twin out = h.output(dtype, {B * T, width});
+        run_both(h, {&out}, {}, [&](Backend& be, bool g) {
+          be.rope(side(out, g), side(x, g), T, rotated, D, 10000.0, inverse);
+        });
+        GPU_EXPECT_CLOSE(h, out, "rope out");
+        // In place: x becomes the output.
+        Twin y = h.random(dtype, {B * T, width});
+        const auto original = h.bytes(y.cpu);
+        h.cpu().rope(y.cpu, y.cpu, T, rotated, D, 500000.0, inverse);
+        h.gpu().rope(y.gpu, y.gpu, T, rotated, D, 500000.0, inverse);
+        GPU_EXPECT_CLOSE(h, y, "rope in place");
+        h.gpu().copy_from_host(y.gpu, original.data());
+        h.gpu().rope(y.gpu, y.gpu, T, rotated, D, 500000.0, inverse);
+        const auto again = h.bytes(y.gpu);
+        h.gpu().copy_from_host(y.gpu, original.data());
+        h.gpu().rope(y.gpu, y.gpu, T, rotated, D, 500000.0, inverse);
+        CHECK(h.bytes(y.gpu) == again);
+      }
 }
 
 // ---- attention -----------------------------------------------------------------------------
@@ -302,26 +312,18 @@ void check_attention(Harness& h, DType dtype, const AttentionShape& s) {
 
 TEST_CASE("cuda attention forward and backward match the CPU (GQA, D 32/64/128, ragged T)") {
   Harness h;
-  const AttentionShape shapes[] = {
-      {2, 45, 4, 4, 32},   // B > 1, T not a multiple of the 32-row tile
-      {1, 70, 8, 2, 64},   // GQA: 4 query heads per kv head
-      {2, 33, 2, 1, 128},  // multi-query, one row past a tile
-      {1, 1, 2, 2, 64},    // a single token
-      {1, 96, 8, 2, 128},  // whole tiles, GQA
-  };
   for (const DType dtype : kGpuFloatTypes)
-    for (const AttentionShape& s : shapes)
-      check_attention(h, dtype, s);
+    for (const op_cases::AttentionCase& row : rows(op_cases::kAttention, kGpu))
+      check_attention(h, dtype, row.shape);
 }
 
 TEST_CASE("cuda attention at GPT-2's size matches the CPU (T 1024, 12 heads, D 64, MHA and GQA)") {
   // Many key tiles per query tile and many query tiles per head: the online-softmax rescale runs
   // 32 times per row, which the small shapes above never reach.
   Harness h;
-  const AttentionShape shapes[] = {{1, 1024, 12, 12, 64}, {1, 1024, 12, 4, 64}};
   for (const DType dtype : {DType::bf16, DType::f32})
-    for (const AttentionShape& s : shapes)
-      check_attention(h, dtype, s);
+    for (const op_cases::AttentionCase& row : rows(op_cases::kAttentionGpt2, kGpu))
+      check_attention(h, dtype, row.shape);
 }
 
 TEST_CASE("cuda attention rejects a head size it has no kernel for, naming it") {
@@ -339,67 +341,73 @@ TEST_CASE("cuda attention rejects a head size it has no kernel for, naming it") 
 TEST_CASE("cuda embedding forward and backward equal the CPU bit for bit, repeated tokens") {
   Harness h;
   for (const DType dtype : kGpuFloatTypes)
-    for (const bool positions : {true, false}) {
-      const int64_t B = 3, T = 17, V = 50, C = 300;
-      INFO(label(dtype) << " wpe=" << positions);
-      Twin tokens = h.output(DType::i32, {B * T});
-      std::vector<int32_t> ids(static_cast<size_t>(B * T));
-      for (auto& id : ids)  // a narrow range: many repeats, the order of their sums matters
-        id = static_cast<int32_t>(h.rng()() % 9) * 5;
-      ids[3] = V - 1;
-      h.upload_i32(tokens, ids);
-      Twin wte = h.random(dtype, {V, C});
-      Twin wpe = h.random(dtype, {T, C});
-      Twin out = h.output(dtype, {B * T, C});
-      run_both(h, {&out}, {}, [&](Backend& be, bool g) {
-        be.embedding_forward(side(out, g), side(tokens, g), side(wte, g),
-                             positions ? side(wpe, g) : none(), T);
-      });
-      GPU_EXPECT_IDENTICAL(h, out, "embedding out");
+    for (const op_cases::EmbeddingShape& shape : rows(op_cases::kEmbedding, kGpu))
+      for (const bool positions : {true, false}) {
+        const int64_t B = shape.B, T = shape.T, V = shape.V, C = shape.C;
+        INFO(label(dtype) << " B=" << B << " T=" << T << " V=" << V << " C=" << C
+                          << " wpe=" << positions);
+        REQUIRE(V > 40);  // the token pattern below
+        Twin tokens = h.output(DType::i32, {B * T});
+        std::vector<int32_t> ids(static_cast<size_t>(B * T));
+        for (auto& id : ids)  // a narrow range: many repeats, the order of their sums matters
+          id = static_cast<int32_t>(h.rng()() % 9) * 5;
+        ids[3] = V - 1;
+        h.upload_i32(tokens, ids);
+        Twin wte = h.random(dtype, {V, C});
+        Twin wpe = h.random(dtype, {T, C});
+        Twin out = h.output(dtype, {B * T, C});
+        run_both(h, {&out}, {}, [&](Backend& be, bool g) {
+          be.embedding_forward(side(out, g), side(tokens, g), side(wte, g),
+                               positions ? side(wpe, g) : none(), T);
+        });
+        GPU_EXPECT_IDENTICAL(h, out, "embedding out");
 
-      Twin dout = h.random(dtype, {B * T, C});
-      Twin dwte = h.random(DType::f32, {V, C});
-      Twin dwpe = h.random(DType::f32, {T, C});
-      run_both(h, {}, {&dwte, &dwpe}, [&](Backend& be, bool g) {
-        be.embedding_backward(side(dwte, g), positions ? side(dwpe, g) : none(), side(dout, g),
-                              side(tokens, g), T);
-      });
-      GPU_EXPECT_IDENTICAL(h, dwte, "embedding dwte");
-      GPU_EXPECT_IDENTICAL(h, dwpe, "embedding dwpe");
-    }
+        Twin dout = h.random(dtype, {B * T, C});
+        Twin dwte = h.random(DType::f32, {V, C});
+        Twin dwpe = h.random(DType::f32, {T, C});
+        run_both(h, {}, {&dwte, &dwpe}, [&](Backend& be, bool g) {
+          be.embedding_backward(side(dwte, g), positions ? side(dwpe, g) : none(), side(dout, g),
+                                side(tokens, g), T);
+        });
+        GPU_EXPECT_IDENTICAL(h, dwte, "embedding dwte");
+        GPU_EXPECT_IDENTICAL(h, dwpe, "embedding dwpe");
+      }
 }
 
 TEST_CASE("cuda vocab-parallel embedding reads zeros and takes no gradient outside its shard") {
   Harness h;
-  for (const DType dtype : kGpuFloatTypes) {
-    const int64_t B = 2, T = 13, V_local = 15, vocab_begin = 20, C = 70;
-    INFO(label(dtype));
-    Twin tokens = h.output(DType::i32, {B * T});
-    std::vector<int32_t> ids(static_cast<size_t>(B * T));
-    for (auto& id : ids)
-      id = static_cast<int32_t>(h.rng()() % 50);
-    ids[0] = vocab_begin;
-    ids[1] = vocab_begin + V_local - 1;
-    ids[2] = vocab_begin + V_local;
-    h.upload_i32(tokens, ids);
-    Twin wte = h.random(dtype, {V_local, C});
-    Twin wpe = h.random(dtype, {T, C});
-    Twin out = h.output(dtype, {B * T, C});
-    run_both(h, {&out}, {}, [&](Backend& be, bool g) {
-      be.embedding_forward_shard(side(out, g), side(tokens, g), side(wte, g), side(wpe, g), T,
-                                 vocab_begin);
-    });
-    GPU_EXPECT_IDENTICAL(h, out, "shard embedding out");
-    Twin dout = h.random(dtype, {B * T, C});
-    Twin dwte = h.random(DType::f32, {V_local, C});
-    Twin dwpe = h.random(DType::f32, {T, C});
-    run_both(h, {}, {&dwte, &dwpe}, [&](Backend& be, bool g) {
-      be.embedding_backward_shard(side(dwte, g), side(dwpe, g), side(dout, g), side(tokens, g), T,
-                                  vocab_begin);
-    });
-    GPU_EXPECT_IDENTICAL(h, dwte, "shard embedding dwte");
-    GPU_EXPECT_IDENTICAL(h, dwpe, "shard embedding dwpe");
-  }
+  for (const DType dtype : kGpuFloatTypes)
+    for (const op_cases::EmbeddingShardShape& shape : rows(op_cases::kEmbeddingShard, kGpu)) {
+      const int64_t B = shape.B, T = shape.T, V_local = shape.V_local,
+                    vocab_begin = shape.vocab_begin, C = shape.C;
+      INFO(label(dtype) << " B=" << B << " T=" << T << " V_local=" << V_local
+                        << " vocab_begin=" << vocab_begin << " C=" << C);
+      Twin tokens = h.output(DType::i32, {B * T});
+      std::vector<int32_t> ids(static_cast<size_t>(B * T));
+      for (auto& id : ids)
+        id = static_cast<int32_t>(h.rng()() % 50);
+      ids[0] = vocab_begin;
+      ids[1] = vocab_begin + V_local - 1;
+      ids[2] = vocab_begin + V_local;
+      h.upload_i32(tokens, ids);
+      Twin wte = h.random(dtype, {V_local, C});
+      Twin wpe = h.random(dtype, {T, C});
+      Twin out = h.output(dtype, {B * T, C});
+      run_both(h, {&out}, {}, [&](Backend& be, bool g) {
+        be.embedding_forward_shard(side(out, g), side(tokens, g), side(wte, g), side(wpe, g), T,
+                                   vocab_begin);
+      });
+      GPU_EXPECT_IDENTICAL(h, out, "shard embedding out");
+      Twin dout = h.random(dtype, {B * T, C});
+      Twin dwte = h.random(DType::f32, {V_local, C});
+      Twin dwpe = h.random(DType::f32, {T, C});
+      run_both(h, {}, {&dwte, &dwpe}, [&](Backend& be, bool g) {
+        be.embedding_backward_shard(side(dwte, g), side(dwpe, g), side(dout, g), side(tokens, g), T,
+                                    vocab_begin);
+      });
+      GPU_EXPECT_IDENTICAL(h, dwte, "shard embedding dwte");
+      GPU_EXPECT_IDENTICAL(h, dwpe, "shard embedding dwpe");
+    }
 }
 
 // ---- cross-entropy -------------------------------------------------------------------------
@@ -407,8 +415,8 @@ TEST_CASE("cuda vocab-parallel embedding reads zeros and takes no gradient outsi
 TEST_CASE("cuda cross-entropy matches the CPU, ignores negative targets, works in place") {
   Harness h;
   for (const DType dtype : kGpuFloatTypes)
-    for (const int64_t V : {int64_t{1000}, int64_t{50257}}) {
-      const int64_t N = 19;
+    for (const op_cases::CrossEntropyShape& shape : rows(op_cases::kCrossEntropy, kGpu)) {
+      const int64_t N = shape.N, V = shape.V;
       INFO(label(dtype) << " V=" << V);
       Twin logits = h.random(dtype, {N, V}, 0, 0.01, 8.0);
       Twin targets = h.output(DType::i32, {N});
@@ -444,31 +452,32 @@ TEST_CASE("cuda cross-entropy matches the CPU, ignores negative targets, works i
 
 TEST_CASE("cuda vocab-parallel cross-entropy backward uses the whole row's lse") {
   Harness h;
-  for (const DType dtype : kGpuFloatTypes) {
-    const int64_t N = 23, V_local = 333, vocab_begin = 333;
-    INFO(label(dtype));
-    Twin logits = h.random(dtype, {N, V_local}, 0, 0.01, 4.0);
-    Twin targets = h.output(DType::i32, {N});
-    std::vector<int32_t> t(static_cast<size_t>(N));
-    for (auto& v : t)
-      v = static_cast<int32_t>(h.rng()() % 1000);  // inside and outside the shard
-    t[0] = -1;
-    t[1] = static_cast<int32_t>(vocab_begin);
-    t[2] = static_cast<int32_t>(vocab_begin + V_local - 1);
-    h.upload_i32(targets, t);
-    // The whole row's lse exceeds the shard's: any values above the shard's max logit do.
-    Twin lse = h.random(DType::f32, {N}, 0, 9.0, 10.0);
-    std::vector<double> positive = h.values(lse.cpu);
-    for (double& v : positive)
-      v = std::fabs(v);
-    h.upload(lse, positive);
-    Twin dlogits = h.output(dtype, {N, V_local});
-    run_both(h, {&dlogits}, {}, [&](Backend& be, bool g) {
-      be.cross_entropy_backward_shard(side(dlogits, g), side(logits, g), side(lse, g),
-                                      side(targets, g), vocab_begin, 0.5);
-    });
-    GPU_EXPECT_CLOSE(h, dlogits, "shard dlogits");
-  }
+  for (const DType dtype : kGpuFloatTypes)
+    for (const op_cases::CrossEntropyShardShape& shape : rows(op_cases::kCrossEntropyShard, kGpu)) {
+      const int64_t N = shape.N, V_local = shape.V_local, vocab_begin = shape.vocab_begin;
+      INFO(label(dtype) << " N=" << N << " V_local=" << V_local << " vocab_begin=" << vocab_begin);
+      Twin logits = h.random(dtype, {N, V_local}, 0, 0.01, 4.0);
+      Twin targets = h.output(DType::i32, {N});
+      std::vector<int32_t> t(static_cast<size_t>(N));
+      for (auto& v : t)
+        v = static_cast<int32_t>(h.rng()() % 1000);  // inside and outside the shard
+      t[0] = -1;
+      t[1] = static_cast<int32_t>(vocab_begin);
+      t[2] = static_cast<int32_t>(vocab_begin + V_local - 1);
+      h.upload_i32(targets, t);
+      // The whole row's lse exceeds the shard's: any values above the shard's max logit do.
+      Twin lse = h.random(DType::f32, {N}, 0, 9.0, 10.0);
+      std::vector<double> positive = h.values(lse.cpu);
+      for (double& v : positive)
+        v = std::fabs(v);
+      h.upload(lse, positive);
+      Twin dlogits = h.output(dtype, {N, V_local});
+      run_both(h, {&dlogits}, {}, [&](Backend& be, bool g) {
+        be.cross_entropy_backward_shard(side(dlogits, g), side(logits, g), side(lse, g),
+                                        side(targets, g), vocab_begin, 0.5);
+      });
+      GPU_EXPECT_CLOSE(h, dlogits, "shard dlogits");
+    }
 }
 
 // ---- mixture of experts --------------------------------------------------------------------

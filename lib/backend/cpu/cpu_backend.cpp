@@ -1,14 +1,11 @@
 // CpuBackend: construction, capabilities, scratch and memory (elementwise ops and reductions are in
 // elementwise.cpp, each op family in its own file).
 #include "backend/cpu/cpu_backend.hpp"
-#include "backend/cpu/fast_math.hpp"
 
 #include <fmt/format.h>
 
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <new>
 #include <stdexcept>
 #include <string_view>
@@ -21,8 +18,7 @@ std::unique_ptr<Backend> make_cpu_backend() {
 
 namespace cpu {
 
-// ---- this backend's own checks
-// -------------------------------------------------------------------
+// ---- this backend's own checks ----------------------------------------------------------------
 
 const ArgCheck kArgs{"cpu", Device::cpu};
 

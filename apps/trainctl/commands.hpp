@@ -6,15 +6,19 @@
 #include <string>
 #include <vector>
 
+#include "run/session.hpp"
+
 namespace trainctl::app {
 
-// Exit codes shared by all subcommands (documented in README.md).
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailure = 1;   // a run failed (error message says why)
-inline constexpr int kExitBadInput = 2;  // bad recipe, bad --set, bad CLI: nothing was created
-// Stopped by SIGTERM/SIGUSR1/SIGINT after saving a checkpoint: `trainctl resume` (or a Slurm
-// requeue) continues. 75 is EX_TEMPFAIL: "temporary failure, try again".
-inline constexpr int kExitSavedOnSignal = 75;
+// Exit codes shared by all subcommands (documented in README.md; run/session.hpp).
+inline constexpr int kExitOk = run::kExitOk;
+inline constexpr int kExitFailure = run::kExitFailure;
+inline constexpr int kExitBadInput = run::kExitBadInput;
+inline constexpr int kExitSavedOnSignal = run::kExitSavedOnSignal;
+// The front ends print problems as the run library does.
+using run::bad_input;
+using run::Exit;
+using run::report_problems;
 
 struct ValidateOptions {
   std::string recipe_path;
@@ -28,7 +32,7 @@ struct RunOptions {
   std::vector<std::string> overrides;
   std::string run_dir;          // empty: runs/<recipe name>
   bool overwrite = false;       // reuse a run directory that already holds a run
-  int debug_save_delay_ms = 0;  // fault injection: SessionInput::debug_save_delay
+  int debug_save_delay_ms = 0;  // fault injection: run::SessionInput::debug_save_delay
 };
 int run_run(const RunOptions& options);
 
@@ -38,7 +42,7 @@ struct ResumeOptions {
   std::string target;
   std::vector<std::string> overrides;  // e.g. training.steps to extend a run
   std::string run_dir;
-  int debug_save_delay_ms = 0;  // fault injection: SessionInput::debug_save_delay
+  int debug_save_delay_ms = 0;  // fault injection: run::SessionInput::debug_save_delay
 };
 int run_resume(const ResumeOptions& options);
 

@@ -8,7 +8,7 @@
 #include "commands.hpp"
 #include "plan_auto.hpp"
 #include "planner/planner.hpp"
-#include "session.hpp"
+#include "run/session.hpp"
 #include "topology/topology.hpp"
 
 namespace trainctl::app {
@@ -97,13 +97,8 @@ int run_plan(const PlanOptions& options) {
 std::string resolve_parallel_auto(recipe::Recipe& r) {
   if (!r.parallel.automatic) return {};
   const planner::Plan plan = planner::make_plan(r, planner::cpu_machine());
-  const planner::Layout& best = plan.ranked.front().layout;
-  r.parallel.tp = best.tp;
-  r.parallel.pp = best.pp;
-  r.parallel.dp = best.dp;
-  r.parallel.ep = best.ep;
-  r.parallel.zero = best.zero;
-  r.parallel.recompute = best.recompute;
+  const planner::Variant& best = plan.ranked.front().layout;
+  static_cast<Layout&>(r.parallel) = best;  // degrees, zero, recompute: one layout value
   r.training.micro_batch = best.micro_batch;
   r.parallel.automatic = false;  // the run directory's recipe.yaml records what actually ran
   return fmt::format("parallel: auto -> {} (planner, this machine: a world of 1)", best.describe());

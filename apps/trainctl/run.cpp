@@ -9,30 +9,14 @@
 #include "commands.hpp"
 #include "plan_auto.hpp"
 #include "planner/planner.hpp"
-#include "resume_plan.hpp"
-#include "session.hpp"
+#include "run/session.hpp"
 
 namespace fs = std::filesystem;
 
 namespace trainctl::app {
 
-namespace {
-
-// --overwrite: the files of the earlier run go (checkpoints included), so metrics.jsonl and
-// TensorBoard show only the new run. Anything else the user keeps in the directory stays.
-void remove_previous_run(const fs::path& run_dir) {
-  if (!fs::is_directory(run_dir)) return;
-  for (const char* name : {"recipe.yaml", "metrics.jsonl", "summary.json", "logs", "checkpoints"})
-    fs::remove_all(run_dir / name);
-  for (const fs::directory_entry& entry : fs::directory_iterator(run_dir))
-    if (entry.path().filename().string().starts_with("events.out.tfevents."))
-      fs::remove(entry.path());
-}
-
-}  // namespace
-
 int run_run(const RunOptions& options) {
-  SessionInput input;
+  run::SessionInput input;
   input.recipe_label = options.recipe_path;
   input.debug_save_delay = std::chrono::milliseconds(options.debug_save_delay_ms);
   try {
@@ -48,9 +32,9 @@ int run_run(const RunOptions& options) {
     return bad_input("run", e.what());
   }
   const recipe::Recipe& r = input.loaded.recipe;
-  if (auto problems = unsupported_in_this_build(input.loaded); !problems.empty())
+  if (auto problems = run::unsupported_in_this_build(input.loaded); !problems.empty())
     return report_problems(problems, options.recipe_path);
-  if (int code = check_rank_environment(input, "run"); code >= 0) return code;
+  if (Exit end = run::check_rank_environment(input, "run")) return *end;
 
   input.run_dir = options.run_dir.empty() ? fs::path("runs") / r.name : fs::path(options.run_dir);
   // The cheap refusals first (what the run directory already holds), then the data, which
@@ -65,9 +49,9 @@ int run_run(const RunOptions& options) {
                                "--overwrite to start again (deleting them)",
                                input.run_dir.string(), checkpoints.entries.front().name,
                                input.run_dir.string()));
-      if (int code = check_resume_input(input, "run", checkpoints); code >= 0) return code;
-      if (int code = check_session_input(input, "run"); code >= 0) return code;
-      return resume_session(std::move(input), "run");  // takes the lock itself
+      if (Exit end = run::check_resume_input(input, "run", checkpoints)) return *end;
+      if (Exit end = run::check_session_input(input, "run")) return *end;
+      return run::resume_session(std::move(input), "run");  // takes the lock itself
     }
     if (fs::exists(input.run_dir / "metrics.jsonl"))
       return bad_input(
@@ -75,17 +59,17 @@ int run_run(const RunOptions& options) {
                              "with --run-dir or pass --overwrite to replace it",
                              input.run_dir.string()));
   }
-  if (int code = check_session_input(input, "run"); code >= 0) return code;
+  if (Exit end = run::check_session_input(input, "run")) return *end;
   // From here on the directory is this run's: a second run or resume on it is refused until the
   // run ends (held across the local launcher's ranks too).
   files::RunDirLock lock;
-  if (int code = lock_run_dir(input, "run", lock); code >= 0) return code;
-  if (options.overwrite && owns_run_dir(input.rank)) {
+  if (Exit end = run::lock_run_dir(input, "run", lock)) return *end;
+  if (options.overwrite && run::owns_run_dir(input.rank)) {
     // Our launcher has cleared the directory before starting the ranks; under an external
     // launcher rank 0 does it, before the rendezvous the others wait in.
-    remove_previous_run(input.run_dir);
+    run::remove_previous_run(input.run_dir);
   }
-  return start_session(std::move(input), "run");
+  return run::start_session(std::move(input), "run");
 }
 
 }  // namespace trainctl::app

@@ -20,7 +20,7 @@
 #include "files/files.hpp"
 #include "launch/sbatch.hpp"
 #include "recipe/schema.hpp"
-#include "session.hpp"
+#include "run/session.hpp"
 
 extern char** environ;
 

@@ -1,43 +1,26 @@
-// Layout and rank groups: which ranks form the tp, ep, dp, pp (and dp*ep) groups of a job, as plain
-// data. Megatron's RankGenerator idea without its globals: an order string lists the axes from
-// fastest-varying to slowest ("tp-ep-dp-pp": consecutive ranks share a tp group, so tensor
-// parallel stays inside a node's NVLink domain; pp varies slowest).
+// The layout (layout/layout.hpp) as the mesh uses it: a check against the world size that throws
+// CommError, and the groups one rank belongs to.
 #pragma once
 
-#include <array>
 #include <string>
-#include <string_view>
 #include <vector>
+
+#include "layout/layout.hpp"
 
 namespace trainctl::comm {
 
-enum class Axis { tp, ep, dp, pp };
-std::string_view axis_name(Axis axis);
+using trainctl::all_groups;
+using trainctl::Axis;
+using trainctl::axis_name;
+using trainctl::Coordinates;
+using trainctl::coordinates_of;
+using trainctl::group_of;
+using trainctl::Layout;
 
-struct Layout {
-  int tp = 1;
-  int ep = 1;
-  int dp = 1;
-  int pp = 1;
-  std::string order = "tp-ep-dp-pp";
-
-  int degree(Axis axis) const;
-  int world_size() const { return tp * ep * dp * pp; }
-  std::string to_string() const;  // "tp2 ep1 dp2 pp1 (order tp-ep-dp-pp)"
-};
-
-// Throws CommError (Kind::usage) when a degree is < 1, the order is not a permutation of the four
-// axes, or the product is not the world size; the message shows the formula:
+// Throws CommError (Kind::usage) when the layout has a problem (Layout::problems) or the product
+// of the degrees is not the world size; the message shows the formula:
 // "tp*ep*dp*pp = 2*1*2*1 = 4 != world size 8".
 void validate(const Layout& layout, int world_size);
-
-struct Coordinates {
-  int tp = 0;
-  int ep = 0;
-  int dp = 0;
-  int pp = 0;
-  int of(Axis axis) const;
-};
 
 // The groups one rank belongs to, as global ranks in group order (a rank's index in a list is its
 // rank within that group). dp_ep spans the dp and ep axes: the group over which non-expert
@@ -48,13 +31,8 @@ struct RankGroups {
   std::vector<int> tp, ep, dp, pp, dp_ep;
 };
 
-// Layout must be valid (validate() first); rank in [0, world_size).
-Coordinates coordinates_of(const Layout& layout, int rank);
+// The groups of `rank` (coordinates_of and group_of of layout/layout.hpp); throws CommError when
+// the layout is invalid or the rank outside it.
 RankGroups rank_groups(const Layout& layout, int rank);
-// The group of `rank` spanning `axes` (e.g. {Axis::dp, Axis::ep}); members vary fastest along the
-// axis that comes first in layout.order.
-std::vector<int> group_of(const Layout& layout, int rank, const std::vector<Axis>& axes);
-// Every group spanning `axes`, ordered by first member: the whole partition of the world.
-std::vector<std::vector<int>> all_groups(const Layout& layout, const std::vector<Axis>& axes);
 
 }  // namespace trainctl::comm

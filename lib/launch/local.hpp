@@ -5,7 +5,7 @@
 //   logs/ranks.json          the attempt id and the pid of every rank (for tools and tests)
 //   rendezvous/<attempt>/    the ranks' file store (0700), removed when they have all exited
 // With cluster.shared_fs: false the caller serves a TCP store instead and passes its address and
-// secret through LocalLaunch::env (apps/trainctl/session_setup.cpp).
+// secret through LocalLaunch::env (lib/run/checks.cpp, start_session).
 #pragma once
 
 #include <chrono>

@@ -1,10 +1,11 @@
-// The model's own description, independent of the recipe (apps/ converts a Recipe into this), so
+// The model's own description, independent of the recipe (lib/run converts a Recipe into this), so
 // the model can be built directly by tests and benchmarks.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "layout/layout.hpp"
 #include "tensor/dtype.hpp"
 
 namespace trainctl::model {
@@ -12,7 +13,7 @@ namespace trainctl::model {
 enum class NormKind { layernorm, rmsnorm };
 enum class ActivationKind { gelu, swiglu };
 enum class PositionKind { learned, rope };
-enum class RecomputeMode { none, selective, full };
+using trainctl::Recompute;  // layout/layout.hpp
 // fp8 GEMMs in the blocks' linear layers (backend::GemmArgs fp8 operands): e4m3 for every operand,
 // or hybrid: e4m3 for inputs and weights, e5m2 for output gradients in backward.
 enum class Fp8Mode { none, e4m3, hybrid };
@@ -45,7 +46,7 @@ struct ModelConfig {
   double init_std = 0.02;
   MoeConfig moe;
   tensor::DType storage = tensor::DType::f32;  // parameters and activations
-  RecomputeMode recompute = RecomputeMode::none;
+  trainctl::Recompute recompute = trainctl::Recompute::none;
   Fp8Mode fp8 = Fp8Mode::none;  // needs storage bf16
 
   int head_dim() const { return hidden / heads; }

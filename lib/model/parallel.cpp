@@ -5,6 +5,16 @@
 
 namespace trainctl::model {
 
+ModelParallel ModelParallel::from_mesh(const comm::Mesh& mesh, int zero) {
+  ModelParallel p;
+  p.layout = mesh.layout();
+  p.layout.zero = zero;
+  p.at = mesh.groups().coordinates;
+  if (p.layout.tp > 1) p.tp = &mesh.tp();
+  if (p.layout.ep > 1) p.ep = &mesh.ep();
+  return p;
+}
+
 std::vector<StageRange> stage_ranges(int layers, int pp_size,
                                      const std::vector<int>& stage_layers) {
   if (pp_size < 1)

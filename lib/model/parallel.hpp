@@ -1,6 +1,8 @@
 // How one rank's model is cut out of the whole model: tensor parallel (Megatron style), expert
-// parallel and pipeline stages, plus the ZeRO-1 partition of the optimizer state. A plain value
-// built by the caller from the Mesh; the model never looks up process groups by itself.
+// parallel and pipeline stages, plus the ZeRO-1 partition of the optimizer state: the job's layout
+// (layout/layout.hpp), this rank's coordinates in it, and the groups the layers talk over. A plain
+// value built by the caller (from_mesh, or by hand in tests); the model never looks up process
+// groups by itself.
 //
 // Tensor parallel over `tp` (size T, rank t), as in Megatron-LM:
 //   attn.qkv    column-parallel: local heads [t*H/T, (t+1)*H/T) of q, and of k and v
@@ -32,31 +34,39 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/mesh.hpp"
+#include "layout/layout.hpp"
 
 namespace trainctl::model {
 
 struct ModelParallel {
-  // Null communicators mean a degree of 1.
+  Layout layout;   // the job's degrees and ZeRO stage; default: one rank
+  Coordinates at;  // this rank's place in the layout
+  // The groups of the tp and ep axes; null means a degree of 1.
   comm::Communicator* tp = nullptr;
   comm::Communicator* ep = nullptr;
-  int pp_rank = 0;  // this rank's pipeline stage
-  int pp_size = 1;
-  // Layers per stage (size pp_size, summing to the model's layers); empty: as even as possible,
+  // Layers per stage (size layout.pp, summing to the model's layers); empty: as even as possible,
   // the earlier stages taking the remainder (8 layers over 3 stages: 3, 3, 2).
   std::vector<int> stage_layers;
-  // Micro-batches whose activations this stage holds at once (1F1B: min(pp_size - pp_rank, M)).
+  // Micro-batches whose activations this stage holds at once (1F1B: min(pp - pp_rank, M)).
   int activation_slots = 1;
-  // ZeRO-1: the optimizer state (fp32 master weights, Adam moments) of this rank covers only its
-  // part of the flat parameter buffer, one of `zero_parts` parts (the dp degree); 1: all of it.
-  int zero_parts = 1;
-  int zero_rank = 0;
+
+  // The mesh's layout with ZeRO stage `zero`, this rank's coordinates in it, and its tp and ep
+  // groups where their degree is above 1.
+  static ModelParallel from_mesh(const comm::Mesh& mesh, int zero);
 
   int tp_size() const { return tp ? tp->size() : 1; }
   int tp_rank() const { return tp ? tp->rank() : 0; }
   int ep_size() const { return ep ? ep->size() : 1; }
   int ep_rank() const { return ep ? ep->rank() : 0; }
-  bool first_stage() const { return pp_rank == 0; }
-  bool last_stage() const { return pp_rank == pp_size - 1; }
+  int pp_rank() const { return at.pp; }  // this rank's pipeline stage
+  int pp_size() const { return layout.pp; }
+  bool first_stage() const { return pp_rank() == 0; }
+  bool last_stage() const { return pp_rank() == pp_size() - 1; }
+  // ZeRO-1: the optimizer state (fp32 master weights, Adam moments) of this rank covers only its
+  // part of the flat parameter buffer, one of zero_parts() parts (the dp degree); 1: all of it.
+  int zero_parts() const { return layout.zero == 1 ? layout.dp : 1; }
+  int zero_rank() const { return layout.zero == 1 ? at.dp : 0; }
 };
 
 // The layers of every stage: [first, end) of stage s at index s. Throws std::invalid_argument

@@ -151,11 +151,11 @@ ParamTable build_param_table(const ModelConfig& c, const ModelParallel& par) {
     divisible(c.expert_ffn(), "expert ffn hidden", T, "tp");
     divisible(c.moe.experts, "experts", P, "ep");
   }
-  const std::vector<StageRange> stages = stage_ranges(c.layers, par.pp_size, par.stage_layers);
-  if (par.pp_rank < 0 || par.pp_rank >= par.pp_size)
-    throw std::invalid_argument("model parallel: pp_rank " + std::to_string(par.pp_rank) +
-                                " outside [0, " + std::to_string(par.pp_size) + ")");
-  const StageRange stage = stages[static_cast<size_t>(par.pp_rank)];
+  const std::vector<StageRange> stages = stage_ranges(c.layers, par.pp_size(), par.stage_layers);
+  if (par.pp_rank() < 0 || par.pp_rank() >= par.pp_size())
+    throw std::invalid_argument("model parallel: pp_rank " + std::to_string(par.pp_rank()) +
+                                " outside [0, " + std::to_string(par.pp_size()) + ")");
+  const StageRange stage = stages[static_cast<size_t>(par.pp_rank())];
 
   // The local share of [0, n) along a tp-split dimension, offset by `base`.
   auto tp_range = [&](int64_t n, int64_t base = 0) {
@@ -190,7 +190,7 @@ ParamTable build_param_table(const ModelConfig& c, const ModelParallel& par) {
     return rows;
   };
 
-  const bool tied_copy = c.tied_embeddings && par.pp_size > 1 && par.last_stage();
+  const bool tied_copy = c.tied_embeddings && par.pp_size() > 1 && par.last_stage();
   if (par.first_stage()) {
     add("embed.wte", {V, C}, {{tp_range(V)}, full(C)}, Init::normal, std, true, true, false);
     if (c.position == PositionKind::learned)

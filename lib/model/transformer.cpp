@@ -14,8 +14,8 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
       T(config.seq_len),
       N(micro_batch * config.seq_len),
       stage(checked_stage(config, parallel)),
-      store(backend, build_param_table(config, parallel), config.storage, parallel.zero_parts,
-            parallel.zero_rank) {
+      store(backend, build_param_table(config, parallel), config.storage, parallel.zero_parts(),
+            parallel.zero_rank()) {
   if (B < 1) throw std::invalid_argument("micro_batch must be >= 1");
   if (par.activation_slots < 1)
     throw std::invalid_argument("activation_slots = " + std::to_string(par.activation_slots) +
@@ -35,11 +35,12 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
 StageRange Transformer::Impl::checked_stage(const ModelConfig& config,
                                             const ModelParallel& parallel) {
   config.check();
-  const auto ranges = stage_ranges(config.layers, parallel.pp_size, parallel.stage_layers);
-  if (parallel.pp_rank < 0 || parallel.pp_rank >= parallel.pp_size)
-    throw std::invalid_argument("pp_rank " + std::to_string(parallel.pp_rank) +
-                                " outside [0, pp_size = " + std::to_string(parallel.pp_size) + ")");
-  return ranges[static_cast<size_t>(parallel.pp_rank)];
+  const auto ranges = stage_ranges(config.layers, parallel.pp_size(), parallel.stage_layers);
+  if (parallel.pp_rank() < 0 || parallel.pp_rank() >= parallel.pp_size())
+    throw std::invalid_argument("pp_rank " + std::to_string(parallel.pp_rank()) +
+                                " outside [0, pp_size = " + std::to_string(parallel.pp_size()) +
+                                ")");
+  return ranges[static_cast<size_t>(parallel.pp_rank())];
 }
 
 // Expert e's [rows, cols] matrix inside a stacked [E, rows, cols] (or [E, n]) parameter.
@@ -115,9 +116,9 @@ backend::RouterLosses Transformer::Impl::block_forward(const Block& b, BlockActs
 }
 
 void Transformer::Impl::block_recompute(const Block& b, BlockActs& a) {
-  if (cfg.recompute == RecomputeMode::full) {
+  if (cfg.recompute == trainctl::Recompute::full) {
     block_forward(b, a);
-  } else if (cfg.recompute == RecomputeMode::selective) {
+  } else if (cfg.recompute == trainctl::Recompute::selective) {
     b.ln1.forward(be, a.ln1_out, a.ln1_s, a.x_in);
     b.ln2.forward(be, a.ln2_out, a.ln2_s, a.x_mid);
     if (b.mlp)

@@ -60,7 +60,7 @@ StageShape stage_shape(const recipe::Recipe& r, int stage, int pp) {
 
 // The rank's parameter tensors in build_param_table's order (tp and ep shards local).
 std::vector<LocalTensor> local_params(const recipe::Recipe& r, const ModelShape& s,
-                                      const StageShape& st, const Layout& lay) {
+                                      const StageShape& st, const Variant& lay) {
   const int64_t t = lay.tp, C = s.C, b = s.bias ? 1 : 0;
   std::vector<LocalTensor> out;
   auto add = [&](int64_t rows, int64_t row_elements) {
@@ -136,10 +136,10 @@ struct Tally {
 // One block's activations for one micro-batch of N tokens on one tp rank, split into what stays
 // until backward (kept) and what the recompute region reuses across layers (shared), as assign()
 // does. Only the head-, ffn- and expert-ffn-wide tensors are tp shards.
-Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, recipe::Recompute mode,
+Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, trainctl::Recompute mode,
                         int64_t N, int64_t B, int tp) {
-  const bool full = mode == recipe::Recompute::full;
-  const bool none = mode == recipe::Recompute::none;
+  const bool full = mode == trainctl::Recompute::full;
+  const bool none = mode == trainctl::Recompute::none;
   Tally t;
   auto unless_full = [&](double elements, double size) {
     (full ? t.shared : t.kept) += round64(elements * size);
@@ -180,7 +180,7 @@ Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, recipe::R
 }
 
 // Scratch shared by all layers and slots of the stage (assign()'s third arena).
-double stage_scratch(const ModelShape& s, const Sizes& z, const StageShape& st, const Layout& lay,
+double stage_scratch(const ModelShape& s, const Sizes& z, const StageShape& st, const Variant& lay,
                      int64_t N) {
   const int t = lay.tp;
   const double n = static_cast<double>(N);
@@ -228,7 +228,7 @@ double stage_scratch(const ModelShape& s, const Sizes& z, const StageShape& st, 
 
 // `zero_rank` < 0: the dp rank with the largest optimizer part.
 MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const Sizes& z,
-                           const topology::ClusterSpec& cluster, const Layout& lay,
+                           const topology::ClusterSpec& cluster, const Variant& lay,
                            const MemoryOptions& options, int stage, int zero_rank) {
   const StageShape st = stage_shape(r, stage, lay.pp);
   MemoryEstimate m;
@@ -304,14 +304,14 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
 }  // namespace
 
 MemoryEstimate estimate_rank_memory(const recipe::Recipe& recipe,
-                                    const topology::ClusterSpec& cluster, const Layout& layout,
-                                    const RankCoordinates& at, const MemoryOptions& options) {
+                                    const topology::ClusterSpec& cluster, const Variant& layout,
+                                    const Coordinates& at, const MemoryOptions& options) {
   return rank_memory(recipe, shape_of(recipe), sizes_of(recipe.precision.compute), cluster, layout,
                      options, at.pp, at.dp);
 }
 
 MemoryEstimate estimate_memory(const recipe::Recipe& recipe, const topology::ClusterSpec& cluster,
-                               const Layout& layout, const MemoryOptions& options) {
+                               const Variant& layout, const MemoryOptions& options) {
   const ModelShape s = shape_of(recipe);
   const Sizes z = sizes_of(recipe.precision.compute);
   // Stages differ in layers, embedding (first), head and logits (last) and micro-batches in

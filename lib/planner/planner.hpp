@@ -24,28 +24,23 @@
 
 namespace trainctl::planner {
 
-struct Layout {
-  int tp = 1, pp = 1, dp = 1, ep = 1;
+// What the planner scores: a layout (layout/layout.hpp: degrees, ZeRO stage, recompute, rank
+// order tp fastest, then ep, dp, pp) and the micro-batch size it runs with.
+struct Variant : Layout {
   int micro_batch = 1;
-  int zero = 0;  // 0 or 1 (ZeRO-1: optimizer state sharded over the dp ranks; needs ep = 1)
-  recipe::Recompute recompute = recipe::Recompute::none;
 
-  int world() const { return tp * pp * dp * ep; }
+  Variant() = default;
+  Variant(int tp, int pp, int dp, int ep, int micro_batch, int zero = 0,
+          Recompute recompute = Recompute::none);
   // "tp=8 pp=2 dp=4 ep=1 mb=1 zero=0 recompute=full"
   std::string describe() const;
-  bool operator==(const Layout&) const = default;
+  bool operator==(const Variant&) const = default;
 };
-
-// Where global rank `rank` sits in a layout (tp fastest, then ep, dp, pp).
-struct RankCoordinates {
-  int tp = 0, ep = 0, dp = 0, pp = 0;
-};
-RankCoordinates coordinates(const Layout& layout, int rank);
 
 // Divisibility rules of the recipe (heads, kv_heads, ffn_hidden, vocab % tp; layers % pp;
 // experts % ep; global_batch % (micro_batch * dp * ep)) for `layout`. Empty when valid, else
 // the first broken rule as a formula, e.g. "model.heads % tp = 32 % 3 = 2 != 0".
-std::string check_divisibility(const recipe::Recipe& recipe, const Layout& layout);
+std::string check_divisibility(const recipe::Recipe& recipe, const Variant& layout);
 
 // ---- memory
 // --------------------------------------------------------------------------------------
@@ -77,12 +72,12 @@ struct MemoryOptions {
 // and the most micro-batches in flight, the last the head and the logits; with uneven
 // parallel.pp_layers any may win) and, with ZeRO-1, the dp rank with the largest optimizer part.
 MemoryEstimate estimate_memory(const recipe::Recipe& recipe, const topology::ClusterSpec& cluster,
-                               const Layout& layout, const MemoryOptions& options = {});
+                               const Variant& layout, const MemoryOptions& options = {});
 // The rank at `at`: its stage (at.pp) and, with ZeRO-1, its dp rank's part (at.dp); tp and ep
 // ranks of a stage hold equal shards.
 MemoryEstimate estimate_rank_memory(const recipe::Recipe& recipe,
-                                    const topology::ClusterSpec& cluster, const Layout& layout,
-                                    const RankCoordinates& at, const MemoryOptions& options = {});
+                                    const topology::ClusterSpec& cluster, const Variant& layout,
+                                    const Coordinates& at, const MemoryOptions& options = {});
 
 // ---- time
 // ----------------------------------------------------------------------------------------
@@ -117,7 +112,7 @@ inline constexpr double kDefaultComputeEfficiency = 0.525;
 inline constexpr double kLinkEfficiency = 0.80;
 
 TimeEstimate estimate_time(const recipe::Recipe& recipe, const topology::ClusterSpec& cluster,
-                           const Layout& layout, const TimeOptions& options = {});
+                           const Variant& layout, const TimeOptions& options = {});
 
 // Peak dense TFLOP/s of the cluster's GPU for the recipe's precision (fp32: peak_tflops_fp32).
 double peak_tflops(const topology::ClusterSpec& cluster, recipe::Compute compute);
@@ -125,20 +120,20 @@ double peak_tflops(const topology::ClusterSpec& cluster, recipe::Compute compute
 // ---- search
 // --------------------------------------------------------------------------------------
 struct Candidate {
-  Layout layout;
+  Variant layout;
   MemoryEstimate memory;
   TimeEstimate time;
   double headroom_bytes = 0;  // usable GPU memory minus memory.total()
 };
 
 struct Rejection {
-  Layout layout;       // degrees (micro_batch etc. of the variant that came closest)
+  Variant layout;      // degrees (micro_batch etc. of the variant that came closest)
   std::string reason;  // "does not fit: 93.1 GiB > 80.0 GiB" / "does not divide: formula"
 };
 
 struct SearchOptions {
-  std::vector<recipe::Recompute> recompute{recipe::Recompute::none, recipe::Recompute::selective,
-                                           recipe::Recompute::full};
+  std::vector<trainctl::Recompute> recompute{
+      trainctl::Recompute::none, trainctl::Recompute::selective, trainctl::Recompute::full};
   std::vector<int> zero{0, 1};
   int max_micro_batch =
       64;  // micro-batch sizes tried: divisors of the per-replica batch up to this
@@ -184,7 +179,7 @@ topology::ClusterSpec cpu_machine();
 std::string format_plan(const Plan& plan, const recipe::Recipe& recipe, int top);
 // Which GPU of which node holds which (pp stage, dp replica, tp rank[, ep rank]). Nodes beyond
 // max_nodes are elided (first and last shown).
-std::string format_rank_grid(const Layout& layout, const topology::ClusterSpec& cluster,
+std::string format_rank_grid(const Variant& layout, const topology::ClusterSpec& cluster,
                              int max_nodes = 4);
 // The same content as format_plan as a stable JSON document (schema in docs/planner.md).
 std::string plan_json(const Plan& plan, const recipe::Recipe& recipe, int top);

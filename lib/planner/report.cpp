@@ -14,14 +14,14 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-std::string degrees(const Layout& l) {
+std::string degrees(const Variant& l) {
   std::string s = fmt::format("tp={} pp={} dp={}", l.tp, l.pp, l.dp);
   if (l.ep > 1) s += fmt::format(" ep={}", l.ep);
   return s;
 }
 
-std::string cell(const Layout& l, int rank) {
-  const RankCoordinates c = coordinates(l, rank);
+std::string cell(const Variant& l, int rank) {
+  const Coordinates c = coordinates_of(l, rank);
   std::string s = fmt::format("s{}.d{}.t{}", c.pp, c.dp, c.tp);
   if (l.ep > 1) s += fmt::format(".e{}", c.ep);
   return s;
@@ -34,10 +34,10 @@ std::string seconds(double s) {
   return s < 1 ? fmt::format("{:.1f} ms", s * 1e3) : fmt::format("{:.2f} s", s);
 }
 
-std::string format_rank_grid(const Layout& layout, const topology::ClusterSpec& cluster,
+std::string format_rank_grid(const Variant& layout, const topology::ClusterSpec& cluster,
                              int max_nodes) {
   const int gpn = std::max(1, cluster.gpus_per_node);
-  const int nodes = std::max(1, layout.world() / gpn);
+  const int nodes = std::max(1, layout.world_size() / gpn);
   std::string out =
       fmt::format("GPU placement of {} (cell = s<pp stage>.d<dp replica>.t<tp rank>{}):\n",
                   degrees(layout), layout.ep > 1 ? ".e<ep rank>" : "");
@@ -123,7 +123,7 @@ std::string format_plan(const Plan& plan, const recipe::Recipe& recipe, int top)
 std::string plan_json(const Plan& plan, const recipe::Recipe& recipe, int top) {
   using nlohmann::json;
   const topology::ClusterSpec& c = plan.cluster;
-  auto layout_json = [](const Layout& l) {
+  auto layout_json = [](const Variant& l) {
     return json{{"tp", l.tp},
                 {"pp", l.pp},
                 {"dp", l.dp},
@@ -187,17 +187,17 @@ std::string plan_json(const Plan& plan, const recipe::Recipe& recipe, int top) {
     rejected.push_back(json{{"layout", layout_json(r.layout)}, {"reason", r.reason}});
   doc["rejected"] = std::move(rejected);
   // Placement of the best layout: global rank -> node, local GPU and coordinates.
-  const Layout& best = plan.ranked.front().layout;
+  const Variant& best = plan.ranked.front().layout;
   const int gpn = std::max(1, c.gpus_per_node);
   json placement = json::array();
-  const int listed = std::min(best.world(), 4096);  // huge clusters: the rule is tp fastest
+  const int listed = std::min(best.world_size(), 4096);  // huge clusters: the rule is tp fastest
   for (int rank = 0; rank < listed; ++rank) {
-    const RankCoordinates co = coordinates(best, rank);
+    const Coordinates co = coordinates_of(best, rank);
     placement.push_back(json::array({rank / gpn, rank % gpn, co.pp, co.dp, co.tp, co.ep}));
   }
   doc["placement"] = {{"columns", json::array({"node", "gpu", "pp", "dp", "tp", "ep"})},
                       {"ranks", std::move(placement)},
-                      {"truncated", listed < best.world()}};
+                      {"truncated", listed < best.world_size()}};
   return doc.dump(2);
 }
 

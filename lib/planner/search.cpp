@@ -34,21 +34,23 @@ std::string not_divisible(std::string_view what, int64_t value, std::string_view
 
 }  // namespace
 
-std::string Layout::describe() const {
+Variant::Variant(int tp_degree, int pp_degree, int dp_degree, int ep_degree, int micro,
+                 int zero_stage, Recompute mode)
+    : micro_batch(micro) {
+  tp = tp_degree;
+  pp = pp_degree;
+  dp = dp_degree;
+  ep = ep_degree;
+  zero = zero_stage;
+  recompute = mode;
+}
+
+std::string Variant::describe() const {
   return fmt::format("tp={} pp={} dp={} ep={} mb={} zero={} recompute={}", tp, pp, dp, ep,
                      micro_batch, zero, recipe::to_string(recompute));
 }
 
-RankCoordinates coordinates(const Layout& l, int rank) {
-  RankCoordinates c;
-  c.tp = rank % l.tp;
-  c.ep = (rank / l.tp) % l.ep;
-  c.dp = (rank / (l.tp * l.ep)) % l.dp;
-  c.pp = rank / (l.tp * l.ep * l.dp);
-  return c;
-}
-
-std::string check_divisibility(const recipe::Recipe& r, const Layout& l) {
+std::string check_divisibility(const recipe::Recipe& r, const Variant& l) {
   const recipe::ModelConfig& m = r.model;
   for (auto [key, value] : {std::pair<std::string_view, int>{"model.heads", m.heads},
                             {"model.kv_heads", m.kv_heads},
@@ -110,7 +112,7 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
       for (int ep : ep_choices) {
         if ((world / tp / pp) % ep != 0) continue;
         const int dp = world / tp / pp / ep;
-        Layout degrees{tp, pp, dp, ep, 1, 0, recipe::Recompute::none};
+        Variant degrees{tp, pp, dp, ep, 1, 0, trainctl::Recompute::none};
         // Degree-level rules first (one rejection per tuple).
         const std::string degree_rule = check_divisibility(r, degrees);
         // Tuples the model divides into, whatever the batch: how few replicas the GPUs allow.
@@ -124,15 +126,15 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
         bool found = false;
         Candidate best;
         double closest = std::numeric_limits<double>::max();
-        Layout closest_layout = degrees;
+        Variant closest_layout = degrees;
         int tried = 0;
         for (int mb : divisors(per_replica)) {
           if (mb > options.max_micro_batch) break;
           for (int zero : options.zero) {
             // ZeRO-1 shards over dp; the engine does not combine it with ep (recipe rule).
             if (zero && (dp == 1 || ep > 1)) continue;
-            for (recipe::Recompute mode : options.recompute) {
-              Layout l{tp, pp, dp, ep, mb, zero, mode};
+            for (trainctl::Recompute mode : options.recompute) {
+              Variant l{tp, pp, dp, ep, mb, zero, mode};
               ++plan.variants_evaluated;
               ++tried;
               const MemoryEstimate mem = estimate_memory(r, cluster, l, options.memory);
@@ -212,7 +214,7 @@ std::string explain_loss(const Candidate& best, const Candidate& other,
     double delta;
     std::string text;
   };
-  const Layout &x = best.layout, &y = other.layout;
+  const Variant &x = best.layout, &y = other.layout;
   const int gpn = std::max(1, cluster.gpus_per_node), domain = std::max(1, cluster.nvlink_domain);
   std::string tp_where = y.tp > gpn      ? fmt::format("tp={} crosses nodes", y.tp)
                          : y.tp > domain ? fmt::format("tp={} leaves the NVLink domain", y.tp)
@@ -229,7 +231,7 @@ std::string explain_loss(const Candidate& best, const Candidate& other,
                    seconds(a.dp_exposed_s), y.dp, y.zero ? ", ZeRO-1" : "")},
       {b.compute_s - a.compute_s,
        fmt::format("compute {} vs {}{}", seconds(b.compute_s), seconds(a.compute_s),
-                   y.recompute == recipe::Recompute::full && x.recompute != y.recompute
+                   y.recompute == trainctl::Recompute::full && x.recompute != y.recompute
                        ? " (full recompute reruns the forward)"
                        : "")},
       {b.pp_p2p_s - a.pp_p2p_s,

@@ -67,7 +67,7 @@ double peak_tflops(const topology::ClusterSpec& cluster, recipe::Compute compute
 }
 
 TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
-                           const Layout& lay, const TimeOptions& options) {
+                           const Variant& lay, const TimeOptions& options) {
   const ModelShape s = shape_of(r);
   const Sizes z = sizes_of(r.precision.compute);
   const double efficiency =
@@ -79,7 +79,7 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   const bool fp8 = r.precision.fp8 != recipe::Fp8::none && cluster.gpu.peak_tflops_fp8 > 0;
   const double linear_flops_per_s =
       fp8 ? cluster.gpu.peak_tflops_fp8 * 1e12 * efficiency : flops_per_s;
-  const bool full = lay.recompute == recipe::Recompute::full;
+  const bool full = lay.recompute == trainctl::Recompute::full;
   const double passes = full ? 4.0 : 3.0;  // forward, backward (2x), recompute forward
   const double n = static_cast<double>(lay.micro_batch) * s.T;
   const double hidden_bytes = n * s.C * z.storage;
@@ -172,7 +172,7 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   const double forward = s.forward_flops_per_token();
   t.model_flops = 3.0 * forward * tokens;
   t.hardware_flops = tokens * ((forward - s.head_flops) * passes + 3.0 * s.head_flops);
-  const double gpus = lay.world();
+  const double gpus = lay.world_size();
   t.tokens_per_s_per_gpu = tokens / t.step_s / gpus;
   t.mfu = t.model_flops / (t.step_s * gpus * peak);
   return t;

@@ -13,7 +13,7 @@ bool Recipe::is_moe_layer(int layer) const {
   return moe.experts > 0 && (layer + 1) % moe.every == 0;
 }
 int Recipe::world_size() const {
-  return parallel.tp * parallel.ep * parallel.dp * parallel.pp;
+  return parallel.world_size();
 }
 int Recipe::data_parallel_size() const {
   return parallel.dp * parallel.ep;

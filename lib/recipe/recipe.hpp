@@ -20,6 +20,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "layout/layout.hpp"
+
 namespace trainctl::recipe {
 
 // ---- enums: the order of each EnumNames<E>::names array is the enum's order --------------------
@@ -27,7 +29,7 @@ enum class Arch { gpt, llama };
 enum class Norm { layernorm, rmsnorm };
 enum class Activation { gelu, swiglu };
 enum class Position { learned, rope };
-enum class Recompute { none, selective, full };
+using trainctl::Recompute;                      // layout/layout.hpp
 enum class Compute { fp32, bf16, fp16, fp64 };  // fp64: CPU reference only
 enum class Fp8 { none, e4m3, hybrid };
 enum class LossScaleMode { dynamic, none, fixed };
@@ -59,7 +61,7 @@ struct EnumNames<Position> {
 };
 template <>
 struct EnumNames<Recompute> {
-  static constexpr std::array<std::string_view, 3> names{"none", "selective", "full"};
+  static constexpr std::array<std::string_view, 3> names = kRecomputeNames;
 };
 template <>
 struct EnumNames<Compute> {
@@ -126,10 +128,9 @@ struct MoeConfig {
   bool operator==(const MoeConfig&) const = default;
 };
 
-struct ParallelConfig {
-  int dp, tp, pp, ep;
-  int zero;  // 0 or 1
-  Recompute recompute;
+// parallel.dp, tp, pp, ep, zero and recompute are the layout (layout/layout.hpp) the planner, the
+// mesh and the model take as they are; the rest says how the ranks run.
+struct ParallelConfig : Layout {
   // Layers of each pipeline stage (pp entries summing to model.layers); empty: an even split,
   // the earlier stages taking the remainder.
   std::vector<int> pp_layers;

@@ -289,7 +289,7 @@ SaveRole save_role(const model::Transformer& model, const Trainer& trainer) {
     const comm::Coordinates& c = mesh->groups().coordinates;
     role = {c.tp, c.ep, c.dp, false};
   }
-  role.zero = model.parallel().zero_parts > 1;
+  role.zero = model.parallel().zero_parts() > 1;
   return role;
 }
 

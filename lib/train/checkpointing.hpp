@@ -65,7 +65,7 @@ struct SaveRole {
   bool writes_optimizer(const model::ParamSpec& spec) const;
 };
 // The role of this rank: its coordinates on trainer.mesh() (all 0 on one rank) and whether the
-// model's optimizer state is partitioned (model.parallel().zero_parts > 1).
+// model's optimizer state is partitioned (model.parallel().zero_parts() > 1).
 SaveRole save_role(const model::Transformer& model, const Trainer& trainer);
 
 // Copies the run's state into `request` and returns it (this copy is the training loop's stall).

@@ -112,7 +112,7 @@ GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Tra
   counted_ = norm_ranges(params.table(), owner);
   const model::ModelParallel& parallel = model.parallel();
   int64_t tied_elements = 0;
-  if (parallel.pp_size > 1 && model.config().tied_embeddings)
+  if (parallel.pp_size() > 1 && model.config().tied_embeddings)
     for (const ParamSpec& spec : params.table().specs())
       if (spec.tied_copy || (spec.name == "embed.wte" && parallel.first_stage()))
         tied_elements = std::max(tied_elements, spec.shape.numel());
@@ -134,7 +134,7 @@ void GradSync::plan_overlap() {
   // The ranges the tied-embedding exchange adds to after backward: never started early.
   std::vector<IndexRange> tied;
   const model::ModelParallel& parallel = model_.parallel();
-  if (parallel.pp_size > 1 && model_.config().tied_embeddings)
+  if (parallel.pp_size() > 1 && model_.config().tied_embeddings)
     for (const ParamSpec& spec : model_.params().table().specs())
       if (spec.tied_copy || (spec.name == "embed.wte" && parallel.first_stage()))
         tied.push_back({spec.offset, spec.offset + spec.shape.numel()});
@@ -251,7 +251,7 @@ void GradSync::wait_all() {
 
 void GradSync::exchange_tied_embedding() {
   const model::ModelParallel& parallel = model_.parallel();
-  if (parallel.pp_size < 2 || !model_.config().tied_embeddings) return;
+  if (parallel.pp_size() < 2 || !model_.config().tied_embeddings) return;
   const model::ParamStore& params = model_.params();
   const ParamSpec* tied = nullptr;
   for (const ParamSpec& spec : params.table().specs())
@@ -260,16 +260,16 @@ void GradSync::exchange_tied_embedding() {
       tied = &spec;
   if (!parallel.first_stage() && !parallel.last_stage()) return;
   if (!tied)
-    throw std::logic_error("tied embeddings over " + std::to_string(parallel.pp_size) +
-                           " stages: stage " + std::to_string(parallel.pp_rank) +
+    throw std::logic_error("tied embeddings over " + std::to_string(parallel.pp_size()) +
+                           " stages: stage " + std::to_string(parallel.pp_rank()) +
                            " has no embed.wte (or its tied copy) in its parameter table");
   const Tensor grad = model::ParamStore::slice(params.grads(), *tied);
   const Tensor peer = tied_peer_.view(grad.dtype, grad.shape);
   comm::Communicator& pp = mesh_.pp();
   // First stage sends first, last stage receives first: safe even with unbuffered sends.
   if (parallel.first_stage()) {
-    pp.send(grad.data, grad.bytes(), parallel.pp_size - 1, kTiedEmbeddingTag);
-    pp.recv(peer.data, peer.bytes(), parallel.pp_size - 1, kTiedEmbeddingTag);
+    pp.send(grad.data, grad.bytes(), parallel.pp_size() - 1, kTiedEmbeddingTag);
+    pp.recv(peer.data, peer.bytes(), parallel.pp_size() - 1, kTiedEmbeddingTag);
   } else {
     pp.recv(peer.data, peer.bytes(), 0, kTiedEmbeddingTag);
     pp.send(grad.data, grad.bytes(), 0, kTiedEmbeddingTag);

@@ -32,10 +32,10 @@ void check_parallel(const TrainConfig& config, const model::Transformer& model,
   if (config.bucket_bytes < 1)
     throw std::invalid_argument("bucket_bytes " + str(config.bucket_bytes) + ": must be positive");
   if (!mesh) {
-    if (parallel.pp_size != 1 || parallel.tp_size() != 1 || parallel.ep_size() != 1)
+    if (parallel.pp_size() != 1 || parallel.tp_size() != 1 || parallel.ep_size() != 1)
       throw std::invalid_argument(
           "the model is built for tp " + str(parallel.tp_size()) + ", ep " +
-          str(parallel.ep_size()) + ", pp " + str(parallel.pp_size) +
+          str(parallel.ep_size()) + ", pp " + str(parallel.pp_size()) +
           " but the trainer has no mesh: pass the rank's comm::Mesh to the Trainer");
     return;
   }
@@ -49,18 +49,18 @@ void check_parallel(const TrainConfig& config, const model::Transformer& model,
     throw std::invalid_argument("ZeRO-1 with expert parallel (ep " + str(mesh->ep().size()) +
                                 ") is not supported: set parallel.zero: 0 or parallel.ep: 1");
   if (parallel.tp_size() != mesh->tp().size() || parallel.ep_size() != mesh->ep().size() ||
-      parallel.pp_size != mesh->pp().size() || parallel.pp_rank != mesh->pp().rank())
+      parallel.pp_size() != mesh->pp().size() || parallel.pp_rank() != mesh->pp().rank())
     throw std::invalid_argument(
         "the model is built for tp " + str(parallel.tp_size()) + ", ep " + str(parallel.ep_size()) +
-        ", stage " + str(parallel.pp_rank) + " of " + str(parallel.pp_size) +
+        ", stage " + str(parallel.pp_rank()) + " of " + str(parallel.pp_size()) +
         " but the mesh has tp " + str(mesh->tp().size()) + ", ep " + str(mesh->ep().size()) +
         ", stage " + str(mesh->pp().rank()) + " of " + str(mesh->pp().size()) +
         ": build the model with this rank's ModelParallel");
   const int slots =
-      pipeline_slots(parallel.pp_size, parallel.pp_rank, config.accum_steps(data_ranks));
+      pipeline_slots(parallel.pp_size(), parallel.pp_rank(), config.accum_steps(data_ranks));
   if (parallel.activation_slots < slots)
     throw std::invalid_argument(
-        "pipeline stage " + str(parallel.pp_rank) + " of " + str(parallel.pp_size) + " holds " +
+        "pipeline stage " + str(parallel.pp_rank()) + " of " + str(parallel.pp_size()) + " holds " +
         str(parallel.activation_slots) + " activation slots; 1F1B over " +
         str(config.accum_steps(data_ranks)) +
         " micro-batches needs min(pp - stage, micro-batches) = " + str(slots));
@@ -92,8 +92,8 @@ Trainer::Trainer(const TrainConfig& config, model::Transformer& model, backend::
   }
   const model::ModelParallel& parallel = model.parallel();
   const int accum = config.accum_steps(data_ranks_);
-  schedule_ = one_f_one_b(parallel.pp_size, parallel.pp_rank, accum);
-  slots_ = pipeline_slots(parallel.pp_size, parallel.pp_rank, accum);
+  schedule_ = one_f_one_b(parallel.pp_size(), parallel.pp_rank(), accum);
+  slots_ = pipeline_slots(parallel.pp_size(), parallel.pp_rank(), accum);
   for (int layer = 0; layer < model.config().layers; ++layer)
     if (model.config().is_moe_layer(layer)) moe_layers_.push_back(layer);
   const size_t T = static_cast<size_t>(model.config().seq_len);
@@ -191,7 +191,7 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums) {
     switch (action.op) {
       case PipeOp::recv_activation: {
         const tensor::Tensor in = model_.stage_input(slot);
-        mesh_->pp().recv(in.data, in.bytes(), parallel.pp_rank - 1, tag);
+        mesh_->pp().recv(in.data, in.bytes(), parallel.pp_rank() - 1, tag);
         break;
       }
       case PipeOp::forward: {
@@ -207,12 +207,12 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums) {
       }
       case PipeOp::send_activation: {
         const tensor::Tensor out = model_.stage_output(slot);
-        mesh_->pp().send(out.data, out.bytes(), parallel.pp_rank + 1, tag);
+        mesh_->pp().send(out.data, out.bytes(), parallel.pp_rank() + 1, tag);
         break;
       }
       case PipeOp::recv_grad: {
         const tensor::Tensor grad = model_.output_grad();
-        mesh_->pp().recv(grad.data, grad.bytes(), parallel.pp_rank + 1, tag);
+        mesh_->pp().recv(grad.data, grad.bytes(), parallel.pp_rank() + 1, tag);
         break;
       }
       case PipeOp::backward:
@@ -228,7 +228,7 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums) {
         break;
       case PipeOp::send_grad: {
         const tensor::Tensor grad = model_.input_grad();
-        mesh_->pp().send(grad.data, grad.bytes(), parallel.pp_rank - 1, tag);
+        mesh_->pp().send(grad.data, grad.bytes(), parallel.pp_rank() - 1, tag);
         break;
       }
     }
@@ -349,12 +349,12 @@ double Trainer::evaluate() {
     const uint32_t tag = kEvalTag + static_cast<uint32_t>(round);
     if (!parallel.first_stage()) {
       const tensor::Tensor in = model_.stage_input(0);
-      mesh_->pp().recv(in.data, in.bytes(), parallel.pp_rank - 1, tag);
+      mesh_->pp().recv(in.data, in.bytes(), parallel.pp_rank() - 1, tag);
     }
     const double loss = model_.forward(inputs_.data(), targets_.data(), 0).loss;
     if (!parallel.last_stage()) {
       const tensor::Tensor out = model_.stage_output(0);
-      mesh_->pp().send(out.data, out.bytes(), parallel.pp_rank + 1, tag);
+      mesh_->pp().send(out.data, out.bytes(), parallel.pp_rank() + 1, tag);
     }
     if (batch < batches) total += loss;
   }

@@ -17,7 +17,7 @@ def train(binary, root, run_dir, extra=()):
     for r in records:
         check(TIMING_FIELDS <= r.keys(), f"{run_dir}: step {r.get('step')} lacks a timing field")
     stripped = [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in records]
-    return stripped, cli_util.read_summary(run_dir)["weights_fnv1a64"]
+    return stripped, cli_util.read_summary(run_dir)["weights_fingerprint"]
 
 
 def main(binary, root):

@@ -4,7 +4,7 @@ a given step, and comparing two runs step by step.
 
 Two runs are "the same" when metrics.jsonl holds every step exactly once, in order, with equal
 loss, learning rate, gradient norm (and loss scale / skipped flag for fp16, router losses for MoE),
-and summary.json has the same weights_fnv1a64: bit-identical, not merely close.
+and summary.json has the same weights_fingerprint: bit-identical, not merely close.
 """
 import os
 import re
@@ -52,8 +52,8 @@ def check_same_run(expected_dir, got_dir, steps, label):
             check(a.get(field) == b.get(field),
                   f"{label}: step {a['step']} {field} is {b.get(field)!r}, the straight run had "
                   f"{a.get(field)!r}")
-    want_weights = cli_util.read_summary(expected_dir)["weights_fnv1a64"]
-    got_weights = cli_util.read_summary(got_dir)["weights_fnv1a64"]
+    want_weights = cli_util.read_summary(expected_dir)["weights_fingerprint"]
+    got_weights = cli_util.read_summary(got_dir)["weights_fingerprint"]
     check(want_weights == got_weights,
           f"{label}: final weights {got_weights} differ from the straight run's {want_weights}")
 

@@ -68,8 +68,8 @@ def main(binary, root):
                   f"{memory}")
         check(summary["steps"] == STEPS and summary["final_loss"] == last["loss"],
               f"summary disagrees with metrics.jsonl: {summary}")
-        check(re.fullmatch(r"[0-9a-f]{16}", summary.get("weights_fnv1a64", "")),
-              f"summary weights_fnv1a64 is not 16 hex digits: {summary}")
+        check(re.fullmatch(r"[0-9a-f]{16}", summary.get("weights_fingerprint", "")),
+              f"summary weights_fingerprint is not 16 hex digits: {summary}")
         with open(os.path.join(run_dir, "logs", "rank_0.log"), encoding="utf-8") as f:
             log = f.read()
         check("done: 200 steps" in log, "logs/rank_0.log lacks the final 'done:' line")

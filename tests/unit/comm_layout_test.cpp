@@ -35,7 +35,7 @@ TEST_CASE("layout errors show the formula and the fix", "[comm][layout]") {
   CHECK_THAT(layout_error(bad_order, 2), Catch::Contains("unknown axis 'xx'"));
   bad_order.order = "tp-tp-dp-pp";
   CHECK_THAT(layout_error(bad_order, 2), Catch::Contains("names axis tp twice"));
-  CHECK_THROWS_AS(coordinates_of(Layout{.dp = 2}, 2), CommError);
+  CHECK_THROWS_AS(rank_groups(Layout{.dp = 2}, 2), CommError);
 }
 
 TEST_CASE("tp2 x dp2: tp is the fastest axis", "[comm][layout]") {

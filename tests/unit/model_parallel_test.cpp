@@ -175,8 +175,8 @@ ModelParallel parallel_of(const comm::Mesh& mesh) {
   ModelParallel p;
   p.tp = &mesh.tp();
   p.ep = &mesh.ep();
-  p.pp_rank = mesh.pp().rank();
-  p.pp_size = mesh.pp().size();
+  p.layout = mesh.layout();
+  p.at = mesh.groups().coordinates;
   return p;
 }
 
@@ -403,7 +403,7 @@ TEST_CASE("tp2 in fp8 (gpt, llama, moe with tp experts) matches one rank within 
 }
 
 TEST_CASE("pp2 with two slots driven by hand matches one rank", "[model][parallel]") {
-  for (const auto recompute : {model::RecomputeMode::none, model::RecomputeMode::full}) {
+  for (const auto recompute : {trainctl::Recompute::none, trainctl::Recompute::full}) {
     ModelConfig c = moe_small();  // tied embeddings: the last stage holds a copy of embed.wte
     c.layers = 4;
     c.recompute = recompute;

@@ -137,8 +137,8 @@ TEST_CASE("recompute none / selective / full give bit-identical gradients", "[mo
       base.init_std = 0.05;
       std::vector<unsigned char> reference;
       double reference_loss = 0;
-      for (const auto mode : {model::RecomputeMode::none, model::RecomputeMode::selective,
-                              model::RecomputeMode::full}) {
+      for (const auto mode :
+           {trainctl::Recompute::none, trainctl::Recompute::selective, trainctl::Recompute::full}) {
         model::ModelConfig c = base;
         c.recompute = mode;
         model::Transformer m(c, cpu(), 3);
@@ -151,7 +151,7 @@ TEST_CASE("recompute none / selective / full give bit-identical gradients", "[mo
           m.backward(0.5);
         }
         const auto bytes = grad_bytes(m);
-        if (mode == model::RecomputeMode::none) {
+        if (mode == trainctl::Recompute::none) {
           reference = bytes;
           reference_loss = loss;
         } else {
@@ -168,7 +168,7 @@ TEST_CASE("recompute none / selective / full give bit-identical gradients", "[mo
 TEST_CASE("recompute modes keep fewer activations", "[model][recompute]") {
   size_t previous = SIZE_MAX;
   for (const auto mode :
-       {model::RecomputeMode::none, model::RecomputeMode::selective, model::RecomputeMode::full}) {
+       {trainctl::Recompute::none, trainctl::Recompute::selective, trainctl::Recompute::full}) {
     model::ModelConfig c = gpt();
     c.layers = 4;
     c.recompute = mode;
@@ -222,8 +222,8 @@ TEST_CASE("forward announces every parameter once, before reading it", "[model][
     for (const auto& [pp_rank, pp_size] : {std::pair{0, 1}, std::pair{0, 2}, std::pair{1, 2}}) {
       INFO(model::describe(c) << ", stage " << pp_rank << " of " << pp_size);
       model::ModelParallel parallel;
-      parallel.pp_rank = pp_rank;
-      parallel.pp_size = pp_size;
+      parallel.layout.pp = pp_size;
+      parallel.at.pp = pp_rank;
       const Batch batch = random_batch(c, 2, 5);
       // One stage's result: the loss on the last stage, the stage output's bytes elsewhere.
       auto run = [&](model::Transformer& m) {

@@ -8,9 +8,9 @@
 #include <cstdio>
 
 #include "backend/backend.hpp"
-#include "convert.hpp"
 #include "model/model.hpp"
 #include "planner/planner.hpp"
+#include "run/convert.hpp"
 
 namespace {
 
@@ -21,7 +21,7 @@ struct Case {
   recipe::Arch arch;
   int experts;
   recipe::Compute compute;
-  recipe::Recompute recompute;
+  trainctl::Recompute recompute;
   int micro_batch;
   int global_batch;  // global_batch / micro_batch micro-batches: only one is in flight at pp = 1
 };
@@ -55,7 +55,7 @@ double relative_error(double predicted, double measured) {
 TEST_CASE("memory model reproduces the engine's bytes for single-rank layouts") {
   using recipe::Arch;
   using recipe::Compute;
-  using recipe::Recompute;
+  using trainctl::Recompute;
   const Case cases[] = {
       {"gpt fp32 none mb1", Arch::gpt, 0, Compute::fp32, Recompute::none, 1, 4},
       {"gpt bf16 selective mb2", Arch::gpt, 0, Compute::bf16, Recompute::selective, 2, 8},
@@ -75,8 +75,8 @@ TEST_CASE("memory model reproduces the engine's bytes for single-rank layouts") 
   for (const Case& k : cases) {
     INFO(k.name);
     const recipe::Recipe r = recipe_for(k);
-    model::Transformer engine(app::to_model_config(r), *cpu, k.micro_batch);
-    planner::Layout layout{1, 1, 1, 1, k.micro_batch, 0, k.recompute};
+    model::Transformer engine(run::to_model_config(r), *cpu, k.micro_batch);
+    planner::Variant layout{1, 1, 1, 1, k.micro_batch, 0, k.recompute};
     const planner::MemoryEstimate predicted = planner::estimate_memory(r, machine, layout);
     const model::ParamStore::Bytes measured = engine.params().bytes();
     const double activations = static_cast<double>(engine.activation_bytes().total());
@@ -104,13 +104,13 @@ TEST_CASE("memory model: recompute modes order, micro-batch scaling and sharding
   r.model.seq_len = 256;
   r.training.global_batch = 64;
   const topology::ClusterSpec machine = planner::cpu_machine();
-  auto act = [&](recipe::Recompute mode, int mb) {
+  auto act = [&](trainctl::Recompute mode, int mb) {
     return planner::estimate_memory(r, machine, {1, 1, 1, 1, mb, 0, mode}).activations_kept;
   };
-  CHECK(act(recipe::Recompute::full, 1) < act(recipe::Recompute::selective, 1));
-  CHECK(act(recipe::Recompute::selective, 1) < act(recipe::Recompute::none, 1));
-  CHECK(act(recipe::Recompute::none, 4) ==
-        Approx(4 * act(recipe::Recompute::none, 1)).epsilon(0.01));
+  CHECK(act(trainctl::Recompute::full, 1) < act(trainctl::Recompute::selective, 1));
+  CHECK(act(trainctl::Recompute::selective, 1) < act(trainctl::Recompute::none, 1));
+  CHECK(act(trainctl::Recompute::none, 4) ==
+        Approx(4 * act(trainctl::Recompute::none, 1)).epsilon(0.01));
 
   // ZeRO-1 over 8 replicas divides the optimizer state by 8 and leaves params and grads alone.
   // Parts are cut at row boundaries and the largest is reported: at most one row (the longest

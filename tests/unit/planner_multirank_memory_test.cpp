@@ -17,9 +17,9 @@
 
 #include "backend/backend.hpp"
 #include "comm/communicator.hpp"
-#include "convert.hpp"
 #include "model/model.hpp"
 #include "planner/planner.hpp"
+#include "run/convert.hpp"
 #include "shape_only_communicator.hpp"
 
 namespace {
@@ -27,7 +27,7 @@ namespace {
 using namespace trainctl;
 using recipe::Arch;
 using recipe::Compute;
-using recipe::Recompute;
+using trainctl::Recompute;
 
 using test_util::ShapeOnlyCommunicator;
 
@@ -66,25 +66,21 @@ struct Measured {
   double total() const { return params + grads + optimizer + activations; }
 };
 
-// Builds the engine of global rank `rank` of `layout` as session.cpp does (ModelParallel from the
-// rank's coordinates; activation slots min(pp - stage, micro-batches); ZeRO parts = dp).
-Measured engine_rank(const recipe::Recipe& r, const planner::Layout& layout, int rank,
+// Builds the engine of global rank `rank` of `layout` as lib/run/context.cpp does (ModelParallel
+// from the rank's coordinates; activation slots min(pp - stage, micro-batches); ZeRO parts = dp).
+Measured engine_rank(const recipe::Recipe& r, const planner::Variant& layout, int rank,
                      backend::Backend& cpu) {
-  const planner::RankCoordinates at = planner::coordinates(layout, rank);
+  const Coordinates at = coordinates_of(layout, rank);
   ShapeOnlyCommunicator tp("tp", at.tp, layout.tp), ep("ep", at.ep, layout.ep);
   model::ModelParallel parallel;
+  parallel.layout = layout;
+  parallel.at = at;
   if (layout.tp > 1) parallel.tp = &tp;
   if (layout.ep > 1) parallel.ep = &ep;
-  parallel.pp_rank = at.pp;
-  parallel.pp_size = layout.pp;
   parallel.stage_layers = r.parallel.pp_layers;
   const int micro_batches = r.training.global_batch / (layout.micro_batch * layout.dp * layout.ep);
   parallel.activation_slots = std::max(1, std::min(layout.pp - at.pp, micro_batches));
-  if (layout.zero == 1) {
-    parallel.zero_parts = layout.dp;
-    parallel.zero_rank = at.dp;
-  }
-  model::Transformer engine(app::to_model_config(r), cpu, layout.micro_batch, parallel);
+  model::Transformer engine(run::to_model_config(r), cpu, layout.micro_batch, parallel);
   const model::ParamStore::Bytes bytes = engine.params().bytes();
   return {static_cast<double>(bytes.params), static_cast<double>(bytes.grads),
           static_cast<double>(bytes.optimizer),
@@ -93,15 +89,15 @@ Measured engine_rank(const recipe::Recipe& r, const planner::Layout& layout, int
 
 // Every rank of `layout`: the planner's figure for that rank equals the engine's, and
 // estimate_memory is the rank with the largest total.
-void check_every_rank(const recipe::Recipe& r, const planner::Layout& layout) {
+void check_every_rank(const recipe::Recipe& r, const planner::Variant& layout) {
   std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend();
   const topology::ClusterSpec machine = planner::cpu_machine();
   const planner::MemoryEstimate worst = planner::estimate_memory(r, machine, layout);
   double largest = 0;
   int largest_stage = -1;
-  for (int rank = 0; rank < layout.world(); ++rank) {
+  for (int rank = 0; rank < layout.world_size(); ++rank) {
     INFO(r.name << " " << layout.describe() << " rank " << rank);
-    const planner::RankCoordinates at = planner::coordinates(layout, rank);
+    const Coordinates at = coordinates_of(layout, rank);
     const Measured engine = engine_rank(r, layout, rank, *cpu);
     const planner::MemoryEstimate predicted = planner::estimate_rank_memory(r, machine, layout, at);
     std::printf(
@@ -137,8 +133,8 @@ const ModelCase kMoe[] = {
     {"moe llama fp32 full mb2", Arch::llama, 8, Compute::fp32, Recompute::full, 2, 8},
 };
 
-planner::Layout layout(int tp, int pp, int dp, int ep, const ModelCase& k, int zero = 0) {
-  return planner::Layout{tp, pp, dp, ep, k.micro_batch, zero, k.recompute};
+planner::Variant layout(int tp, int pp, int dp, int ep, const ModelCase& k, int zero = 0) {
+  return planner::Variant{tp, pp, dp, ep, k.micro_batch, zero, k.recompute};
 }
 
 }  // namespace

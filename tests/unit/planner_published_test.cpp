@@ -74,7 +74,7 @@ recipe::Recipe gpt(const Row& row) {
   r.model.bias = true;
   r.moe.experts = 0;
   r.precision.compute = recipe::Compute::bf16;  // fp16 in the paper: same sizes and peak
-  r.parallel.recompute = recipe::Recompute::full;
+  r.parallel.recompute = trainctl::Recompute::full;
   r.training.global_batch = row.global_batch;
   r.training.micro_batch = 1;
   return r;
@@ -90,8 +90,8 @@ double paper_flops(const Row& row) {
 
 TEST_CASE("Narayanan et al. 2021 Table 1: published layouts rank top 3 and TFLOP/s within 25%") {
   planner::SearchOptions options;
-  options.recompute = {recipe::Recompute::full};  // the paper's setting
-  options.zero = {0};                             // distributed optimizer off
+  options.recompute = {trainctl::Recompute::full};  // the paper's setting
+  options.zero = {0};                               // distributed optimizer off
   std::printf("%8s %7s %9s %6s %10s %10s %7s %5s\n", "params", "tp,pp", "mb", "GPUs", "published",
               "predicted", "error", "rank");
   for (const Row& row : kTable1) {
@@ -102,7 +102,7 @@ TEST_CASE("Narayanan et al. 2021 Table 1: published layouts rank top 3 and TFLOP
     int rank = 0;
     const planner::Candidate* published = nullptr;
     for (size_t i = 0; i < plan.ranked.size(); ++i) {
-      const planner::Layout& l = plan.ranked[i].layout;
+      const planner::Variant& l = plan.ranked[i].layout;
       if (l.tp == row.tp && l.pp == row.pp) {
         rank = static_cast<int>(i) + 1;
         published = &plan.ranked[i];

@@ -62,8 +62,8 @@ TEST_CASE("check_divisibility names the broken rule as a formula") {
 }
 
 TEST_CASE("rank coordinates: tp fastest, then ep, dp, pp") {
-  const planner::Layout l{2, 3, 4, 2, 1, 0};
-  const planner::RankCoordinates c = planner::coordinates(l, 1 + 2 * 1 + 4 * 3 + 16 * 2);
+  const planner::Variant l{2, 3, 4, 2, 1, 0};
+  const Coordinates c = coordinates_of(l, 1 + 2 * 1 + 4 * 3 + 16 * 2);
   CHECK(c.tp == 1);
   CHECK(c.ep == 1);
   CHECK(c.dp == 3);
@@ -79,7 +79,7 @@ TEST_CASE("plan for llama 7B on 4 DGX H100 nodes") {
   // Sorted by step time, every ranked layout fits and uses all 32 GPUs.
   for (size_t i = 0; i < plan.ranked.size(); ++i) {
     const planner::Candidate& k = plan.ranked[i];
-    CHECK(k.layout.world() == 32);
+    CHECK(k.layout.world_size() == 32);
     CHECK(k.headroom_bytes >= 0);
     CHECK(planner::check_divisibility(r, k.layout).empty());
     if (i > 0) CHECK(k.time.step_s >= plan.ranked[i - 1].time.step_s);
@@ -139,11 +139,11 @@ TEST_CASE("recompute is chosen only when memory needs it") {
   recipe::Recipe r = llama_7b();
   r.model.layers = 4;  // small: everything fits without recompute, which is fastest
   const planner::Plan plan = planner::make_plan(r, h100(1));
-  CHECK(plan.ranked.front().layout.recompute == recipe::Recompute::none);
+  CHECK(plan.ranked.front().layout.recompute == trainctl::Recompute::none);
   // Full recompute costs a forward: its compute time is 4/3 of the plain one.
-  planner::Layout l = plan.ranked.front().layout;
+  planner::Variant l = plan.ranked.front().layout;
   const double plain = planner::estimate_time(r, plan.cluster, l).compute_s;
-  l.recompute = recipe::Recompute::full;
+  l.recompute = trainctl::Recompute::full;
   const double full = planner::estimate_time(r, plan.cluster, l).compute_s;
   CHECK(full > plain * 1.25);
 }
@@ -234,7 +234,7 @@ TEST_CASE("a CPU machine plans a world of 1") {
   const planner::Plan plan = planner::make_plan(r, planner::cpu_machine());
   CHECK(plan.world == 1);
   REQUIRE(plan.ranked.size() == 1);
-  const planner::Layout& l = plan.ranked.front().layout;
+  const planner::Variant& l = plan.ranked.front().layout;
   CHECK(l.tp == 1);
   CHECK(l.pp == 1);
   CHECK(l.dp == 1);
@@ -249,7 +249,7 @@ TEST_CASE(
   recipe::Recipe r = llama_7b();
   topology::ClusterSpec c = h100(1);
   c.gpu.peak_tflops_fp8 = 1979;
-  const planner::Layout l{1, 1, 8, 1, 1, 1, recipe::Recompute::none};
+  const planner::Variant l{1, 1, 8, 1, 1, 1, trainctl::Recompute::none};
   const planner::TimeEstimate bf16 = planner::estimate_time(r, c, l);
   r.precision.fp8 = recipe::Fp8::hybrid;
   const planner::TimeEstimate fp8 = planner::estimate_time(r, c, l);
@@ -266,7 +266,7 @@ TEST_CASE(
 
   // Under tp 2 every sharded Linear (4 per dense layer) all-reduces 12 bytes of amaxes in forward
   // and in backward: 8 latency-bound all-reduces per layer and micro-batch on top of bf16's.
-  const planner::Layout tp2{2, 1, 4, 1, 1, 1, recipe::Recompute::none};
+  const planner::Variant tp2{2, 1, 4, 1, 1, 1, trainctl::Recompute::none};
   const planner::TimeEstimate fp8_tp2 = planner::estimate_time(r, c, tp2);
   r.precision.fp8 = recipe::Fp8::none;
   const planner::TimeEstimate bf16_tp2 = planner::estimate_time(r, c, tp2);
@@ -289,7 +289,7 @@ TEST_CASE(
 TEST_CASE("gradient reduction hides behind backward only when the engine overlaps it") {
   recipe::Recipe r = llama_7b();
   const topology::ClusterSpec c = h100(4);
-  const planner::Layout plain{1, 1, 32, 1, 1, 0, recipe::Recompute::none};
+  const planner::Variant plain{1, 1, 32, 1, 1, 0, trainctl::Recompute::none};
   const planner::TimeEstimate on = planner::estimate_time(r, c, plain);
   REQUIRE(on.dp_comm_s > 0);
   CHECK(on.dp_exposed_s < on.dp_comm_s);
@@ -297,7 +297,7 @@ TEST_CASE("gradient reduction hides behind backward only when the engine overlap
   CHECK(planner::estimate_time(r, c, plain).dp_exposed_s == on.dp_comm_s);
   // ZeRO-1: the reduce-scatter (f32 gradients) overlaps backward like the all-reduce, and the
   // all-gather of the updated bf16 parameters (a third of the traffic) the next forward.
-  const planner::Layout zero{1, 1, 32, 1, 1, 1, recipe::Recompute::none};
+  const planner::Variant zero{1, 1, 32, 1, 1, 1, trainctl::Recompute::none};
   const planner::TimeEstimate z_plain = planner::estimate_time(r, c, zero);
   CHECK(z_plain.dp_exposed_s == z_plain.dp_comm_s);
   r.parallel.overlap_grad_sync = true;

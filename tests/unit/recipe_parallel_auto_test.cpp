@@ -35,7 +35,7 @@ TEST_CASE("parallel=auto given with --set asks for the planner too") {
       parse_recipe(kOk + "parallel: {tp: 2, recompute: full}\n", "r.yaml", {"parallel=auto"});
   CHECK(replaced.parallel.automatic);
   CHECK(replaced.parallel.tp == 1);
-  CHECK(replaced.parallel.recompute == trainctl::recipe::Recompute::none);
+  CHECK(replaced.parallel.recompute == trainctl::Recompute::none);
 }
 
 TEST_CASE("parallel: auto with a parallel key is a problem at that key") {

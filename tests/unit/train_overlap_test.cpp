@@ -162,16 +162,9 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
       comm::Mesh::create(store, s.layout.world_size(), rank, s.layout,
                          {.timeout = std::chrono::seconds(30), .background_groups = s.overlap});
   const train::TrainConfig tc = train_config(s);
-  model::ModelParallel parallel;
-  if (mesh.ep().size() > 1) parallel.ep = &mesh.ep();
-  parallel.pp_rank = mesh.pp().rank();
-  parallel.pp_size = mesh.pp().size();
-  parallel.activation_slots = train::pipeline_slots(parallel.pp_size, parallel.pp_rank,
+  model::ModelParallel parallel = model::ModelParallel::from_mesh(mesh, s.zero);
+  parallel.activation_slots = train::pipeline_slots(parallel.pp_size(), parallel.pp_rank(),
                                                     tc.accum_steps(mesh.dp_ep().size()));
-  if (s.zero == 1) {
-    parallel.zero_parts = mesh.dp().size();
-    parallel.zero_rank = mesh.dp().rank();
-  }
   auto backend = std::make_unique<FenceCountingBackend>(s.fence_delay_ms);
   const data::SyntheticSource source(11, s.model.vocab, 1 << 16);
   data::Sampler sampler(source, s.model.seq_len, 3, true, s.model.vocab);

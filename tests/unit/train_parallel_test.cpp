@@ -328,16 +328,9 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
   const train::TrainConfig tc = train_config(s);
   model::ModelParallel parallel;
   if (mesh) {
-    if (mesh->tp().size() > 1) parallel.tp = &mesh->tp();
-    if (mesh->ep().size() > 1) parallel.ep = &mesh->ep();
-    parallel.pp_rank = mesh->pp().rank();
-    parallel.pp_size = mesh->pp().size();
-    parallel.activation_slots = train::pipeline_slots(parallel.pp_size, parallel.pp_rank,
+    parallel = model::ModelParallel::from_mesh(*mesh, s.zero);
+    parallel.activation_slots = train::pipeline_slots(parallel.pp_size(), parallel.pp_rank(),
                                                       tc.accum_steps(mesh->dp_ep().size()));
-    if (s.zero == 1) {
-      parallel.zero_parts = mesh->dp().size();
-      parallel.zero_rank = mesh->dp().rank();
-    }
   }
   auto backend = backend::make_cpu_backend();
   const data::SyntheticSource source(11, s.model.vocab, 1 << 16);

@@ -107,13 +107,11 @@ RankModel build_rank(backend::Backend& be, const model::ModelConfig& config, con
   if (l.ep > 1) r.ep = std::make_unique<ShapeOnlyCommunicator>("ep", e, l.ep);
   par.tp = r.tp.get();
   par.ep = r.ep.get();
-  par.pp_rank = p;
-  par.pp_size = l.pp;
-  par.zero_parts = l.zero ? l.dp : 1;
-  par.zero_rank = l.zero ? d : 0;
+  par.layout = {.tp = l.tp, .ep = l.ep, .dp = l.dp, .pp = l.pp, .zero = l.zero ? 1 : 0};
+  par.at = {.tp = t, .ep = e, .dp = d, .pp = p};
   r.role = {t, e, d, l.zero};
   r.params = std::make_unique<model::ParamStore>(be, model::build_param_table(config, par),
-                                                 config.storage, par.zero_parts, par.zero_rank);
+                                                 config.storage, par.zero_parts(), par.zero_rank());
   return r;
 }
 
@@ -274,16 +272,9 @@ int job_rank(const comm::Layout& layout, int zero, const std::string& dir, int r
                          comm::MeshOptions{.timeout = std::chrono::seconds(30)});
   const model::ModelConfig config = job_model();
   const train::TrainConfig tc = job_train_config(zero);
-  model::ModelParallel parallel;
-  if (mesh.tp().size() > 1) parallel.tp = &mesh.tp();
-  parallel.pp_rank = mesh.pp().rank();
-  parallel.pp_size = mesh.pp().size();
-  parallel.activation_slots = train::pipeline_slots(parallel.pp_size, parallel.pp_rank,
+  model::ModelParallel parallel = model::ModelParallel::from_mesh(mesh, zero);
+  parallel.activation_slots = train::pipeline_slots(parallel.pp_size(), parallel.pp_rank(),
                                                     tc.accum_steps(mesh.dp_ep().size()));
-  if (zero == 1) {
-    parallel.zero_parts = mesh.dp().size();
-    parallel.zero_rank = mesh.dp().rank();
-  }
   auto be = backend::make_cpu_backend();
   const data::SyntheticSource source(11, config.vocab, 1 << 14);
   data::Sampler sampler(source, config.seq_len, 3, true, config.vocab);

@@ -7,10 +7,10 @@
 #include "recipe/recipe.hpp"
 #include "train/trainer.hpp"
 
-namespace trainctl::app {
+namespace trainctl::run {
 
 model::ModelConfig to_model_config(const recipe::Recipe& recipe);
 data::DataConfig to_data_config(const recipe::Recipe& recipe);
 train::TrainConfig to_train_config(const recipe::Recipe& recipe);
 
-}  // namespace trainctl::app
+}  // namespace trainctl::run

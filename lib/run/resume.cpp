@@ -6,14 +6,13 @@
 #include <span>
 #include <stdexcept>
 
-#include "commands.hpp"
 #include "files/files.hpp"
-#include "session_internal.hpp"
+#include "run/context.hpp"
 #include "train/checkpointing.hpp"
 
 namespace fs = std::filesystem;
 
-namespace trainctl::app {
+namespace trainctl::run {
 
 namespace {
 
@@ -83,17 +82,16 @@ std::optional<ckpt::ScanEntry> load_newest_intact(const std::vector<ckpt::ScanEn
 
 }  // namespace
 
-int resume_from_checkpoint(SessionInput& input, model::Transformer& model, train::Trainer& trainer,
-                           backend::Backend& be, const comm::Mesh* mesh,
-                           const fs::path& checkpoints_dir, RankLog& log,
-                           std::optional<ckpt::ScanEntry>& resumed,
-                           std::string& checkpoint_recipe_hash) {
+Exit resume_from_checkpoint(SessionInput& input, RunContext& run, RankLog& log) {
   const recipe::Recipe& r = input.loaded.recipe;
   const bool leader = input.rank.rank == 0;
+  const fs::path checkpoints_dir = input.run_dir / "checkpoints";
+  comm::Mesh* mesh = run.mesh();
+  std::optional<ckpt::ScanEntry>& resumed = run.resumed;
   std::vector<Skipped> skipped;
   try {
-    resumed = load_newest_intact(input.resume_candidates, model, trainer, be, mesh, skipped,
-                                 checkpoint_recipe_hash);
+    resumed = load_newest_intact(input.resume_candidates, run.model(), run.trainer(), run.backend(),
+                                 mesh, skipped, run.checkpoint_recipe_hash);
   } catch (const train::CheckpointMismatch& e) {
     return log.fail(e.what(), kExitBadInput);
   }
@@ -112,9 +110,8 @@ int resume_from_checkpoint(SessionInput& input, model::Transformer& model, train
       std::fprintf(stderr,
                    "trainctl %s: %s is at step %lld of training.steps %lld: the run is "
                    "complete (extend it with --set training.steps=N)\n",
-                   log.command.c_str(), resumed->path.string().c_str(),
+                   log.command().c_str(), resumed->path.string().c_str(),
                    static_cast<long long>(resumed->step), static_cast<long long>(r.training.steps));
-    if (log.file) std::fclose(log.file);
     return kExitOk;
   }
   // Only now that a checkpoint has loaded: move the newer broken ones out of the way, so a
@@ -129,7 +126,38 @@ int resume_from_checkpoint(SessionInput& input, model::Transformer& model, train
   }
   // No rank may save into checkpoints/ before the rejected ones are out of the way.
   if (mesh) mesh->world().barrier();
-  return -1;
+  return std::nullopt;
+}
+
+Exit check_resume_input(const SessionInput& input, const std::string& command,
+                        const ckpt::ScanReport& report) {
+  const fs::path dir = input.run_dir / "checkpoints";
+  if (report.entries.empty())
+    return bad_input(command, fmt::format("{} holds no checkpoint to resume from", dir.string()));
+  // training.steps below the checkpoint's step cannot be met.
+  const int64_t steps = input.loaded.recipe.training.steps;
+  if (const ckpt::ScanEntry* newest = report.newest_valid(); newest && newest->step > steps)
+    return report_problems(
+        {input.loaded.origins.problem(
+            "training.steps",
+            fmt::format("training.steps {} is below step {} of the checkpoint to resume from "
+                        "({}); a run cannot go back: set training.steps to {} or more (e.g. "
+                        "--set training.steps={}), or start again with trainctl run --overwrite",
+                        steps, newest->step, newest->path.string(), newest->step, newest->step))},
+        input.recipe_label);
+  return std::nullopt;
+}
+
+int resume_session(SessionInput input, const std::string& command) {
+  // The lock first, then the scan it will train from: a save that another trainctl had in
+  // progress when the checks ran must not be seen half done.
+  files::RunDirLock lock;
+  if (Exit end = lock_run_dir(input, command, lock)) return *end;
+  ckpt::ScanReport report = ckpt::scan(input.run_dir / "checkpoints");
+  if (Exit end = check_resume_input(input, command, report)) return *end;
+  input.resuming = true;
+  input.resume_candidates = std::move(report.entries);
+  return start_session(std::move(input), command);
 }
 
 void truncate_metrics(const fs::path& path, int64_t last_step) {
@@ -155,4 +183,4 @@ void truncate_metrics(const fs::path& path, int64_t last_step) {
   files::write_file_atomically(path, kept);
 }
 
-}  // namespace trainctl::app
+}  // namespace trainctl::run

@@ -1,6 +1,6 @@
-#include "convert.hpp"
+#include "run/convert.hpp"
 
-namespace trainctl::app {
+namespace trainctl::run {
 
 namespace {
 tensor::DType storage_type(recipe::Compute compute) {
@@ -53,17 +53,7 @@ model::ModelConfig to_model_config(const recipe::Recipe& r) {
       c.fp8 = model::Fp8Mode::hybrid;
       break;
   }
-  switch (r.parallel.recompute) {
-    case recipe::Recompute::none:
-      c.recompute = model::RecomputeMode::none;
-      break;
-    case recipe::Recompute::selective:
-      c.recompute = model::RecomputeMode::selective;
-      break;
-    case recipe::Recompute::full:
-      c.recompute = model::RecomputeMode::full;
-      break;
-  }
+  c.recompute = r.parallel.recompute;
   return c;
 }
 
@@ -142,4 +132,4 @@ train::TrainConfig to_train_config(const recipe::Recipe& r) {
   return c;
 }
 
-}  // namespace trainctl::app
+}  // namespace trainctl::run

@@ -1,3 +1,4 @@
+// The checks before anything is created (session.hpp), and the data.
 #include <fmt/core.h>
 #include <sys/stat.h>
 
@@ -6,16 +7,15 @@
 #include <stdexcept>
 
 #include "comm/error.hpp"
-#include "commands.hpp"
-#include "convert.hpp"
 #include "files/files.hpp"
 #include "launch/local.hpp"
 #include "launch/store_address.hpp"
-#include "session_internal.hpp"
+#include "run/context.hpp"
+#include "run/convert.hpp"
 
 namespace fs = std::filesystem;
 
-namespace trainctl::app {
+namespace trainctl::run {
 
 int report_problems(const std::vector<recipe::Problem>& problems, const std::string& label) {
   std::fputs(recipe::format_report(problems, label).c_str(), stderr);
@@ -46,22 +46,18 @@ std::vector<recipe::Problem> unsupported_in_this_build(const recipe::LoadedRecip
   return problems;
 }
 
-namespace {
-
-// Whether the ranks meet through a TCP store (else a file store in the run directory): without a
-// shared file system, under Slurm (rank 0 serves it) and under trainctl's own launcher (which
-// serves it). torchrun's ranks keep the file store.
-bool uses_tcp_store(bool shared_fs, launch::RankSource source = launch::RankSource::trainctl) {
+bool uses_tcp_store(bool shared_fs, launch::RankSource source) {
   return !shared_fs &&
          (source == launch::RankSource::slurm || source == launch::RankSource::trainctl);
 }
 
-// Refused connections go to this process's stderr (rank 0's or the launcher's: the job log).
 comm::TcpStoreServerOptions store_server_options() {
   comm::TcpStoreServerOptions options;
   options.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   return options;
 }
+
+namespace {
 
 // The job's secret from the environment; CommError (usage) naming the variable and the fix.
 comm::StoreSecret job_store_secret() {
@@ -89,7 +85,7 @@ comm::StoreSecret job_store_secret() {
 
 }  // namespace
 
-int check_rank_environment(SessionInput& input, const std::string& command) {
+Exit check_rank_environment(SessionInput& input, const std::string& command) {
   try {
     input.rank = launch::rank_info_from_environment();
   } catch (const launch::RankEnvError& e) {
@@ -127,7 +123,7 @@ int check_rank_environment(SessionInput& input, const std::string& command) {
                           r.parallel.pp, gpus))},
           input.recipe_label);
   }
-  return -1;
+  return std::nullopt;
 }
 
 int start_session(SessionInput input, const std::string& command) {
@@ -163,52 +159,6 @@ std::string_view data_error_key(const recipe::Recipe& r, const std::string& mess
 }
 
 // Whether two FILE streams write to the same file (a rank whose stderr the launcher sends to its
-// log): then a message goes to one of them only.
-bool same_file(std::FILE* a, std::FILE* b) {
-  struct stat sa {
-  }, sb{};
-  if (::fstat(::fileno(a), &sa) != 0 || ::fstat(::fileno(b), &sb) != 0) return false;
-  return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
-
-// This rank's GPU: launch::device_for_rank, or its local rank where that finds none (the CUDA
-// backend then says the device does not exist).
-int rank_gpu(const launch::RankInfo& rank, const backend::DeviceReport& devices) {
-  const int gpu = launch::device_for_rank(rank, static_cast<int>(devices.gpus.size()));
-  return gpu >= 0 ? gpu : rank.local_rank;
-}
-
-Rendezvous open_rendezvous(const launch::RankInfo& rank, const fs::path& run_dir, bool shared_fs,
-                           const std::optional<comm::StoreSecret>& store_secret,
-                           std::chrono::milliseconds timeout) {
-  Rendezvous rv;
-  if (uses_tcp_store(shared_fs, rank.source)) {
-    if (!store_secret)  // check_rank_environment reads it for every rank that gets here
-      throw std::logic_error("open_rendezvous: a TCP store rendezvous without the job's secret");
-    const auto getenv = [](const char* name) { return std::getenv(name); };
-    const bool slurm = rank.source == launch::RankSource::slurm;
-    const launch::StoreAddress address =
-        slurm ? launch::tcp_store_address(rank, getenv) : launch::launcher_store_address(getenv);
-    const comm::StoreSecret& secret = *store_secret;
-    if (slurm && rank.rank == 0)
-      rv.server =
-          std::make_unique<comm::TcpStoreServer>("", address.port, secret, store_server_options());
-    rv.base = std::make_unique<comm::TcpStore>(address.host, address.port, secret, timeout);
-    rv.how = fmt::format("{} ({})", rv.base->describe(), address.how);
-  } else {
-    const fs::path dir =
-        rank.rendezvous.empty() ? run_dir / "rendezvous" / rank.job_id : fs::path(rank.rendezvous);
-    rv.base = std::make_unique<comm::FileStore>(dir.string());
-    rv.how = rv.base->describe();
-  }
-  std::string job = rank.job_id;
-  std::replace(job.begin(), job.end(), '/', '_');
-  rv.store = std::make_unique<comm::PrefixStore>(
-      comm::job_store(*rv.base, job.empty() ? "job" : job, rank.restart_count));
-  return rv;
-}
-
-// A token id the model cannot embed, found by reading the tokens once (data::scan_vocab). With an
 // external launcher (srun, torchrun) every rank opens the data itself, so each reads its 1/W part:
 // the job reads the data once, not W times (a rank that finds one exits 2, and srun stops the
 // others). Our own launcher has read it all before starting its ranks, which read nothing here.
@@ -234,7 +184,7 @@ std::string vocab_problem(const data::TokenSource& source, int32_t vocab, const 
 
 }  // namespace
 
-int open_session_data(const SessionInput& input, SessionData& out) {
+Exit open_session_data(const SessionInput& input, SessionData& out) {
   const recipe::Recipe& r = input.loaded.recipe;
   try {
     out.dataset = data::open_dataset(to_data_config(r));
@@ -258,10 +208,10 @@ int open_session_data(const SessionInput& input, SessionData& out) {
     return report_problems({input.loaded.origins.problem(data_error_key(r, e.what()), e.what())},
                            input.recipe_label);
   }
-  return -1;
+  return std::nullopt;
 }
 
-int check_session_input(SessionInput& input, const std::string& command) {
+Exit check_session_input(SessionInput& input, const std::string& command) {
   const fs::path& dir = input.run_dir;
   if (std::string why = files::why_not_writable_directory(dir); !why.empty())
     return bad_input(command, fmt::format("the run directory {} cannot hold the run's files: {}; "
@@ -292,18 +242,27 @@ int check_session_input(SessionInput& input, const std::string& command) {
                                             path.string(), files::file_type_name(st.st_mode)));
   }
   auto data = std::make_shared<SessionData>();
-  if (const int code = open_session_data(input, *data); code >= 0) return code;
+  if (Exit end = open_session_data(input, *data)) return end;
   input.data = std::move(data);
-  return -1;
+  return std::nullopt;
+}
+
+void remove_previous_run(const fs::path& run_dir) {
+  if (!fs::is_directory(run_dir)) return;
+  for (const char* name : {"recipe.yaml", "metrics.jsonl", "summary.json", "logs", "checkpoints"})
+    fs::remove_all(run_dir / name);
+  for (const fs::directory_entry& entry : fs::directory_iterator(run_dir))
+    if (entry.path().filename().string().starts_with("events.out.tfevents."))
+      fs::remove(entry.path());
 }
 
 bool owns_run_dir(const launch::RankInfo& rank) {
   return !rank.launched() || (rank.source != launch::RankSource::trainctl && rank.rank == 0);
 }
 
-int lock_run_dir(SessionInput& input, const std::string& command, files::RunDirLock& lock) {
+Exit lock_run_dir(SessionInput& input, const std::string& command, files::RunDirLock& lock) {
   const launch::RankInfo& rank = input.rank;
-  if (!owns_run_dir(rank)) return -1;
+  if (!owns_run_dir(rank)) return std::nullopt;
   try {
     lock = files::RunDirLock::acquire(input.run_dir);
   } catch (const files::RunDirBusy& e) {
@@ -320,94 +279,7 @@ int lock_run_dir(SessionInput& input, const std::string& command, files::RunDirL
     else
       input.notes.push_back(*lock.takeover_note());
   }
-  return -1;
+  return std::nullopt;
 }
 
-void RankLog::open(const fs::path& run_dir) {
-  fs::create_directories(run_dir / "logs");
-  const fs::path path = run_dir / "logs" / fmt::format("rank_{}.log", rank);
-  file = std::fopen(path.c_str(), "a");
-  if (!file) throw std::runtime_error("cannot write " + path.string());
-}
-
-int RankLog::fail(const std::string& message, int code) {
-  const std::string line = fmt::format("trainctl {}: error: {}{}\n", command,
-                                       multi ? fmt::format("rank {}: ", rank) : "", message);
-  if (file) {
-    std::fputs(line.c_str(), file);
-    std::fflush(file);
-  }
-  if (!file || !same_file(file, stderr)) std::fputs(line.c_str(), stderr);
-  if (file) std::fclose(file);
-  file = nullptr;
-  return code;
-}
-
-void join_ranks(const SessionInput& input, const train::TrainConfig& train_config,
-                const backend::Backend& be, const backend::DeviceReport& devices, RankLog& log,
-                RankGroups& out) {
-  const recipe::Recipe& r = input.loaded.recipe;
-  const launch::RankInfo& rank_info = input.rank;
-  const int rank = rank_info.rank;
-  if (rank_info.world_size > 1) {
-    out.rendezvous = open_rendezvous(
-        rank_info, input.run_dir, r.cluster.shared_fs, input.store_secret,
-        std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s * 1000.0)));
-    comm::Layout layout;
-    layout.tp = r.parallel.tp;
-    layout.ep = r.parallel.ep;
-    layout.dp = r.parallel.dp;
-    layout.pp = r.parallel.pp;
-    comm::MeshOptions mesh_options;
-    mesh_options.timeout =
-        std::chrono::milliseconds(static_cast<int64_t>(r.parallel.timeout_s * 1000.0));
-    // The gradient reduction's second contexts (GradSync), with and without ZeRO-1.
-    mesh_options.background_groups = r.parallel.overlap_grad_sync;
-    if (be.device() == backend::Device::cuda) {
-      // The model hands the groups device buffers: NCCL on this rank's GPU, each call ordered
-      // after the backend's stream. Host values (the loss, the norm, MoE counts, the session's
-      // votes) go through the same groups, staged by the NCCL communicator.
-      mesh_options.backend = comm::CommBackend::nccl;
-      mesh_options.cuda_device = rank_gpu(rank_info, devices);
-      mesh_options.cuda_stream = be.stream();
-      mesh_options.deterministic = r.determinism.deterministic;
-    }
-    out.mesh.emplace(comm::Mesh::create(*out.rendezvous.store, rank_info.world_size, rank, layout,
-                                        mesh_options));
-    log.open(input.run_dir);
-    const comm::Coordinates& at = out.mesh->groups().coordinates;
-    model::ModelParallel& parallel = out.parallel;
-    if (r.parallel.tp > 1) parallel.tp = &out.mesh->tp();
-    if (r.parallel.ep > 1) parallel.ep = &out.mesh->ep();
-    parallel.pp_rank = at.pp;
-    parallel.pp_size = r.parallel.pp;
-    parallel.stage_layers = r.parallel.pp_layers;
-    parallel.activation_slots = std::max(
-        1,
-        std::min(r.parallel.pp - at.pp, train_config.accum_steps(r.parallel.dp * r.parallel.ep)));
-    if (r.parallel.zero == 1) {
-      parallel.zero_parts = r.parallel.dp;
-      parallel.zero_rank = at.dp;
-    }
-  }
-}
-
-int make_session_backend(const SessionInput& input, bool on_cuda,
-                         const backend::DeviceReport& devices, RankLog& log,
-                         std::unique_ptr<backend::Backend>& be) {
-  const recipe::Recipe& r = input.loaded.recipe;
-  const launch::RankInfo& rank_info = input.rank;
-  if (on_cuda) {
-    try {
-      be = backend::make_cuda_backend(rank_gpu(rank_info, devices), r.determinism.deterministic);
-    } catch (const std::exception& e) {
-      return log.fail(fmt::format("cluster.device: cuda: {} ({})", e.what(), devices.status),
-                      kExitFailure);
-    }
-  } else {
-    be = backend::make_cpu_backend();
-  }
-  return -1;
-}
-
-}  // namespace trainctl::app
+}  // namespace trainctl::run

@@ -1,0 +1,57 @@
+// Where a run's words and numbers go: the progress line (rank 0, stderr), the rank's log, and on
+// rank 0 metrics.jsonl and TensorBoard. One call per step feeds every sink; a new sink is one
+// member here.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "recipe/recipe.hpp"
+#include "run/rank_log.hpp"
+#include "telemetry/telemetry.hpp"
+#include "train/trainer.hpp"
+
+namespace trainctl::run {
+
+// What the steps added up to, for the summary.
+struct StepTotals {
+  train::StepMetrics last;         // the newest step
+  std::optional<double> last_val;  // the newest validation loss
+  int64_t skipped = 0;             // steps skipped for non-finite gradients (fp16)
+};
+
+class StepReporter {
+ public:
+  struct Options {
+    bool leader = false;       // rank 0: progress line, metrics.jsonl, TensorBoard
+    bool resuming = false;     // append to the rank log of the run
+    bool fp16 = false;         // loss scale and skipped steps
+    bool moe = false;          // router losses, expert load, dropped tokens
+    bool multi = false;        // comm_ms
+    bool overlapping = false;  // comm_background_ms: the gradient reduction's busy time
+  };
+  // Opens metrics.jsonl and the TensorBoard event file (leader), then the rank log when the
+  // rendezvous has not opened it. Throws std::runtime_error naming a file it cannot open.
+  StepReporter(const recipe::Recipe& recipe, const std::filesystem::path& run_dir, RankLog& log,
+               Options options);
+
+  // A line for the user (above the progress line) and the rank log.
+  void say(const std::string& line);
+  // Every sink's record of step m; `loss_scale` is the scaler's scale after it.
+  void step(const train::StepMetrics& m, double loss_scale);
+  void flush();   // TensorBoard's buffered events to disk (before a save, at the end)
+  void finish();  // ends the progress line
+  const StepTotals& totals() const { return totals_; }
+
+ private:
+  Options options_;
+  std::optional<telemetry::MetricsWriter> metrics_;
+  std::optional<telemetry::TensorBoardWriter> tensorboard_;
+  std::optional<telemetry::Progress> progress_;
+  std::optional<telemetry::Progress> log_;
+  StepTotals totals_;
+};
+
+}  // namespace trainctl::run

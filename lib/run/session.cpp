@@ -1,0 +1,172 @@
+#include "run/session.hpp"
+
+#include <fmt/core.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "comm/error.hpp"
+#include "files/files.hpp"
+#include "launch/signals.hpp"
+#include "run/context.hpp"
+#include "run/reporter.hpp"
+#include "run/save_schedule.hpp"
+#include "run/summary.hpp"
+#include "train/checkpoint_policy.hpp"
+
+namespace fs = std::filesystem;
+
+namespace trainctl::run {
+
+namespace {
+
+// Rank 0 writes the resolved recipe (atomically: a full disk leaves the old recipe.yaml, the one
+// resume needs, as it was) and, resuming, drops the records of the steps it will repeat.
+void prepare_run_dir(const SessionInput& input, RunContext& run) {
+  fs::create_directories(input.run_dir / "logs");
+  if (!run.leader()) return;
+  files::write_file_atomically(input.run_dir / "recipe.yaml",
+                               fmt::format("# resolved recipe (hash {})\n{}", run.recipe_hash(),
+                                           recipe::dump_recipe(run.recipe())));
+  if (input.resuming) truncate_metrics(input.run_dir / "metrics.jsonl", run.start_step());
+}
+
+// "the newest good checkpoint is step_N; ...", or that there is none yet.
+std::string where_to_continue(const fs::path& run_dir, const char* what) {
+  const ckpt::ScanReport now = ckpt::scan(run_dir / "checkpoints");
+  const ckpt::ScanEntry* good = now.newest_valid();
+  return good ? fmt::format(fmt::runtime(what), good->name, run_dir.string())
+              : std::string("no checkpoint of this run has been saved yet");
+}
+
+// The data changed under the run (data_file.hpp). A step reads its batch before it touches the
+// model, so the state after the last finished step is whole: one rank saves it (no peer waits in
+// a collective for it); several ranks stop, and the newest checkpoint stays.
+int end_on_data_error(const SessionInput& input, RunContext& run, Saver& saver, RankLog& log,
+                      const data::DataError& e) {
+  std::string outcome;
+  try {
+    saver.wait();
+    const int64_t saved = saver.last_saved_step().value_or(run.start_step());
+    if (input.loaded.recipe.cluster.shared_fs && !run.mesh() &&
+        run.trainer().steps_done() > saved) {
+      saver.save();
+      saver.wait();
+      outcome = fmt::format("saved a checkpoint of step {}; ", run.trainer().steps_done());
+    }
+  } catch (const ckpt::CheckpointError& save_error) {
+    outcome = fmt::format("saving a checkpoint failed too ({}); ", save_error.what());
+  }
+  return log.fail(fmt::format("{}\n{}{}", e.what(), outcome,
+                              where_to_continue(input.run_dir,
+                                                "after fixing the data, continue from {} "
+                                                "with: trainctl resume {}")),
+                  kExitFailure);
+}
+
+// A stop signal before the last step: exit 75 with the checkpoint saved, or 1 without one.
+int end_on_stop(const SessionInput& input, StepReporter& report, const launch::StopSignals& stop,
+                bool saved) {
+  const int64_t step = report.totals().last.step;
+  const std::string by = stop.requested() ? stop.name() : "a stop signal of another rank";
+  if (!saved) {
+    report.say(
+        fmt::format("stopped by {} after step {} without a checkpoint (cluster.shared_fs: "
+                    "false turns them off): the run cannot be continued",
+                    by, step));
+    return kExitFailure;
+  }
+  report.say(fmt::format(
+      "stopped by {} after step {}, checkpoint saved; continue with: trainctl resume {}", by, step,
+      input.run_dir.string()));
+  return kExitSavedOnSignal;
+}
+
+}  // namespace
+
+int train_session(SessionInput input, const std::string& command) {
+  const recipe::Recipe& r = input.loaded.recipe;
+  // From the start: Slurm may signal a job (time limit, preemption) while it is still loading,
+  // and an unhandled SIGUSR1 would kill the rank instead of saving after the first step.
+  launch::StopSignals stop;
+  if (!input.data) {  // check_session_input opened it; tests of the session may not have
+    input.data = std::make_shared<SessionData>();
+    if (Exit end = open_session_data(input, *input.data)) return *end;
+  }
+  RankLog log(command, input.rank.world_size > 1, input.rank.rank);
+  try {
+    RunContext run(input, log);  // backend, rendezvous, model, trainer
+    if (input.resuming)
+      if (Exit end = resume_from_checkpoint(input, run, log)) return *end;
+    prepare_run_dir(input, run);
+    const model::ModelConfig& mc = run.model_config();
+    StepReporter report(r, input.run_dir, log,
+                        {.leader = run.leader(),
+                         .resuming = input.resuming,
+                         .fp16 = mc.storage == tensor::DType::f16,
+                         .moe = mc.moe.experts > 0,
+                         .multi = run.multi(),
+                         .overlapping = run.multi() && run.trainer().overlaps_grad_sync()});
+    for (const std::string& line : run.describe(input))
+      report.say(line);
+
+    // Train, saving on the recipe's cadence, at the end, and on a stop signal.
+    const auto start = Clock::now();
+    SaveSchedule schedule(train::CheckpointPolicy(r.checkpoint.every_steps,
+                                                  r.checkpoint.every_minutes, r.training.steps),
+                          r.cluster.shared_fs, start);
+    Saver saver(input, run);
+    comm::Communicator* world = run.mesh() ? &run.mesh()->world() : nullptr;
+    StepVote job;  // agreed by every rank
+    try {
+      run.trainer().run([&](const train::StepMetrics& m) {
+        report.step(m, run.trainer().loss_scaler().scale());
+        saver.poll();  // a failed background save stops the run now, not at the next save
+        if (auto line = saver.finished_save()) report.say(*line);
+        job = any_rank(schedule.vote(m.step, stop.requested(), Clock::now()), world);
+        if (schedule.saves(job)) {
+          report.flush();
+          saver.save();
+          schedule.saved(Clock::now());
+        }
+        return !job.stop;
+      });
+      saver.wait();
+    } catch (const data::DataError& e) {
+      report.finish();
+      return end_on_data_error(input, run, saver, log, e);
+    } catch (const ckpt::CheckpointError& e) {
+      report.finish();
+      return log.fail(
+          fmt::format("saving a checkpoint failed: {}\n{}", e.what(),
+                      where_to_continue(input.run_dir,
+                                        "the newest good checkpoint is {}; after fixing the "
+                                        "cause, continue with: trainctl resume {}")),
+          kExitFailure);
+    }
+    if (auto line = saver.finished_save()) report.say(*line);
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    report.finish();
+    report.flush();
+
+    if (job.stop && report.totals().last.step < r.training.steps)  // else: done anyway
+      return end_on_stop(input, report, stop, schedule.enabled());
+    write_summary(input, run, report, seconds);
+    return kExitOk;
+  } catch (const BackendUnavailable& e) {
+    return log.fail(e.what(), kExitFailure);
+  } catch (const files::FileError& e) {
+    // A file of the run could not be written (a full disk). Files are only ever replaced whole
+    // (files::write_file_atomically), so the one it would have replaced is as it was.
+    return log.fail(fmt::format("{}; no file of the run was replaced by a partial one", e.what()),
+                    kExitFailure);
+  } catch (const comm::CommError& e) {
+    // A peer died or went silent, or the rendezvous failed: the message names the op, the group
+    // and the peer. The launcher stops the other ranks.
+    return log.fail(e.what(), kExitFailure);
+  }
+}
+
+}  // namespace trainctl::run

@@ -26,20 +26,9 @@ auto checked(F&& f) {
 void validate(const Layout& layout, int world_size) {
   if (const std::vector<std::string> problems = layout.problems(); !problems.empty())
     layout_error(problems.front());
-  if (layout.world_size() != world_size) {
-    std::string names, values;
-    for (const Layout::AxisInfo& a : kAxes) {
-      if (!names.empty()) {
-        names.push_back('*');
-        values.push_back('*');
-      }
-      names.append(a.name);
-      values.append(std::to_string(layout.*a.degree));
-    }
-    layout_error(names + " = " + values + " = " + std::to_string(layout.world_size()) +
-                 " != world size " + std::to_string(world_size) +
+  if (layout.world_size() != world_size)
+    layout_error(layout.world_formula() + " != world size " + std::to_string(world_size) +
                  "; choose degrees whose product is the number of ranks");
-  }
 }
 
 RankGroups rank_groups(const Layout& layout, int rank) {

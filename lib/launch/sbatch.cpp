@@ -251,11 +251,9 @@ void check_tasks_per_node(const recipe::Recipe& recipe) {
   const int nodes = recipe.cluster.nodes;
   if (nodes < 1 || world % nodes != 0)
     throw SbatchError("cluster.nodes",
-                      fmt::format("the {} ranks of the layout (tp {} x ep {} x dp {} x pp {}) do "
-                                  "not divide evenly over {} nodes; choose a node count that "
-                                  "divides {}",
-                                  world, recipe.parallel.tp, recipe.parallel.ep, recipe.parallel.dp,
-                                  recipe.parallel.pp, nodes, world));
+                      fmt::format("the {} ranks of the layout ({}) do not divide evenly over {} "
+                                  "nodes; choose a node count that divides {}",
+                                  world, recipe.parallel.degrees(), nodes, world));
 }
 
 }  // namespace

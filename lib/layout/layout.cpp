@@ -69,14 +69,27 @@ int Layout::world_size() const {
   return world;
 }
 
-std::string Layout::to_string() const {
+std::string Layout::degrees() const {
   std::string text;
   for (const AxisInfo& a : kAxes) {
     if (!text.empty()) text.push_back(' ');
     text.append(a.name);
     text.append(std::to_string(this->*a.degree));
   }
-  return text + " (order " + order + ")";
+  return text;
+}
+
+std::string Layout::to_string() const {
+  return degrees() + " (order " + order + ")";
+}
+
+std::string Layout::world_formula() const {
+  std::string values;
+  for (const AxisInfo& a : kAxes) {
+    if (!values.empty()) values.push_back('*');
+    values.append(std::to_string(this->*a.degree));
+  }
+  return axis_names("*") + " = " + values + " = " + std::to_string(world_size());
 }
 
 std::vector<std::string> Layout::problems() const {

@@ -39,8 +39,12 @@ struct Layout {
   int degree(Axis axis) const { return this->*field(axis); }
   int& degree(Axis axis) { return this->*field(axis); }
   int world_size() const;
+  // "tp2 ep1 dp2 pp1"
+  std::string degrees() const;
   // "tp2 ep1 dp2 pp1 (order tp-ep-dp-pp)"
   std::string to_string() const;
+  // The world size as a formula: "tp*ep*dp*pp = 2*1*2*1 = 4".
+  std::string world_formula() const;
   // What makes this layout impossible by itself, one message per problem (a degree below 1, zero
   // outside 0..1, an order that is not a permutation of the axes); empty when valid.
   std::vector<std::string> problems() const;

@@ -102,12 +102,12 @@ Exit check_rank_environment(SessionInput& input, const std::string& command) {
   if (input.rank.launched() && input.rank.world_size != r.world_size())
     return bad_input(
         command,
-        fmt::format("{} started {} rank{} but the recipe's layout needs tp*ep*dp*pp = "
-                    "{}*{}*{}*{} = {}; start {} ranks, or change the parallel degrees (or run "
-                    "without a launcher: trainctl starts the ranks itself)",
+        fmt::format("{} started {} rank{} but the recipe's layout needs {}; start {} ranks, or "
+                    "change the parallel degrees (or run without a launcher: trainctl starts the "
+                    "ranks itself)",
                     launch::rank_source_name(input.rank.source), input.rank.world_size,
-                    input.rank.world_size == 1 ? "" : "s", r.parallel.tp, r.parallel.ep,
-                    r.parallel.dp, r.parallel.pp, r.world_size(), r.world_size()));
+                    input.rank.world_size == 1 ? "" : "s", r.parallel.world_formula(),
+                    r.world_size()));
   // NCCL puts each rank of a group on its own GPU ("duplicate GPU" otherwise). The ranks trainctl
   // starts itself all run here; a launcher's ranks are checked by the GPU their local rank gets.
   if (r.cluster.device == recipe::Device::cuda && !input.rank.launched() && r.world_size() > 1) {
@@ -116,11 +116,10 @@ Exit check_rank_environment(SessionInput& input, const std::string& command) {
       return report_problems(
           {input.loaded.origins.problem(
               "cluster.device",
-              fmt::format("cuda with {} ranks (tp {} x ep {} x dp {} x pp {}) needs one GPU per "
-                          "rank, and this machine has {}; lower the parallel degrees, run on "
-                          "more GPUs (Slurm: trainctl submit), or use cluster.device: cpu",
-                          r.world_size(), r.parallel.tp, r.parallel.ep, r.parallel.dp,
-                          r.parallel.pp, gpus))},
+              fmt::format("cuda with {} ranks ({}) needs one GPU per rank, and this machine has "
+                          "{}; lower the parallel degrees, run on more GPUs (Slurm: trainctl "
+                          "submit), or use cluster.device: cpu",
+                          r.world_size(), r.parallel.degrees(), gpus))},
           input.recipe_label);
   }
   return std::nullopt;
@@ -133,8 +132,7 @@ int start_session(SessionInput input, const std::string& command) {
   local.argv = launch::own_command_line();
   local.run_dir = input.run_dir;
   local.world_size = r.world_size();
-  local.layout = fmt::format("tp{} ep{} dp{} pp{}", r.parallel.tp, r.parallel.ep, r.parallel.dp,
-                             r.parallel.pp);
+  local.layout = r.parallel.degrees();
   local.command = command;  // the notes are rank 0's to print
   // Without a shared file system the ranks meet through a TCP store, as a Slurm job's do; here
   // the launcher serves it on loopback for as long as the ranks run, with a secret of its own.

@@ -31,8 +31,10 @@ uint64_t fnv1a64(const std::string& text) {
 }  // namespace
 
 nlohmann::json layout_json(const recipe::Recipe& r) {
-  return {{"tp", r.parallel.tp}, {"ep", r.parallel.ep},     {"dp", r.parallel.dp},
-          {"pp", r.parallel.pp}, {"zero", r.parallel.zero}, {"world_size", r.world_size()}};
+  nlohmann::json j{{"zero", r.parallel.zero}, {"world_size", r.world_size()}};
+  for (const Layout::AxisInfo& a : kAxes)
+    j[std::string(a.name)] = r.parallel.*a.degree;
+  return j;
 }
 
 std::string weights_fingerprint(RunContext& run) {

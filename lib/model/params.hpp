@@ -4,6 +4,7 @@
 //   values  (storage type S)              grads   (G: f32, or f64 when S is f64)
 //   master  (f32, only when S is bf16/f16) moments m, v (f32, or f64 when S is f64)
 // Names follow one scheme ("layers.3.attn.qkv.weight") used by init, checkpoints and export.
+// Code that needs to know what a tensor is reads its typed `layer` and `role`, never its name.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,24 @@ using tensor::Tensor;
 
 enum class Init { normal, zeros, ones };
 
+// What a parameter is in the model (the weight and the bias of one layer share a role).
+enum class ParamRole {
+  none,        // declared outside a model (a table built by hand)
+  embedding,   // embed.wte (also the last stage's tied copy)
+  position,    // embed.wpe (learned positions)
+  attn_norm,   // layers.i.attn_norm
+  qkv,         // layers.i.attn.qkv
+  attn_proj,   // layers.i.attn.proj
+  mlp_norm,    // layers.i.mlp_norm
+  fc1,         // layers.i.mlp.fc1 (dense MLP)
+  fc2,         // layers.i.mlp.fc2
+  router,      // layers.i.moe.router
+  expert_fc1,  // layers.i.moe.fc1 (stacked [E, ...] experts)
+  expert_fc2,  // layers.i.moe.fc2
+  final_norm,  // final_norm
+  head,        // lm_head (untied)
+};
+
 // [begin, end) along one dimension of a parameter's global shape.
 struct IndexRange {
   int64_t begin = 0;
@@ -34,6 +53,8 @@ struct IndexRange {
 
 struct ParamSpec {
   std::string name;
+  int layer = -1;  // the transformer block it belongs to; -1: embeddings, final norm, head
+  ParamRole role = ParamRole::none;
   Shape shape;  // this rank's (local) shape
   Init init = Init::normal;
   double std = 0.0;          // for Init::normal

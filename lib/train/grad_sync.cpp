@@ -12,6 +12,7 @@ namespace trainctl::train {
 namespace {
 
 using model::IndexRange;
+using model::ParamRole;
 using model::ParamSpec;
 using tensor::Tensor;
 
@@ -114,7 +115,7 @@ GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Tra
   int64_t tied_elements = 0;
   if (parallel.pp_size > 1 && model.config().tied_embeddings)
     for (const ParamSpec& spec : params.table().specs())
-      if (spec.tied_copy || (spec.name == "embed.wte" && parallel.first_stage()))
+      if (spec.tied_copy || (spec.role == ParamRole::embedding && parallel.first_stage()))
         tied_elements = std::max(tied_elements, spec.shape.numel());
   if (tied_elements > 0) tied_peer_ = be_.allocate(static_cast<size_t>(tied_elements) * grad_bytes);
   if (overlap) plan_overlap();
@@ -136,7 +137,7 @@ void GradSync::plan_overlap() {
   const model::ModelParallel& parallel = model_.parallel();
   if (parallel.pp_size > 1 && model_.config().tied_embeddings)
     for (const ParamSpec& spec : model_.params().table().specs())
-      if (spec.tied_copy || (spec.name == "embed.wte" && parallel.first_stage()))
+      if (spec.tied_copy || (spec.role == ParamRole::embedding && parallel.first_stage()))
         tied.push_back({spec.offset, spec.offset + spec.shape.numel()});
   for (const GradBucket& bucket : buckets_) {
     if (bucket.expert)
@@ -256,7 +257,7 @@ void GradSync::exchange_tied_embedding() {
   const ParamSpec* tied = nullptr;
   for (const ParamSpec& spec : params.table().specs())
     if ((parallel.last_stage() && spec.tied_copy) ||
-        (parallel.first_stage() && spec.name == "embed.wte" && !spec.tied_copy))
+        (parallel.first_stage() && spec.role == ParamRole::embedding && !spec.tied_copy))
       tied = &spec;
   if (!parallel.first_stage() && !parallel.last_stage()) return;
   if (!tied)

@@ -1,0 +1,89 @@
+// The typed facts of the parameter table (each spec's layer and role, set by build_param_table)
+// agree with the naming scheme that checkpoints and exports use.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/backend.hpp"
+#include "model/model.hpp"
+#include "small_models.hpp"
+
+using namespace trainctl;
+using model::ParamRole;
+using model::ParamSpec;
+
+namespace {
+
+// What the name says, read the way code must no longer read it: "layers.<i>." and the tensor.
+int layer_in_name(const std::string& name) {
+  if (name.rfind("layers.", 0) != 0) return -1;
+  return std::stoi(name.substr(7));
+}
+
+ParamRole role_in_name(const std::string& name) {
+  const std::string tensor =
+      name.rfind("layers.", 0) == 0 ? name.substr(name.find('.', 7) + 1) : name;
+  const std::string base = tensor.substr(0, tensor.rfind('.'));  // without .weight / .bias
+  static const std::map<std::string, ParamRole> roles{
+      {"embed", ParamRole::embedding},       {"attn_norm", ParamRole::attn_norm},
+      {"attn.qkv", ParamRole::qkv},          {"attn.proj", ParamRole::attn_proj},
+      {"mlp_norm", ParamRole::mlp_norm},     {"mlp.fc1", ParamRole::fc1},
+      {"mlp.fc2", ParamRole::fc2},           {"moe.router", ParamRole::router},
+      {"moe.fc1", ParamRole::expert_fc1},    {"moe.fc2", ParamRole::expert_fc2},
+      {"final_norm", ParamRole::final_norm}, {"lm_head", ParamRole::head}};
+  if (tensor == "embed.wpe") return ParamRole::position;
+  const auto it = roles.find(base);
+  return it == roles.end() ? ParamRole::none : it->second;
+}
+
+void check_layers_and_roles(const model::ParamTable& table) {
+  REQUIRE(!table.specs().empty());
+  for (const ParamSpec& spec : table.specs()) {
+    INFO(spec.name);
+    CHECK(spec.layer == layer_in_name(spec.name));
+    CHECK(spec.role == role_in_name(spec.name));
+    CHECK(spec.role != ParamRole::none);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("every parameter carries the layer and role its name says", "[model][params]") {
+  model::ModelConfig gpt = small_models::gpt(3);  // layernorm with biases, learned positions, tied
+  check_layers_and_roles(model::build_param_table(gpt));
+
+  model::ModelConfig llama = model::llama_preset();  // rmsnorm, swiglu, untied head
+  llama.layers = 2;
+  check_layers_and_roles(model::build_param_table(llama));
+
+  model::ModelConfig moe = small_models::gpt(4);
+  moe.moe.experts = 4;
+  moe.moe.every = 2;  // dense and MoE layers
+  check_layers_and_roles(model::build_param_table(moe));
+
+  // A pipeline stage numbers its layers globally; the last stage's tied copy of embed.wte is an
+  // embedding outside every layer.
+  for (int stage = 0; stage < 2; ++stage) {
+    model::ModelParallel parallel;
+    parallel.pp_size = 2;
+    parallel.pp_rank = stage;
+    const model::ParamTable table = model::build_param_table(gpt, parallel);
+    check_layers_and_roles(table);
+    int first = gpt.layers;
+    for (const ParamSpec& spec : table.specs())
+      if (spec.layer >= 0) first = std::min(first, spec.layer);
+    CHECK(first == (stage == 0 ? 0 : 2));
+    CHECK(table.contains("embed.wte"));
+    CHECK(table.find("embed.wte").tied_copy == (stage == 1));
+  }
+}
+
+TEST_CASE("a hand-built table's parameters have no layer and no role", "[model][params]") {
+  model::ParamTable table;
+  const ParamSpec& w = table.add("w", {4, 4}, model::Init::zeros, 0, true);
+  CHECK(w.layer == -1);
+  CHECK(w.role == ParamRole::none);
+}

@@ -20,13 +20,8 @@ std::vector<std::vector<IndexRange>> whole_pieces(const Shape& shape) {
 // Joins ranges that touch, so a dimension that is not split is one range whatever the layout.
 std::vector<IndexRange> merged(const std::vector<IndexRange>& ranges) {
   std::vector<IndexRange> out;
-  for (const IndexRange& r : ranges) {
-    if (r.size() == 0) continue;
-    if (!out.empty() && out.back().end == r.begin)
-      out.back().end = r.end;
-    else
-      out.push_back(r);
-  }
+  for (const IndexRange& r : ranges)
+    append_joined(out, r);
   return out;
 }
 
@@ -99,31 +94,11 @@ const ParamSpec& ParamTable::find(const std::string& name) const {
 }
 
 std::vector<int64_t> zero_partition(const ParamTable& table, int parts) {
-  if (parts < 1)
-    throw std::invalid_argument("zero_partition: parts = " + std::to_string(parts) +
-                                " must be >= 1");
-  const int64_t total = table.numel();
-  std::vector<int64_t> bounds{0};
-  size_t spec = 0;
-  const auto& specs = table.specs();
-  for (int k = 1; k < parts; ++k) {
-    // The row boundary nearest to the ideal cut k * total / parts (ties: the lower one).
-    const int64_t ideal = total * k / parts;
-    while (spec < specs.size() && specs[spec].offset + specs[spec].shape.numel() <= ideal)
-      ++spec;
-    int64_t cut = total;
-    if (spec < specs.size()) {
-      const ParamSpec& s = specs[spec];
-      const int64_t n = s.shape.numel();
-      const int64_t row = s.shape.rank > 0 && s.shape[0] > 0 ? n / s.shape[0] : n;
-      const int64_t within = ideal - s.offset;
-      const int64_t lower = within / row * row;
-      cut = s.offset + (within - lower > lower + row - within ? lower + row : lower);
-    }
-    bounds.push_back(std::max(cut, bounds.back()));
-  }
-  bounds.push_back(total);
-  return bounds;
+  // The specs are in buffer order: add() places each one after the previous.
+  std::vector<TensorRows> tensors;
+  for (const ParamSpec& spec : table.specs())
+    tensors.push_back({spec.shape.numel(), spec.shape.rank > 0 ? spec.shape[0] : 1});
+  return zero_partition(tensors, parts);
 }
 
 ParamTable build_param_table(const ModelConfig& c, const ModelParallel& par) {

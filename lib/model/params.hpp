@@ -15,6 +15,7 @@
 #include "backend/backend.hpp"
 #include "model/config.hpp"
 #include "model/parallel.hpp"
+#include "model/zero_partition.hpp"
 
 namespace trainctl::model {
 
@@ -50,6 +51,21 @@ struct IndexRange {
   int64_t size() const { return end - begin; }
   bool operator==(const IndexRange&) const = default;
 };
+
+// Appends `range` to `ranges` (kept in order), extending the last one instead when `range` starts
+// where it ends and `joinable(last, range)` holds; an empty range is dropped. Range: any type with
+// int64_t begin and end (IndexRange, Backend::AdamWRange).
+template <class Range, class Joinable>
+void append_joined(std::vector<Range>& ranges, const Range& range, Joinable joinable) {
+  if (range.end <= range.begin) return;
+  if (!ranges.empty() && ranges.back().end == range.begin && joinable(ranges.back(), range))
+    ranges.back().end = range.end;
+  else
+    ranges.push_back(range);
+}
+inline void append_joined(std::vector<IndexRange>& ranges, const IndexRange& range) {
+  append_joined(ranges, range, [](const IndexRange&, const IndexRange&) { return true; });
+}
 
 struct ParamSpec {
   std::string name;
@@ -93,9 +109,9 @@ class ParamTable {
   int64_t numel_ = 0;
 };
 
-// The ZeRO-1 partition of a flat parameter buffer into `parts` contiguous ranges, cut only at row
-// boundaries (the first dimension of the local tensor) so each part of a parameter is a box of it.
-// Returns parts + 1 boundaries from 0 to table.numel(); parts are as equal as rows allow.
+// The ZeRO-1 partition (zero_partition.hpp) of the table's flat buffer into `parts` contiguous
+// ranges, cut only at row boundaries (the first dimension of the local tensor) so each part of a
+// parameter is a box of it. Returns parts + 1 boundaries from 0 to table.numel().
 std::vector<int64_t> zero_partition(const ParamTable& table, int parts);
 
 // The table of a model: embeddings, blocks (attention, dense MLP or MoE), final norm, head.

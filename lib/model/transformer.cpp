@@ -288,11 +288,7 @@ void Transformer::backward(double grad_scale, int slot) {
 void Transformer::Impl::plan_grad_units() {
   block_ranges.assign(blocks.size(), {});
   auto add = [](std::vector<IndexRange>& ranges, const ParamSpec& spec) {
-    const IndexRange r{spec.offset, spec.offset + spec.shape.numel()};
-    if (!ranges.empty() && ranges.back().end == r.begin)
-      ranges.back().end = r.end;
-    else
-      ranges.push_back(r);
+    append_joined(ranges, IndexRange{spec.offset, spec.offset + spec.shape.numel()});
   };
   for (const ParamSpec& spec : store.table().specs()) {
     const bool embedding = spec.role == ParamRole::embedding || spec.role == ParamRole::position;

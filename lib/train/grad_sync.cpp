@@ -28,11 +28,7 @@ std::vector<const ParamSpec*> in_buffer_order(const model::ParamTable& table) {
 
 // A 1-D view of elements [begin, end) of a flat buffer.
 Tensor range_of(const Tensor& whole, int64_t begin, int64_t end) {
-  Tensor t = whole;
-  t.data =
-      static_cast<char*>(whole.data) + static_cast<size_t>(begin) * tensor::dtype_size(whole.dtype);
-  t.shape = {end - begin};
-  return t;
+  return whole.rows(begin, end - begin);
 }
 
 // The peer gradient of the tied embedding uses a tag no pipeline micro-batch reaches.
@@ -74,11 +70,7 @@ std::vector<IndexRange> norm_ranges(const model::ParamTable& table, const NormOw
     if (!spec->expert && owner.ep_rank != 0) continue;
     IndexRange r{spec->offset, spec->offset + spec->shape.numel()};
     if (owner.zero) r = {std::max(r.begin, owner.zero_begin), std::min(r.end, owner.zero_end)};
-    if (r.size() <= 0) continue;
-    if (!ranges.empty() && ranges.back().end == r.begin)
-      ranges.back().end = r.end;
-    else
-      ranges.push_back(r);
+    model::append_joined(ranges, r);
   }
   return ranges;
 }
@@ -210,11 +202,7 @@ size_t GradSync::first_bucket_after(int64_t at) const {
 }
 
 std::vector<size_t> GradSync::zero_shares(const GradBucket& b) const {
-  std::vector<size_t> counts;
-  for (size_t r = 0; r + 1 < zero_bounds_.size(); ++r)
-    counts.push_back(static_cast<size_t>(std::max<int64_t>(
-        0, std::min(b.end, zero_bounds_[r + 1]) - std::max(b.begin, zero_bounds_[r]))));
-  return counts;
+  return model::zero_shares(zero_bounds_, b.begin, b.end);
 }
 
 int64_t GradSync::zero_offset(const GradBucket& b) const {
@@ -307,9 +295,7 @@ void GradSync::reduce_gradients() {
   }
   comm::Communicator& dp = mesh_.dp();
   if (dp.size() < 2) return;
-  std::vector<size_t> counts;
-  for (size_t r = 0; r + 1 < zero_bounds_.size(); ++r)
-    counts.push_back(static_cast<size_t>(zero_bounds_[r + 1] - zero_bounds_[r]));
+  const std::vector<size_t> counts = model::zero_shares(zero_bounds_, 0, grads.numel());
   dp.reduce_scatter_sum_v(grads.data, zero_part_.data(), counts, grads.dtype);
   take_reduced_part();
 }
@@ -341,9 +327,9 @@ void GradSync::gather_parameters() {
   const Tensor copy = zero_part_.view(values.dtype, {mine.numel()});
   be_.cast(copy, mine);
   if (!overlap_) {
-    std::vector<size_t> bytes;
-    for (size_t r = 0; r + 1 < zero_bounds_.size(); ++r)
-      bytes.push_back(static_cast<size_t>(zero_bounds_[r + 1] - zero_bounds_[r]) * item);
+    std::vector<size_t> bytes = model::zero_shares(zero_bounds_, 0, values.numel());
+    for (size_t& count : bytes)
+      count *= item;
     mesh_.dp().all_gather_v(copy.data, values.data, bytes);
     return;
   }

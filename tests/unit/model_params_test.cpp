@@ -1,5 +1,6 @@
 // The typed facts of the parameter table (each spec's layer and role, set by build_param_table)
-// agree with the naming scheme that checkpoints and exports use.
+// agree with the naming scheme that checkpoints and exports use, and the small range helpers that
+// the model, the trainer and the planner share behave as their contracts say.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -9,9 +10,11 @@
 
 #include "backend/backend.hpp"
 #include "model/model.hpp"
+#include "model/zero_partition.hpp"
 #include "small_models.hpp"
 
 using namespace trainctl;
+using model::IndexRange;
 using model::ParamRole;
 using model::ParamSpec;
 
@@ -86,4 +89,55 @@ TEST_CASE("a hand-built table's parameters have no layer and no role", "[model][
   const ParamSpec& w = table.add("w", {4, 4}, model::Init::zeros, 0, true);
   CHECK(w.layer == -1);
   CHECK(w.role == ParamRole::none);
+}
+
+TEST_CASE("append_joined joins touching ranges of one kind and drops empty ones",
+          "[model][params]") {
+  std::vector<IndexRange> ranges;
+  for (const IndexRange& r :
+       {IndexRange{0, 4}, IndexRange{4, 6}, IndexRange{6, 6}, IndexRange{8, 9}, IndexRange{9, 12}})
+    model::append_joined(ranges, r);
+  CHECK(ranges == std::vector<IndexRange>{{0, 6}, {8, 12}});
+
+  struct Kinded {
+    int64_t begin = 0, end = 0;
+    bool decay = false;
+  };
+  std::vector<Kinded> kinded;
+  auto same_decay = [](const Kinded& a, const Kinded& b) { return a.decay == b.decay; };
+  for (const Kinded& r : {Kinded{0, 2, true}, Kinded{2, 3, true}, Kinded{3, 5, false},
+                          Kinded{5, 5, true}, Kinded{5, 7, false}})
+    model::append_joined(kinded, r, same_decay);
+  REQUIRE(kinded.size() == 2);
+  CHECK((kinded[0].begin == 0 && kinded[0].end == 3 && kinded[0].decay));
+  CHECK((kinded[1].begin == 3 && kinded[1].end == 7 && !kinded[1].decay));
+}
+
+TEST_CASE("zero_partition of a table is the partition of its tensors' rows; zero_shares counts",
+          "[model][params]") {
+  const model::ParamTable table = model::build_param_table(small_models::gpt(2));
+  std::vector<model::TensorRows> tensors;
+  for (const ParamSpec& spec : table.specs())
+    tensors.push_back({spec.shape.numel(), spec.shape[0]});
+  for (int parts : {1, 2, 3, 7}) {
+    const std::vector<int64_t> bounds = model::zero_partition(table, parts);
+    CHECK(bounds == model::zero_partition(tensors, parts));
+    // The shares of the whole buffer are the parts' sizes; of a range, its elements in each part.
+    const std::vector<size_t> sizes = model::zero_shares(bounds, 0, table.numel());
+    REQUIRE(sizes.size() == static_cast<size_t>(parts));
+    size_t total = 0;
+    for (int k = 0; k < parts; ++k) {
+      CHECK(
+          sizes[static_cast<size_t>(k)] ==
+          static_cast<size_t>(bounds[static_cast<size_t>(k) + 1] - bounds[static_cast<size_t>(k)]));
+      total += sizes[static_cast<size_t>(k)];
+    }
+    CHECK(total == static_cast<size_t>(table.numel()));
+    const int64_t begin = table.numel() / 3, end = 2 * table.numel() / 3;
+    size_t inside = 0;
+    for (size_t share : model::zero_shares(bounds, begin, end))
+      inside += share;
+    CHECK(inside == static_cast<size_t>(end - begin));
+  }
+  CHECK(model::zero_shares({0, 10, 10, 30}, 5, 25) == std::vector<size_t>{5, 0, 15});
 }

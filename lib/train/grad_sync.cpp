@@ -283,8 +283,8 @@ void GradSync::reduce_gradients() {
     return;
   }
   if (!zero_) {
-    // On CPU each bucket's all-reduce blocks; a GPU backend can start bucket k while backward
-    // still produces bucket k - 1 (buckets are in buffer order, backward runs in reverse).
+    // Without overlap each bucket's all-reduce blocks, after backward (the overlap path above
+    // starts bucket k while backward still produces the buckets before it).
     for (const GradBucket& bucket : buckets_) {
       comm::Communicator& group = bucket.expert ? mesh_.dp() : mesh_.dp_ep();
       if (group.size() < 2) continue;

@@ -1,6 +1,6 @@
 // Communicator: the collectives of one process group (c10d's Backend + ProcessGroup in one).
-// GlooCommunicator implements it for CPU ranks; an NCCL twin will implement the same interface
-// for GPU ranks, which is why buffers are raw pointers with explicit counts (device pointers fit).
+// GlooCommunicator implements it for CPU ranks, NcclCommunicator for GPU ranks, which is why
+// buffers are raw pointers with explicit counts (device pointers fit).
 //
 // Contract shared by every implementation:
 //  - Calls are blocking and collective: every member calls the same ops in the same order with

@@ -20,13 +20,8 @@ std::vector<std::vector<IndexRange>> whole_pieces(const Shape& shape) {
 // Joins ranges that touch, so a dimension that is not split is one range whatever the layout.
 std::vector<IndexRange> merged(const std::vector<IndexRange>& ranges) {
   std::vector<IndexRange> out;
-  for (const IndexRange& r : ranges) {
-    if (r.size() == 0) continue;
-    if (!out.empty() && out.back().end == r.begin)
-      out.back().end = r.end;
-    else
-      out.push_back(r);
-  }
+  for (const IndexRange& r : ranges)
+    append_joined(out, r);
   return out;
 }
 
@@ -99,31 +94,11 @@ const ParamSpec& ParamTable::find(const std::string& name) const {
 }
 
 std::vector<int64_t> zero_partition(const ParamTable& table, int parts) {
-  if (parts < 1)
-    throw std::invalid_argument("zero_partition: parts = " + std::to_string(parts) +
-                                " must be >= 1");
-  const int64_t total = table.numel();
-  std::vector<int64_t> bounds{0};
-  size_t spec = 0;
-  const auto& specs = table.specs();
-  for (int k = 1; k < parts; ++k) {
-    // The row boundary nearest to the ideal cut k * total / parts (ties: the lower one).
-    const int64_t ideal = total * k / parts;
-    while (spec < specs.size() && specs[spec].offset + specs[spec].shape.numel() <= ideal)
-      ++spec;
-    int64_t cut = total;
-    if (spec < specs.size()) {
-      const ParamSpec& s = specs[spec];
-      const int64_t n = s.shape.numel();
-      const int64_t row = s.shape.rank > 0 && s.shape[0] > 0 ? n / s.shape[0] : n;
-      const int64_t within = ideal - s.offset;
-      const int64_t lower = within / row * row;
-      cut = s.offset + (within - lower > lower + row - within ? lower + row : lower);
-    }
-    bounds.push_back(std::max(cut, bounds.back()));
-  }
-  bounds.push_back(total);
-  return bounds;
+  // The specs are in buffer order: add() places each one after the previous.
+  std::vector<TensorRows> tensors;
+  for (const ParamSpec& spec : table.specs())
+    tensors.push_back({spec.shape.numel(), spec.shape.rank > 0 ? spec.shape[0] : 1});
+  return zero_partition(tensors, parts);
 }
 
 ParamTable build_param_table(const ModelConfig& c, const ModelParallel& par) {
@@ -162,11 +137,14 @@ ParamTable build_param_table(const ModelConfig& c, const ModelParallel& par) {
     return IndexRange{base + tr * n / T, base + (tr + 1) * n / T};
   };
   auto full = [](int64_t n) { return std::vector<IndexRange>{IndexRange{0, n}}; };
-  auto add = [&](const std::string& name, Shape global, std::vector<std::vector<IndexRange>> pieces,
-                 Init init, double init_std, bool decay, bool tp_sharded, bool expert,
-                 bool tied = false) {
+  int layer = -1;  // the block being declared; -1 outside the blocks
+  auto add = [&](ParamRole role, const std::string& name, Shape global,
+                 std::vector<std::vector<IndexRange>> pieces, Init init, double init_std,
+                 bool decay, bool tp_sharded, bool expert, bool tied = false) {
     ParamSpec spec;
     spec.name = name;
+    spec.layer = layer;
+    spec.role = role;
     spec.init = init;
     spec.std = init_std;
     spec.weight_decay = decay;
@@ -179,9 +157,9 @@ ParamTable build_param_table(const ModelConfig& c, const ModelParallel& par) {
     spec.tied_copy = tied;
     return t.add(std::move(spec));
   };
-  auto add_norm = [&](const std::string& prefix) {
-    add(prefix + ".weight", {C}, {full(C)}, Init::ones, 0, false, false, false);
-    if (norm_bias) add(prefix + ".bias", {C}, {full(C)}, Init::zeros, 0, false, false, false);
+  auto add_norm = [&](ParamRole role, const std::string& prefix) {
+    add(role, prefix + ".weight", {C}, {full(C)}, Init::ones, 0, false, false, false);
+    if (norm_bias) add(role, prefix + ".bias", {C}, {full(C)}, Init::zeros, 0, false, false, false);
   };
   // The rows of a column-parallel fc1 of `ffn` columns: SwiGLU's gate rows, then its up rows.
   auto fc1_rows = [&](int64_t ffn) {
@@ -192,57 +170,69 @@ ParamTable build_param_table(const ModelConfig& c, const ModelParallel& par) {
 
   const bool tied_copy = c.tied_embeddings && par.pp_size() > 1 && par.last_stage();
   if (par.first_stage()) {
-    add("embed.wte", {V, C}, {{tp_range(V)}, full(C)}, Init::normal, std, true, true, false);
+    add(ParamRole::embedding, "embed.wte", {V, C}, {{tp_range(V)}, full(C)}, Init::normal, std,
+        true, true, false);
     if (c.position == PositionKind::learned)
-      add("embed.wpe", {c.seq_len, C}, {full(c.seq_len), full(C)}, Init::normal, std, true, false,
-          false);
+      add(ParamRole::position, "embed.wpe", {c.seq_len, C}, {full(c.seq_len), full(C)},
+          Init::normal, std, true, false, false);
   }
   for (int i = stage.first; i < stage.end; ++i) {
+    layer = i;
     const std::string l = "layers." + std::to_string(i);
     const int64_t H = c.heads, KV = c.kv_heads, qkv = (H + 2 * KV) * D;
     const std::vector<IndexRange> qkv_rows{tp_range(H * D), tp_range(KV * D, H * D),
                                            tp_range(KV * D, (H + KV) * D)};
-    add_norm(l + ".attn_norm");
-    add(l + ".attn.qkv.weight", {qkv, C}, {qkv_rows, full(C)}, Init::normal, std, true, true,
-        false);
-    if (c.bias) add(l + ".attn.qkv.bias", {qkv}, {qkv_rows}, Init::zeros, 0, false, true, false);
-    add(l + ".attn.proj.weight", {C, H * D}, {full(C), {tp_range(H * D)}}, Init::normal,
-        residual_std, true, true, false);
-    if (c.bias) add(l + ".attn.proj.bias", {C}, {full(C)}, Init::zeros, 0, false, false, false);
-    add_norm(l + ".mlp_norm");
+    add_norm(ParamRole::attn_norm, l + ".attn_norm");
+    add(ParamRole::qkv, l + ".attn.qkv.weight", {qkv, C}, {qkv_rows, full(C)}, Init::normal, std,
+        true, true, false);
+    if (c.bias)
+      add(ParamRole::qkv, l + ".attn.qkv.bias", {qkv}, {qkv_rows}, Init::zeros, 0, false, true,
+          false);
+    add(ParamRole::attn_proj, l + ".attn.proj.weight", {C, H * D}, {full(C), {tp_range(H * D)}},
+        Init::normal, residual_std, true, true, false);
+    if (c.bias)
+      add(ParamRole::attn_proj, l + ".attn.proj.bias", {C}, {full(C)}, Init::zeros, 0, false, false,
+          false);
+    add_norm(ParamRole::mlp_norm, l + ".mlp_norm");
     if (c.is_moe_layer(i)) {
       const int64_t E = c.moe.experts, F = c.expert_ffn(), F1 = c.fc1_rows(c.expert_ffn());
       const IndexRange local_experts{er * E / P, (er + 1) * E / P};
-      add(l + ".moe.router.weight", {E, C}, {full(E), full(C)}, Init::normal, std, true, false,
-          false);
-      add(l + ".moe.fc1.weight", {E, F1, C}, {{local_experts}, fc1_rows(F), full(C)}, Init::normal,
-          std, true, true, true);
+      add(ParamRole::router, l + ".moe.router.weight", {E, C}, {full(E), full(C)}, Init::normal,
+          std, true, false, false);
+      add(ParamRole::expert_fc1, l + ".moe.fc1.weight", {E, F1, C},
+          {{local_experts}, fc1_rows(F), full(C)}, Init::normal, std, true, true, true);
       if (c.bias)
-        add(l + ".moe.fc1.bias", {E, F1}, {{local_experts}, fc1_rows(F)}, Init::zeros, 0, false,
-            true, true);
-      add(l + ".moe.fc2.weight", {E, C, F}, {{local_experts}, full(C), {tp_range(F)}}, Init::normal,
-          residual_std, true, true, true);
+        add(ParamRole::expert_fc1, l + ".moe.fc1.bias", {E, F1}, {{local_experts}, fc1_rows(F)},
+            Init::zeros, 0, false, true, true);
+      add(ParamRole::expert_fc2, l + ".moe.fc2.weight", {E, C, F},
+          {{local_experts}, full(C), {tp_range(F)}}, Init::normal, residual_std, true, true, true);
       if (c.bias)
-        add(l + ".moe.fc2.bias", {E, C}, {{local_experts}, full(C)}, Init::zeros, 0, false, false,
-            true);
+        add(ParamRole::expert_fc2, l + ".moe.fc2.bias", {E, C}, {{local_experts}, full(C)},
+            Init::zeros, 0, false, false, true);
     } else {
       const int64_t F = c.ffn_hidden, F1 = c.fc1_rows(c.ffn_hidden);
-      add(l + ".mlp.fc1.weight", {F1, C}, {fc1_rows(F), full(C)}, Init::normal, std, true, true,
-          false);
-      if (c.bias) add(l + ".mlp.fc1.bias", {F1}, {fc1_rows(F)}, Init::zeros, 0, false, true, false);
-      add(l + ".mlp.fc2.weight", {C, F}, {full(C), {tp_range(F)}}, Init::normal, residual_std, true,
-          true, false);
-      if (c.bias) add(l + ".mlp.fc2.bias", {C}, {full(C)}, Init::zeros, 0, false, false, false);
+      add(ParamRole::fc1, l + ".mlp.fc1.weight", {F1, C}, {fc1_rows(F), full(C)}, Init::normal, std,
+          true, true, false);
+      if (c.bias)
+        add(ParamRole::fc1, l + ".mlp.fc1.bias", {F1}, {fc1_rows(F)}, Init::zeros, 0, false, true,
+            false);
+      add(ParamRole::fc2, l + ".mlp.fc2.weight", {C, F}, {full(C), {tp_range(F)}}, Init::normal,
+          residual_std, true, true, false);
+      if (c.bias)
+        add(ParamRole::fc2, l + ".mlp.fc2.bias", {C}, {full(C)}, Init::zeros, 0, false, false,
+            false);
     }
   }
+  layer = -1;
   if (par.last_stage()) {
-    add_norm("final_norm");
+    add_norm(ParamRole::final_norm, "final_norm");
     if (!c.tied_embeddings) {
-      add("lm_head.weight", {V, C}, {{tp_range(V)}, full(C)}, Init::normal, std, true, true, false);
+      add(ParamRole::head, "lm_head.weight", {V, C}, {{tp_range(V)}, full(C)}, Init::normal, std,
+          true, true, false);
     } else if (tied_copy) {
       // Same name and global indices as the first stage's embed.wte: it starts bit-identical.
-      add("embed.wte", {V, C}, {{tp_range(V)}, full(C)}, Init::normal, std, true, true, false,
-          true);
+      add(ParamRole::embedding, "embed.wte", {V, C}, {{tp_range(V)}, full(C)}, Init::normal, std,
+          true, true, false, true);
     }
   }
   return t;

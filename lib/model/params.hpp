@@ -4,6 +4,7 @@
 //   values  (storage type S)              grads   (G: f32, or f64 when S is f64)
 //   master  (f32, only when S is bf16/f16) moments m, v (f32, or f64 when S is f64)
 // Names follow one scheme ("layers.3.attn.qkv.weight") used by init, checkpoints and export.
+// Code that needs to know what a tensor is reads its typed `layer` and `role`, never its name.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include "backend/backend.hpp"
 #include "model/config.hpp"
 #include "model/parallel.hpp"
+#include "model/zero_partition.hpp"
 
 namespace trainctl::model {
 
@@ -24,6 +26,24 @@ using tensor::Tensor;
 
 enum class Init { normal, zeros, ones };
 
+// What a parameter is in the model (the weight and the bias of one layer share a role).
+enum class ParamRole {
+  none,        // declared outside a model (a table built by hand)
+  embedding,   // embed.wte (also the last stage's tied copy)
+  position,    // embed.wpe (learned positions)
+  attn_norm,   // layers.i.attn_norm
+  qkv,         // layers.i.attn.qkv
+  attn_proj,   // layers.i.attn.proj
+  mlp_norm,    // layers.i.mlp_norm
+  fc1,         // layers.i.mlp.fc1 (dense MLP)
+  fc2,         // layers.i.mlp.fc2
+  router,      // layers.i.moe.router
+  expert_fc1,  // layers.i.moe.fc1 (stacked [E, ...] experts)
+  expert_fc2,  // layers.i.moe.fc2
+  final_norm,  // final_norm
+  head,        // lm_head (untied)
+};
+
 // [begin, end) along one dimension of a parameter's global shape.
 struct IndexRange {
   int64_t begin = 0;
@@ -32,8 +52,25 @@ struct IndexRange {
   bool operator==(const IndexRange&) const = default;
 };
 
+// Appends `range` to `ranges` (kept in order), extending the last one instead when `range` starts
+// where it ends and `joinable(last, range)` holds; an empty range is dropped. Range: any type with
+// int64_t begin and end (IndexRange, Backend::AdamWRange).
+template <class Range, class Joinable>
+void append_joined(std::vector<Range>& ranges, const Range& range, Joinable joinable) {
+  if (range.end <= range.begin) return;
+  if (!ranges.empty() && ranges.back().end == range.begin && joinable(ranges.back(), range))
+    ranges.back().end = range.end;
+  else
+    ranges.push_back(range);
+}
+inline void append_joined(std::vector<IndexRange>& ranges, const IndexRange& range) {
+  append_joined(ranges, range, [](const IndexRange&, const IndexRange&) { return true; });
+}
+
 struct ParamSpec {
   std::string name;
+  int layer = -1;  // the transformer block it belongs to; -1: embeddings, final norm, head
+  ParamRole role = ParamRole::none;
   Shape shape;  // this rank's (local) shape
   Init init = Init::normal;
   double std = 0.0;          // for Init::normal
@@ -72,9 +109,9 @@ class ParamTable {
   int64_t numel_ = 0;
 };
 
-// The ZeRO-1 partition of a flat parameter buffer into `parts` contiguous ranges, cut only at row
-// boundaries (the first dimension of the local tensor) so each part of a parameter is a box of it.
-// Returns parts + 1 boundaries from 0 to table.numel(); parts are as equal as rows allow.
+// The ZeRO-1 partition (zero_partition.hpp) of the table's flat buffer into `parts` contiguous
+// ranges, cut only at row boundaries (the first dimension of the local tensor) so each part of a
+// parameter is a box of it. Returns parts + 1 boundaries from 0 to table.numel().
 std::vector<int64_t> zero_partition(const ParamTable& table, int parts);
 
 // The table of a model: embeddings, blocks (attention, dense MLP or MoE), final norm, head.

@@ -284,23 +284,18 @@ void Transformer::backward(double grad_scale, int slot) {
   impl_->backward(grad_scale, slot);
 }
 
-// Units by name: a tied head on one stage is embed.wte itself, complete only after the embedding
-// backward, so it belongs to the embedding; the last stage's tied copy is the head's.
+// Units by layer and role: a tied head on one stage is embed.wte itself, complete only after the
+// embedding backward, so it belongs to the embedding; the last stage's tied copy is the head's.
 void Transformer::Impl::plan_grad_units() {
   block_ranges.assign(blocks.size(), {});
   auto add = [](std::vector<IndexRange>& ranges, const ParamSpec& spec) {
-    const IndexRange r{spec.offset, spec.offset + spec.shape.numel()};
-    if (!ranges.empty() && ranges.back().end == r.begin)
-      ranges.back().end = r.end;
-    else
-      ranges.push_back(r);
+    append_joined(ranges, IndexRange{spec.offset, spec.offset + spec.shape.numel()});
   };
   for (const ParamSpec& spec : store.table().specs()) {
-    const std::string& name = spec.name;
-    if (name.rfind("layers.", 0) == 0) {
-      const int layer = std::stoi(name.substr(7));
-      add(block_ranges.at(static_cast<size_t>(layer - stage.first)), spec);
-    } else if (name.rfind("embed.", 0) == 0 && !spec.tied_copy) {
+    const bool embedding = spec.role == ParamRole::embedding || spec.role == ParamRole::position;
+    if (spec.layer >= 0) {
+      add(block_ranges.at(static_cast<size_t>(spec.layer - stage.first)), spec);
+    } else if (embedding && !spec.tied_copy) {
       add(embedding_ranges, spec);
     } else {
       add(head_ranges, spec);  // final_norm, lm_head, the tied copy

@@ -4,8 +4,9 @@
 // builds the engine for every rank of tp, pp, dp/ZeRO-1 and ep layouts and compares):
 //   params/grads  the rank's ParamTable (build_param_table): its stage's layers, tp shards of the
 //                 column/row-parallel matrices and the vocabulary, its ep share of the experts;
-//   optimizer     its part of the ZeRO-1 partition (zero_partition: dp parts cut at row
-//                 boundaries of the flat buffer), all of it without ZeRO;
+//   optimizer     its part of the ZeRO-1 partition (model::zero_partition, the engine's own
+//                 function: dp parts cut at row boundaries of the flat buffer), all of it
+//                 without ZeRO;
 //   activations   Transformer::assign(): every tensor of every activation slot (1F1B micro-
 //                 batches in flight on the stage) rounded to 64 bytes as the arena does.
 // Tensor parallelism shards only what the engine shards: qkv, attention output, MLP/expert hidden
@@ -15,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/zero_partition.hpp"
 #include "planner/planner.hpp"
 #include "planner/shape.hpp"
 
@@ -27,11 +29,6 @@ double round64(double bytes) {
 }
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-// One local parameter tensor in table order: ZeRO cuts the flat buffer at its row boundaries.
-struct LocalTensor {
-  int64_t numel = 0, rows = 1;
-};
 
 struct StageShape {
   int first_layer = 0, layers = 0, moe_layers = 0;
@@ -58,11 +55,12 @@ StageShape stage_shape(const recipe::Recipe& r, int stage, int pp) {
   return st;
 }
 
-// The rank's parameter tensors in build_param_table's order (tp and ep shards local).
-std::vector<LocalTensor> local_params(const recipe::Recipe& r, const ModelShape& s,
-                                      const StageShape& st, const Variant& lay) {
+// The rank's parameter tensors in build_param_table's order (tp and ep shards local), as elements
+// and rows: ZeRO cuts the flat buffer at their row boundaries.
+std::vector<model::TensorRows> local_params(const recipe::Recipe& r, const ModelShape& s,
+                                            const StageShape& st, const Variant& lay) {
   const int64_t t = lay.tp, C = s.C, b = s.bias ? 1 : 0;
-  std::vector<LocalTensor> out;
+  std::vector<model::TensorRows> out;
   auto add = [&](int64_t rows, int64_t row_elements) {
     out.push_back({rows * row_elements, rows});
   };
@@ -100,33 +98,6 @@ std::vector<LocalTensor> local_params(const recipe::Recipe& r, const ModelShape&
     if (!s.tied || lay.pp > 1) add(s.V / t, C);  // lm_head, or the last stage's tied copy
   }
   return out;
-}
-
-// model::zero_partition: `parts` + 1 boundaries of the flat buffer, each cut at the row boundary
-// nearest the ideal k * total / parts (ties: the lower one).
-std::vector<int64_t> zero_bounds(const std::vector<LocalTensor>& tensors, int parts) {
-  int64_t total = 0;
-  for (const LocalTensor& x : tensors)
-    total += x.numel;
-  std::vector<int64_t> bounds{0};
-  size_t i = 0;
-  int64_t offset = 0;  // of tensors[i]
-  for (int k = 1; k < parts; ++k) {
-    const int64_t ideal = total * k / parts;
-    while (i < tensors.size() && offset + tensors[i].numel <= ideal)
-      offset += tensors[i++].numel;
-    int64_t cut = total;
-    if (i < tensors.size()) {
-      const int64_t n = tensors[i].numel;
-      const int64_t row = tensors[i].rows > 0 ? n / tensors[i].rows : n;
-      const int64_t within = ideal - offset;
-      const int64_t lower = within / row * row;
-      cut = offset + (within - lower > lower + row - within ? lower + row : lower);
-    }
-    bounds.push_back(std::max(cut, bounds.back()));
-  }
-  bounds.push_back(total);
-  return bounds;
 }
 
 struct Tally {
@@ -235,20 +206,21 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   m.worst_stage = stage;
 
   // ---- parameters, gradients, optimizer state ----
-  const std::vector<LocalTensor> tensors = local_params(r, s, st, lay);
+  const std::vector<model::TensorRows> tensors = local_params(r, s, st, lay);
   int64_t elements = 0, tied_elements = 0;
-  for (const LocalTensor& x : tensors)
+  for (const model::TensorRows& x : tensors)
     elements += x.numel;
   if (s.tied && lay.pp > 1 && (st.first || st.last)) tied_elements = s.V / lay.tp * s.C;
   m.params = static_cast<double>(elements) * z.storage;
   m.grads = static_cast<double>(elements) * z.grad;
   int64_t part = elements;
   if (lay.zero && lay.dp > 1) {
-    const std::vector<int64_t> bounds = zero_bounds(tensors, lay.dp);
+    const std::vector<size_t> parts =
+        model::zero_shares(model::zero_partition(tensors, lay.dp), 0, elements);
     part = 0;
     for (int k = 0; k < lay.dp; ++k)
       if (zero_rank < 0 || k == zero_rank)
-        part = std::max(part, bounds[static_cast<size_t>(k) + 1] - bounds[static_cast<size_t>(k)]);
+        part = std::max(part, static_cast<int64_t>(parts[static_cast<size_t>(k)]));
   }
   m.optimizer = static_cast<double>(part) * (z.master + 2 * z.moment);
 

@@ -10,7 +10,7 @@
 //            overlap it gets, expert all-to-all.
 //   search   every valid (tp, pp, dp, ep, micro_batch, zero, recompute) using all GPUs of the
 //            cluster, rejected with a reason or ranked by predicted step time.
-// Rank order of a layout is tp fastest, then ep, then dp, then pp (../shared/DESIGN.md), so a tp
+// Rank order of a layout is tp fastest, then ep, then dp, then pp (comm::Layout::order), so a tp
 // group is tp consecutive GPUs and stays inside a node's NVLink domain when tp divides it.
 #pragma once
 

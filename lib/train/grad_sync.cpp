@@ -12,6 +12,7 @@ namespace trainctl::train {
 namespace {
 
 using model::IndexRange;
+using model::ParamRole;
 using model::ParamSpec;
 using tensor::Tensor;
 
@@ -27,11 +28,7 @@ std::vector<const ParamSpec*> in_buffer_order(const model::ParamTable& table) {
 
 // A 1-D view of elements [begin, end) of a flat buffer.
 Tensor range_of(const Tensor& whole, int64_t begin, int64_t end) {
-  Tensor t = whole;
-  t.data =
-      static_cast<char*>(whole.data) + static_cast<size_t>(begin) * tensor::dtype_size(whole.dtype);
-  t.shape = {end - begin};
-  return t;
+  return whole.rows(begin, end - begin);
 }
 
 // The peer gradient of the tied embedding uses a tag no pipeline micro-batch reaches.
@@ -73,11 +70,7 @@ std::vector<IndexRange> norm_ranges(const model::ParamTable& table, const NormOw
     if (!spec->expert && owner.ep_rank != 0) continue;
     IndexRange r{spec->offset, spec->offset + spec->shape.numel()};
     if (owner.zero) r = {std::max(r.begin, owner.zero_begin), std::min(r.end, owner.zero_end)};
-    if (r.size() <= 0) continue;
-    if (!ranges.empty() && ranges.back().end == r.begin)
-      ranges.back().end = r.end;
-    else
-      ranges.push_back(r);
+    model::append_joined(ranges, r);
   }
   return ranges;
 }
@@ -114,7 +107,7 @@ GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Tra
   int64_t tied_elements = 0;
   if (parallel.pp_size() > 1 && model.config().tied_embeddings)
     for (const ParamSpec& spec : params.table().specs())
-      if (spec.tied_copy || (spec.name == "embed.wte" && parallel.first_stage()))
+      if (spec.tied_copy || (spec.role == ParamRole::embedding && parallel.first_stage()))
         tied_elements = std::max(tied_elements, spec.shape.numel());
   if (tied_elements > 0) tied_peer_ = be_.allocate(static_cast<size_t>(tied_elements) * grad_bytes);
   if (overlap) plan_overlap();
@@ -136,7 +129,7 @@ void GradSync::plan_overlap() {
   const model::ModelParallel& parallel = model_.parallel();
   if (parallel.pp_size() > 1 && model_.config().tied_embeddings)
     for (const ParamSpec& spec : model_.params().table().specs())
-      if (spec.tied_copy || (spec.name == "embed.wte" && parallel.first_stage()))
+      if (spec.tied_copy || (spec.role == ParamRole::embedding && parallel.first_stage()))
         tied.push_back({spec.offset, spec.offset + spec.shape.numel()});
   for (const GradBucket& bucket : buckets_) {
     if (bucket.expert)
@@ -209,11 +202,7 @@ size_t GradSync::first_bucket_after(int64_t at) const {
 }
 
 std::vector<size_t> GradSync::zero_shares(const GradBucket& b) const {
-  std::vector<size_t> counts;
-  for (size_t r = 0; r + 1 < zero_bounds_.size(); ++r)
-    counts.push_back(static_cast<size_t>(std::max<int64_t>(
-        0, std::min(b.end, zero_bounds_[r + 1]) - std::max(b.begin, zero_bounds_[r]))));
-  return counts;
+  return model::zero_shares(zero_bounds_, b.begin, b.end);
 }
 
 int64_t GradSync::zero_offset(const GradBucket& b) const {
@@ -256,7 +245,7 @@ void GradSync::exchange_tied_embedding() {
   const ParamSpec* tied = nullptr;
   for (const ParamSpec& spec : params.table().specs())
     if ((parallel.last_stage() && spec.tied_copy) ||
-        (parallel.first_stage() && spec.name == "embed.wte" && !spec.tied_copy))
+        (parallel.first_stage() && spec.role == ParamRole::embedding && !spec.tied_copy))
       tied = &spec;
   if (!parallel.first_stage() && !parallel.last_stage()) return;
   if (!tied)
@@ -294,8 +283,8 @@ void GradSync::reduce_gradients() {
     return;
   }
   if (!zero_) {
-    // On CPU each bucket's all-reduce blocks; a GPU backend can start bucket k while backward
-    // still produces bucket k - 1 (buckets are in buffer order, backward runs in reverse).
+    // Without overlap each bucket's all-reduce blocks, after backward (the overlap path above
+    // starts bucket k while backward still produces the buckets before it).
     for (const GradBucket& bucket : buckets_) {
       comm::Communicator& group = bucket.expert ? mesh_.dp() : mesh_.dp_ep();
       if (group.size() < 2) continue;
@@ -306,9 +295,7 @@ void GradSync::reduce_gradients() {
   }
   comm::Communicator& dp = mesh_.dp();
   if (dp.size() < 2) return;
-  std::vector<size_t> counts;
-  for (size_t r = 0; r + 1 < zero_bounds_.size(); ++r)
-    counts.push_back(static_cast<size_t>(zero_bounds_[r + 1] - zero_bounds_[r]));
+  const std::vector<size_t> counts = model::zero_shares(zero_bounds_, 0, grads.numel());
   dp.reduce_scatter_sum_v(grads.data, zero_part_.data(), counts, grads.dtype);
   take_reduced_part();
 }
@@ -340,9 +327,9 @@ void GradSync::gather_parameters() {
   const Tensor copy = zero_part_.view(values.dtype, {mine.numel()});
   be_.cast(copy, mine);
   if (!overlap_) {
-    std::vector<size_t> bytes;
-    for (size_t r = 0; r + 1 < zero_bounds_.size(); ++r)
-      bytes.push_back(static_cast<size_t>(zero_bounds_[r + 1] - zero_bounds_[r]) * item);
+    std::vector<size_t> bytes = model::zero_shares(zero_bounds_, 0, values.numel());
+    for (size_t& count : bytes)
+      count *= item;
     mesh_.dp().all_gather_v(copy.data, values.data, bytes);
     return;
   }

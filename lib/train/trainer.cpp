@@ -317,6 +317,8 @@ StepMetrics Trainer::step_leaving_gather() {
     // communication cost the step. The background groups' own time overlaps compute.
     m.comm_ms = 1000.0 * (mesh_->comm_seconds() - comm_start + sync_->wait_seconds() - wait_start);
     m.comm_background_ms = 1000.0 * (mesh_->background_comm_seconds() - background_start);
+    m.buckets_started_during_backward = sync_->started_during_backward();
+    m.buckets_gathered_during_forward = sync_->gathered_during_forward();
   }
   m.step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

@@ -64,6 +64,11 @@ struct StepMetrics {
   double comm_ms = 0;
   // Busy time of the background reductions (overlap_grad_sync), which runs beside compute.
   double comm_background_ms = 0;
+  // What the overlap achieved (0 without it): gradient buckets whose reduction started during the
+  // step's backward, and (ZeRO-1) buckets of the previous step's parameter gather that the step's
+  // first forward waited for as it reached them.
+  size_t buckets_started_during_backward = 0;
+  size_t buckets_gathered_during_forward = 0;
 };
 
 // Everything besides the parameter buffers (values, master weights, Adam moments in the
@@ -109,24 +114,10 @@ class Trainer {
   int64_t steps_done() const { return step_; }
   const LossScaler& loss_scaler() const { return scaler_; }
   const comm::Mesh* mesh() const { return mesh_; }  // null on one rank
-  // This rank's place among the ranks reading different data (the dp_ep group: dp * ep ranks);
-  // 0 of 1 on one rank.
-  int data_rank() const { return data_rank_; }
-  int data_ranks() const { return data_ranks_; }
   // Whether gradient reductions (all-reduce, or ZeRO-1's reduce-scatter) overlap backward, and
   // ZeRO-1's parameter gather the next forward: asked for (overlap_grad_sync) and the mesh was
   // created with MeshOptions::background_groups.
   bool overlaps_grad_sync() const { return sync_ && sync_->overlaps(); }
-  // Buckets the last step found already started during backward (0 without overlap).
-  size_t buckets_started_during_backward() const {
-    return sync_ ? sync_->started_during_backward() : 0;
-  }
-  // ZeRO-1 with overlap: buckets of the previous step's parameter gather that the last step's
-  // first forward waited for as it reached them (0 otherwise).
-  size_t buckets_gathered_during_forward() const {
-    return sync_ ? sync_->gathered_during_forward() : 0;
-  }
-  size_t grad_buckets() const { return sync_ ? sync_->buckets().size() : 0; }
 
  private:
   // Splits `rows` window rows into inputs_ and targets_ (T tokens each).

@@ -173,9 +173,9 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
   train::Trainer trainer(tc, m, *backend, sampler, nullptr, &mesh);
   RankResult result;
   result.overlapped = trainer.overlaps_grad_sync();
-  auto on_step = [&](const train::StepMetrics&) {
-    result.started.push_back(trainer.buckets_started_during_backward());
-    result.gathered.push_back(trainer.buckets_gathered_during_forward());
+  auto on_step = [&](const train::StepMetrics& metrics) {
+    result.started.push_back(metrics.buckets_started_during_backward);
+    result.gathered.push_back(metrics.buckets_gathered_during_forward);
     if (s.capture_each_step) {
       const ckpt::SaveRequest request =
           train::capture_checkpoint(m, trainer, *backend, "recipe", nlohmann::json::object());
@@ -196,7 +196,10 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
   } else {
     trainer.run(on_step);
   }
-  result.buckets = trainer.grad_buckets();
+  // The buckets GradSync reduces: its plan over the model's table and gradient type.
+  result.buckets = train::plan_grad_buckets(m.params().table(), tc.bucket_bytes,
+                                            tensor::dtype_size(m.params().grads().dtype))
+                       .size();
   const tensor::Tensor values = m.params().values();
   result.values.resize(values.bytes());
   backend->copy_to_host(result.values.data(), values);

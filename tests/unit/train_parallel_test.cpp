@@ -179,7 +179,8 @@ TEST_CASE("gradient buckets never mix expert and non-expert parameters", "[train
   // Mark the stacked expert weights as build_param_table does for ep > 1.
   model::ParamTable marked;
   for (model::ParamSpec spec : table.specs()) {
-    spec.expert = spec.name.find(".moe.fc") != std::string::npos;
+    spec.expert =
+        spec.role == model::ParamRole::expert_fc1 || spec.role == model::ParamRole::expert_fc2;
     marked.add(spec);
   }
   const auto buckets = train::plan_grad_buckets(marked, int64_t{1} << 40, 4);

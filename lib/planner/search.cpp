@@ -131,10 +131,10 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
         for (int mb : divisors(per_replica)) {
           if (mb > options.max_micro_batch) break;
           for (int zero : options.zero) {
-            // ZeRO-1 shards over dp; the engine does not combine it with ep (recipe rule).
-            if (zero && (dp == 1 || ep > 1)) continue;
+            if (zero && dp == 1) continue;  // ZeRO-1 shards over dp: nothing to shard
             for (trainctl::Recompute mode : options.recompute) {
               Variant l{tp, pp, dp, ep, mb, zero, mode};
+              if (!l.unsupported().empty()) continue;  // what the engine refuses (ZeRO-1 with ep)
               ++plan.variants_evaluated;
               ++tried;
               const MemoryEstimate mem = estimate_memory(r, cluster, l, options.memory);

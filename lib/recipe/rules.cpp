@@ -104,13 +104,9 @@ void check_parallel(const Recipe& r, RuleChecker& c) {
     c.divisible("moe.expert_ffn_hidden", r.moe.expert_ffn_hidden, "parallel.tp", p.tp,
                 {"moe.expert_ffn_hidden", "parallel.tp"},
                 "each expert MLP is split over the tensor-parallel ranks");
-  if (c.usable({"parallel.zero", "parallel.ep"}) && p.zero == 1 && p.ep > 1)
-    c.fail(
-        {"parallel.zero", "parallel.ep"},
-        fmt::format("parallel.zero: 1 with parallel.ep = {} is not supported yet (expert weights "
-                    "would need their own optimizer partition); use parallel.zero: 0 or "
-                    "parallel.ep: 1",
-                    p.ep));
+  if (c.usable({"parallel.zero", "parallel.ep"}))
+    if (const std::string why = p.unsupported(); !why.empty())
+      c.fail({"parallel.zero", "parallel.ep"}, why);
   if (c.usable({"training.global_batch", "training.micro_batch", "parallel.dp", "parallel.ep"})) {
     int64_t per_pass = static_cast<int64_t>(r.training.micro_batch) * p.dp * p.ep;
     if (r.training.global_batch % per_pass != 0) {

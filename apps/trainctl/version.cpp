@@ -33,7 +33,8 @@ int run_version(const VersionOptions&) {
     for (size_t i = 0; i < archs.size(); ++i)
       backends += (i ? ", " : "") + archs[i];
     backends += ", CUDA runtime " + backend::cuda_runtime_version() +
-                ") compiled, CUDA training backend not yet available";
+                ") compiled; the CUDA backend is opt-in (cluster.device: cuda) until tests/gpu has "
+                "passed on a GPU";
   }
   fmt::print("backends:  {}\n", backends);
   fmt::print(

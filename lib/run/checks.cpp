@@ -8,7 +8,6 @@
 
 #include "comm/error.hpp"
 #include "files/files.hpp"
-#include "launch/local.hpp"
 #include "launch/store_address.hpp"
 #include "run/context.hpp"
 #include "run/convert.hpp"
@@ -123,28 +122,6 @@ Exit check_rank_environment(SessionInput& input, const std::string& command) {
           input.recipe_label);
   }
   return std::nullopt;
-}
-
-int start_session(SessionInput input, const std::string& command) {
-  const recipe::Recipe& r = input.loaded.recipe;
-  if (input.rank.launched() || r.world_size() == 1) return train_session(std::move(input), command);
-  launch::LocalLaunch local;
-  local.argv = launch::own_command_line();
-  local.run_dir = input.run_dir;
-  local.world_size = r.world_size();
-  local.layout = r.parallel.degrees();
-  local.command = command;  // the notes are rank 0's to print
-  // Without a shared file system the ranks meet through a TCP store, as a Slurm job's do; here
-  // the launcher serves it on loopback for as long as the ranks run, with a secret of its own.
-  std::unique_ptr<comm::TcpStoreServer> store;
-  if (uses_tcp_store(r.cluster.shared_fs)) {
-    const comm::StoreSecret secret = comm::StoreSecret::generate();
-    store = std::make_unique<comm::TcpStoreServer>("127.0.0.1", 0, secret, store_server_options());
-    local.env = {{launch::kEnvStoreHost, "127.0.0.1"},
-                 {launch::kEnvStorePort, std::to_string(store->port())},
-                 {launch::kEnvStoreSecret, secret.hex()}};
-  }
-  return launch::launch_local(local);
 }
 
 namespace {

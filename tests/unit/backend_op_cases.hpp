@@ -45,10 +45,9 @@ struct GemmShape {
   unsigned suites;
 };
 inline constexpr GemmShape kGemmShapes[] = {
-    {5, 7, 13, kBoth},    {1, 1, 1, kBoth},     {1, 7, 3, kBoth},
-    {5, 1, 9, kBoth},     {7, 13, 33, kBoth},   {64, 64, 64, kBoth},
-    {127, 65, 31, kBoth}, {128, 256, 512, kGpu}, {512, 768, 1024, kGpu},
-    {1024, 1, 768, kGpu},
+    {5, 7, 13, kBoth},      {1, 1, 1, kBoth},     {1, 7, 3, kBoth},     {5, 1, 9, kBoth},
+    {7, 13, 33, kBoth},     {64, 64, 64, kBoth},  {127, 65, 31, kBoth}, {128, 256, 512, kGpu},
+    {512, 768, 1024, kGpu}, {1024, 1, 768, kGpu},
 };
 
 // Products of bf16/f16 (gpu: also f32) inputs accumulated into f32 with beta 1 (weight gradients).
@@ -70,8 +69,8 @@ struct BiasBackwardShape {
   unsigned suites;
 };
 inline constexpr BiasBackwardShape kBiasBackward[] = {
-    {7, 13, kBoth},     {1, 1, kBoth},      {7, 33, kBoth},
-    {1000, 96, kBoth},  {4099, 768, kBoth}, {64, 50257, kBoth},
+    {7, 13, kBoth},    {1, 1, kBoth},      {7, 33, kBoth},
+    {1000, 96, kBoth}, {4099, 768, kBoth}, {64, 50257, kBoth},
 };
 
 // ---- norms: layernorm and rmsnorm over [N, C] ----------------------------------------------

@@ -29,7 +29,7 @@ inline void expect(bool condition, const std::string& what) {
 // (children leave with _exit and never run the destructor).
 struct TempDir {
   TempDir() {
-    char pattern[] = "/tmp/trainctl_dist_XXXXXX";
+    char pattern[] = "/tmp/trainctl_comm_XXXXXX";
     if (::mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
     path = pattern;
   }

@@ -108,9 +108,8 @@ Result run_training(const Options& o, tensor::DType storage) {
   train::TrainConfig tc;
   tc.steps = o.warmup + o.steps;
   tc.global_batch = tc.micro_batch = o.micro_batch;
-  tc.schedule.peak_lr = 1e-4;
+  tc.optimizer.lr = 1e-4;
   tc.schedule.decay = train::DecayKind::constant;
-  tc.schedule.total_steps = tc.steps;
   train::Trainer trainer(tc, model, *be, sampler, nullptr);
   for (int i = 0; i < o.warmup; ++i)
     trainer.step();

@@ -150,9 +150,8 @@ Result run_training(const Options& o, backend::cuda::CudaBackend& be) {
   train::TrainConfig tc;
   tc.steps = total_steps;
   tc.global_batch = tc.micro_batch = o.micro_batch;
-  tc.schedule.peak_lr = 1e-4;
+  tc.optimizer.lr = 1e-4;
   tc.schedule.decay = train::DecayKind::constant;
-  tc.schedule.total_steps = tc.steps;
   train::Trainer trainer(tc, model, be, sampler, nullptr);
   for (int i = 0; i < o.warmup; ++i)
     trainer.step();

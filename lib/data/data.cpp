@@ -42,20 +42,20 @@ std::shared_ptr<const TokenSource> open_source(SourceKind kind, const std::strin
   throw DataError("synthetic data has no path; open it with SyntheticSource or open_dataset");
 }
 
-Dataset open_dataset(const DataConfig& config) {
+Dataset open_dataset(const DataConfig& config, const SyntheticConfig& synthetic) {
   std::shared_ptr<const TokenSource> all;
-  if (config.kind == SourceKind::synthetic) {
+  if (config.source == SourceKind::synthetic) {
     if (!config.val_path.empty()) {
       throw DataError(fmt::format(
           "synthetic data takes no validation path (got '{}'); remove it: the validation tokens "
           "are held out from the synthetic stream",
           config.val_path));
     }
-    all = std::make_shared<SyntheticSource>(config.seed, config.vocab_size, config.num_tokens,
-                                            config.branching);
+    all = std::make_shared<SyntheticSource>(synthetic.seed, synthetic.vocab_size,
+                                            synthetic.num_tokens, synthetic.branching);
   } else {
-    all = open_source(config.kind, config.path);
-    if (!config.val_path.empty()) return Dataset{all, open_source(config.kind, config.val_path)};
+    all = open_source(config.source, config.path);
+    if (!config.val_path.empty()) return Dataset{all, open_source(config.source, config.val_path)};
   }
   HoldoutSplit split = split_holdout(all, config.val_fraction);
   return Dataset{split.train, split.val};

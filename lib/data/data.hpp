@@ -1,10 +1,10 @@
 // lib/data: where training tokens come from and in which order they are read.
 //
-//   DataConfig --open_dataset()--> Dataset{train, val} (TokenSources)
+//   DataConfig (data/config.hpp) --open_dataset()--> Dataset{train, val} (TokenSources)
 //   train --Sampler(seq_len, seed)--> next_batch / next_batch_slice (resumable via SamplerState)
 //   val   --ValidationSet(seq_len)--> the same fixed batches every evaluation
 //
-// Depends only on the standard library and fmt; the caller converts its recipe into DataConfig.
+// Depends only on the standard library and fmt; the recipe holds a DataConfig as its data section.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "data/config.hpp"
 #include "data/sampler.hpp"
 #include "data/sources.hpp"
 #include "data/token_source.hpp"
@@ -22,24 +23,10 @@ namespace trainctl::data {
 // repository root. See data/README.md.
 inline constexpr std::string_view kBundledTextPath = "data/kjv.txt";
 
-enum class SourceKind { synthetic, text, llmc };
-
 // "synthetic", "text", "llmc".
 std::string_view source_kind_name(SourceKind kind);
 // The inverse; throws DataError naming the accepted names for anything else.
 SourceKind parse_source_kind(std::string_view name);
-
-struct DataConfig {
-  SourceKind kind = SourceKind::synthetic;
-  std::string path;      // text: one file; llmc: a file or a glob such as "dir/train_*.bin"
-  std::string val_path;  // text/llmc: separate validation data of the same kind; empty: holdout
-  double val_fraction = 0.05;  // fraction of the tokens held out for validation when no val_path
-  // synthetic only (see SyntheticSource):
-  uint64_t seed = 1234;
-  int32_t vocab_size = 256;
-  int64_t num_tokens = int64_t{1} << 20;
-  int32_t branching = SyntheticSource::kDefaultBranching;
-};
 
 struct Dataset {
   std::shared_ptr<const TokenSource> train;
@@ -50,8 +37,9 @@ struct Dataset {
 std::shared_ptr<const TokenSource> open_source(SourceKind kind, const std::string& path);
 
 // Opens the training and validation sources the config describes: from val_path when given,
-// otherwise the last val_fraction of the training data (split_holdout). Throws DataError for a
-// missing path, a val_path on synthetic data, or any problem with the files.
-Dataset open_dataset(const DataConfig& config);
+// otherwise the last val_fraction of the training data (split_holdout); `synthetic` is used only
+// when config.source is synthetic. Throws DataError for a missing path, a val_path on synthetic
+// data, or any problem with the files.
+Dataset open_dataset(const DataConfig& config, const SyntheticConfig& synthetic = {});
 
 }  // namespace trainctl::data

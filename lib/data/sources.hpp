@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "data/config.hpp"
 #include "data/data_file.hpp"
 #include "data/token_source.hpp"
 
@@ -26,7 +27,7 @@ namespace trainctl::data {
 class SyntheticSource final : public TokenSource {
  public:
   static constexpr int64_t kBlockLength = 1024;
-  static constexpr int32_t kDefaultBranching = 4;
+  static constexpr int32_t kDefaultBranching = data::kDefaultBranching;
 
   // Throws DataError unless vocab >= 2, 1 <= branching <= vocab and num_tokens >= 1.
   SyntheticSource(uint64_t seed, int32_t vocab, int64_t num_tokens,

@@ -39,8 +39,8 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
   const int64_t W = (H + 2 * KV) * D;
   const int64_t dense_F = cfg.ffn_hidden / tps, dense_F1 = cfg.fc1_rows(cfg.ffn_hidden) / tps;
   const int64_t expert_F = cfg.expert_ffn() / tps, expert_F1 = cfg.fc1_rows(cfg.expert_ffn()) / tps;
-  const bool full = cfg.recompute == trainctl::Recompute::full;
-  const bool none = cfg.recompute == trainctl::Recompute::none;
+  const bool full = par.layout.recompute == trainctl::Recompute::full;
+  const bool none = par.layout.recompute == trainctl::Recompute::none;
   auto keep_unless_full = [&](DType dt, Shape s) {
     return full ? shared.take(dt, s) : kept.take(dt, s);
   };

@@ -1,19 +1,21 @@
-// The model's own description, independent of the recipe (lib/run converts a Recipe into this), so
-// the model can be built directly by tests and benchmarks.
+// The model's own description. The recipe's schema fills it directly (model.*, moe.*,
+// precision.compute and precision.fp8 are its keys: lib/recipe/schema.cpp), and tests and
+// benchmarks build it by hand. The parallel layout, activation recomputation included, is not
+// here: the model takes it from ModelParallel (model/params.hpp).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "layout/layout.hpp"
 #include "tensor/dtype.hpp"
 
 namespace trainctl::model {
 
+// model.arch: which family's defaults fill the keys a recipe leaves unset (lib/recipe presets).
+enum class Arch { gpt, llama };
 enum class NormKind { layernorm, rmsnorm };
 enum class ActivationKind { gelu, swiglu };
 enum class PositionKind { learned, rope };
-using trainctl::Recompute;  // layout/layout.hpp
 // fp8 GEMMs in the blocks' linear layers (backend::GemmArgs fp8 operands): e4m3 for every operand,
 // or hybrid: e4m3 for inputs and weights, e5m2 for output gradients in backward.
 enum class Fp8Mode { none, e4m3, hybrid };
@@ -26,9 +28,11 @@ struct MoeConfig {
   double z_loss_coef = 0.001;
   int every = 2;              // layer i is MoE when (i + 1) % every == 0
   int expert_ffn_hidden = 0;  // 0: ffn_hidden
+  bool operator==(const MoeConfig&) const = default;
 };
 
 struct ModelConfig {
+  Arch arch = Arch::gpt;
   int layers = 4;
   int hidden = 128;
   int heads = 4;
@@ -45,15 +49,15 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   double init_std = 0.02;
   MoeConfig moe;
-  tensor::DType storage = tensor::DType::f32;  // parameters and activations
-  trainctl::Recompute recompute = trainctl::Recompute::none;
-  Fp8Mode fp8 = Fp8Mode::none;  // needs storage bf16
+  tensor::DType storage = tensor::DType::f32;  // parameters and activations (precision.compute)
+  Fp8Mode fp8 = Fp8Mode::none;                 // needs storage bf16
 
   int head_dim() const { return hidden / heads; }
   bool is_moe_layer(int layer) const { return moe.experts > 0 && (layer + 1) % moe.every == 0; }
   int expert_ffn() const { return moe.expert_ffn_hidden > 0 ? moe.expert_ffn_hidden : ffn_hidden; }
   // Rows of the first MLP matrix: SwiGLU fuses gate and up projections.
   int fc1_rows(int ffn) const { return activation == ActivationKind::swiglu ? 2 * ffn : ffn; }
+  bool operator==(const ModelConfig&) const = default;
   // Throws std::invalid_argument naming the broken rule (the recipe validates first; this guards
   // direct users such as tests and benchmarks).
   void check() const;

@@ -1,7 +1,7 @@
 // The decoder-only transformer (GPT and Llama families, dense and mixture-of-experts) on one
 // rank: embedding -> blocks (norm, attention, residual, norm, MLP or MoE, residual) -> final norm
 // -> LM head -> cross-entropy. Built for one micro-batch size; activations come from one arena
-// planned up front for the recompute mode:
+// planned up front for the recompute mode of the layout (ModelParallel::layout.recompute):
 //   none       every tensor backward needs is kept per layer
 //   selective  norm outputs and activation-function outputs are recomputed in backward (they
 //              cost only elementwise work); GEMM outputs, attention statistics and routing are kept

@@ -116,9 +116,9 @@ backend::RouterLosses Transformer::Impl::block_forward(const Block& b, BlockActs
 }
 
 void Transformer::Impl::block_recompute(const Block& b, BlockActs& a) {
-  if (cfg.recompute == trainctl::Recompute::full) {
+  if (par.layout.recompute == trainctl::Recompute::full) {
     block_forward(b, a);
-  } else if (cfg.recompute == trainctl::Recompute::selective) {
+  } else if (par.layout.recompute == trainctl::Recompute::selective) {
     b.ln1.forward(be, a.ln1_out, a.ln1_s, a.x_in);
     b.ln2.forward(be, a.ln2_out, a.ln2_s, a.x_mid);
     if (b.mlp)

@@ -49,7 +49,7 @@ StageShape stage_shape(const recipe::Recipe& r, int stage, int pp) {
     st.first_layer += count(s);
   st.layers = count(stage);
   for (int i = st.first_layer; i < st.first_layer + st.layers; ++i)
-    st.moe_layers += r.is_moe_layer(i) ? 1 : 0;
+    st.moe_layers += r.model.is_moe_layer(i) ? 1 : 0;
   st.first = stage == 0;
   st.last = stage == pp - 1;
   return st;
@@ -79,7 +79,7 @@ std::vector<model::TensorRows> local_params(const recipe::Recipe& r, const Model
     add(C, s.H * s.D / t);
     if (b) add(C, 1);
     norm();
-    if (r.is_moe_layer(i)) {
+    if (r.model.is_moe_layer(i)) {
       const int64_t experts = s.E / lay.ep;
       add(s.E, C);  // router, replicated
       add(experts, s.EF1 / t * C);
@@ -278,14 +278,14 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
 MemoryEstimate estimate_rank_memory(const recipe::Recipe& recipe,
                                     const topology::ClusterSpec& cluster, const Variant& layout,
                                     const Coordinates& at, const MemoryOptions& options) {
-  return rank_memory(recipe, shape_of(recipe), sizes_of(recipe.precision.compute), cluster, layout,
+  return rank_memory(recipe, shape_of(recipe), sizes_of(recipe.model.storage), cluster, layout,
                      options, at.pp, at.dp);
 }
 
 MemoryEstimate estimate_memory(const recipe::Recipe& recipe, const topology::ClusterSpec& cluster,
                                const Variant& layout, const MemoryOptions& options) {
   const ModelShape s = shape_of(recipe);
-  const Sizes z = sizes_of(recipe.precision.compute);
+  const Sizes z = sizes_of(recipe.model.storage);
   // Stages differ in layers, embedding (first), head and logits (last) and micro-batches in
   // flight; tp and ep ranks of a stage hold equal shards; dp ranks differ only in their ZeRO part
   // (the largest is taken).

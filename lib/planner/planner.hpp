@@ -115,7 +115,7 @@ TimeEstimate estimate_time(const recipe::Recipe& recipe, const topology::Cluster
                            const Variant& layout, const TimeOptions& options = {});
 
 // Peak dense TFLOP/s of the cluster's GPU for the recipe's precision (fp32: peak_tflops_fp32).
-double peak_tflops(const topology::ClusterSpec& cluster, recipe::Compute compute);
+double peak_tflops(const topology::ClusterSpec& cluster, tensor::DType compute);
 
 // ---- search
 // --------------------------------------------------------------------------------------

@@ -58,9 +58,9 @@ std::string check_divisibility(const recipe::Recipe& r, const Variant& l) {
                             {"model.vocab", m.vocab}})
     if (value % l.tp != 0) return not_divisible(key, value, "tp", l.tp);
   if (m.layers % l.pp != 0) return not_divisible("model.layers", m.layers, "pp", l.pp);
-  if (l.ep > 1 && r.moe.experts == 0) return fmt::format("ep = {} needs an MoE model", l.ep);
-  if (r.moe.experts > 0 && r.moe.experts % l.ep != 0)
-    return not_divisible("moe.experts", r.moe.experts, "ep", l.ep);
+  if (l.ep > 1 && r.model.moe.experts == 0) return fmt::format("ep = {} needs an MoE model", l.ep);
+  if (r.model.moe.experts > 0 && r.model.moe.experts % l.ep != 0)
+    return not_divisible("moe.experts", r.model.moe.experts, "ep", l.ep);
   const int64_t per_pass = int64_t{l.micro_batch} * l.dp * l.ep;
   if (r.training.global_batch % per_pass != 0)
     return fmt::format("global_batch % (micro_batch * dp * ep) = {} % ({} * {} * {}) = {} != 0",
@@ -96,15 +96,15 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
   if (cluster.gpu.memory_gib <= 0)
     throw PlanError(fmt::format("cluster '{}': gpu memory_gib = {} must be positive", cluster.name,
                                 cluster.gpu.memory_gib));
-  if (r.precision.fp8 != recipe::Fp8::none && cluster.gpu.peak_tflops_fp8 <= 0)
+  if (r.model.fp8 != recipe::Fp8::none && cluster.gpu.peak_tflops_fp8 <= 0)
     throw PlanError(fmt::format(
         "cluster '{}': its GPU has no fp8 tensor cores (peak_tflops_fp8 = 0) but the recipe asks "
         "for precision.fp8: {}; use precision.fp8: none, or a cluster of Hopper GPUs",
-        cluster.name, recipe::EnumNames<recipe::Fp8>::names[static_cast<size_t>(r.precision.fp8)]));
+        cluster.name, recipe::to_string(r.model.fp8)));
   const double capacity = cluster.gpu.memory_gib * kGiB;
   const int world = plan.world;
   const std::vector<int> ep_choices =
-      r.moe.experts > 0 ? divisors(r.moe.experts) : std::vector<int>{1};
+      r.model.moe.experts > 0 ? divisors(r.model.moe.experts) : std::vector<int>{1};
 
   int smallest_replicas = std::numeric_limits<int>::max();
   for (int tp : divisors(world)) {

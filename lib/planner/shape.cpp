@@ -5,14 +5,14 @@
 
 namespace trainctl::planner {
 
-Sizes sizes_of(recipe::Compute compute) {
+Sizes sizes_of(tensor::DType compute) {
   switch (compute) {
-    case recipe::Compute::fp64:
+    case tensor::DType::f64:
       return {8, 8, 8, 8, 0};
-    case recipe::Compute::bf16:
-    case recipe::Compute::fp16:
+    case tensor::DType::bf16:
+    case tensor::DType::f16:
       return {2, 4, 4, 4, 4};
-    case recipe::Compute::fp32:
+    default:  // f32 (the recipe offers no other compute type)
       break;
   }
   return {4, 4, 4, 4, 0};
@@ -31,19 +31,19 @@ ModelShape shape_of(const recipe::Recipe& r) {
   const bool swiglu = m.activation == recipe::Activation::swiglu;
   s.F = m.ffn_hidden;
   s.F1 = swiglu ? 2 * s.F : s.F;
-  s.E = r.moe.experts;
-  s.K = r.moe.top_k;
-  s.EF = r.moe.expert_ffn_hidden > 0 ? r.moe.expert_ffn_hidden : m.ffn_hidden;
+  s.E = r.model.moe.experts;
+  s.K = r.model.moe.top_k;
+  s.EF = r.model.moe.expert_ffn_hidden > 0 ? r.model.moe.expert_ffn_hidden : m.ffn_hidden;
   s.EF1 = swiglu ? 2 * s.EF : s.EF;
   s.layers = m.layers;
   for (int i = 0; i < m.layers; ++i)
-    s.moe_layers += r.is_moe_layer(i) ? 1 : 0;
+    s.moe_layers += r.model.is_moe_layer(i) ? 1 : 0;
   s.bias = m.bias;
   s.norm_bias = m.bias && m.norm == recipe::Norm::layernorm;
   s.rope = m.position == recipe::Position::rope;
   s.learned_positions = !s.rope;
   s.tied = m.tied_embeddings;
-  s.capacity_factor = r.moe.capacity_factor;
+  s.capacity_factor = r.model.moe.capacity_factor;
 
   const int64_t C = s.C, b = s.bias ? 1 : 0;
   const int64_t norm = C * (s.norm_bias ? 2 : 1);

@@ -18,7 +18,7 @@ namespace trainctl::planner {
 struct Sizes {
   double storage = 4, stats = 4, grad = 4, moment = 4, master = 0;
 };
-Sizes sizes_of(recipe::Compute compute);
+Sizes sizes_of(tensor::DType compute);
 
 struct ModelShape {
   int64_t C = 0, T = 0, V = 0, H = 0, KV = 0, D = 0, W = 0;  // W: qkv rows (H + 2 KV) * D

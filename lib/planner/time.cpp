@@ -51,16 +51,16 @@ double ring_seconds(double bytes, int group, const Link& link, double passes) {
 
 }  // namespace
 
-double peak_tflops(const topology::ClusterSpec& cluster, recipe::Compute compute) {
+double peak_tflops(const topology::ClusterSpec& cluster, tensor::DType compute) {
   const topology::GpuSpec& g = cluster.gpu;
   switch (compute) {
-    case recipe::Compute::bf16:
+    case tensor::DType::bf16:
       return g.peak_tflops_bf16;
-    case recipe::Compute::fp16:
+    case tensor::DType::f16:
       return g.peak_tflops_fp16;
-    case recipe::Compute::fp64:
+    case tensor::DType::f64:
       return g.peak_tflops_fp32 / 2;
-    case recipe::Compute::fp32:
+    default:  // f32 (the recipe offers no other compute type)
       break;
   }
   return g.peak_tflops_fp32;
@@ -69,14 +69,14 @@ double peak_tflops(const topology::ClusterSpec& cluster, recipe::Compute compute
 TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
                            const Variant& lay, const TimeOptions& options) {
   const ModelShape s = shape_of(r);
-  const Sizes z = sizes_of(r.precision.compute);
+  const Sizes z = sizes_of(r.model.storage);
   const double efficiency =
       options.compute_efficiency > 0 ? options.compute_efficiency : kDefaultComputeEfficiency;
-  const double peak = std::max(peak_tflops(cluster, r.precision.compute), 1e-3) * 1e12;
+  const double peak = std::max(peak_tflops(cluster, r.model.storage), 1e-3) * 1e12;
   const double flops_per_s = peak * efficiency;
   // With fp8 the blocks' linear layers (qkv, proj, fc1, fc2, experts) run on the fp8 tensor
   // cores; attention's scores and values, the router and the head stay at the storage precision.
-  const bool fp8 = r.precision.fp8 != recipe::Fp8::none && cluster.gpu.peak_tflops_fp8 > 0;
+  const bool fp8 = r.model.fp8 != recipe::Fp8::none && cluster.gpu.peak_tflops_fp8 > 0;
   const double linear_flops_per_s =
       fp8 ? cluster.gpu.peak_tflops_fp8 * 1e12 * efficiency : flops_per_s;
   const bool full = lay.recompute == trainctl::Recompute::full;
@@ -101,7 +101,7 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     if (stage != 0 && !last && s.moe_layers == 0) continue;
     int moe = 0;
     for (int i = stage * layers; i < (stage + 1) * layers; ++i)
-      moe += r.is_moe_layer(i) ? 1 : 0;
+      moe += r.model.is_moe_layer(i) ? 1 : 0;
     const double layer_flops =
         layers * s.attention_flops + (layers - moe) * s.dense_mlp_flops + moe * s.moe_flops;
     const double linear_flops = layers * s.attention_linear_flops +
@@ -113,8 +113,8 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     // fp8 under tp: each sharded Linear all-reduces its operands' amaxes (12 bytes, latency
     // alone) once per forward, backward and recompute pass: qkv and proj, then fc1 and fc2 of
     // the dense MLP or of every local expert.
-    const double sharded_linears =
-        2.0 * layers + 2.0 * (layers - moe) + 2.0 * moe * (r.moe.experts / std::max(1, lay.ep));
+    const double sharded_linears = 2.0 * layers + 2.0 * (layers - moe) +
+                                   2.0 * moe * (r.model.moe.experts / std::max(1, lay.ep));
     const double amax_reduces = fp8 && lay.tp > 1 ? sharded_linears * (passes - 1.0) : 0.0;
     const double tp_comm =
         layers * collectives_per_layer * ring_seconds(hidden_bytes, lay.tp, tp_link, 2.0) +

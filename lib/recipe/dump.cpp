@@ -9,9 +9,6 @@
 
 namespace trainctl::recipe {
 
-bool Recipe::is_moe_layer(int layer) const {
-  return moe.experts > 0 && (layer + 1) % moe.every == 0;
-}
 int Recipe::world_size() const {
   return parallel.world_size();
 }

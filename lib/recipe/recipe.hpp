@@ -7,8 +7,9 @@
 // A Recipe is only ever built by this module, fully resolved (defaults and model.arch presets
 // filled in, --set overrides applied) and validated (types, ranges, cross-field rules). Code that
 // receives a `const Recipe&` may rely on every rule listed in docs/recipe.md holding. The member
-// names are the YAML key names, so `recipe.model.layers` is `model.layers` in the file. Enum values
-// named `automatic` are spelled `auto` in YAML (auto is a C++ keyword).
+// names are the YAML key names, so `recipe.model.layers` is `model.layers` in the file, except for
+// the four keys the model holds (see the struct tree). Enum values named `automatic` are spelled
+// `auto` in YAML (auto is a C++ keyword).
 #pragma once
 
 #include <array>
@@ -20,24 +21,31 @@
 #include <type_traits>
 #include <vector>
 
+#include "data/config.hpp"
 #include "layout/layout.hpp"
+#include "model/config.hpp"
+#include "telemetry/progress.hpp"
+#include "tensor/dtype.hpp"
+#include "train/config.hpp"
 
 namespace trainctl::recipe {
 
-// ---- enums: the order of each EnumNames<E>::names array is the enum's order --------------------
-enum class Arch { gpt, llama };
-enum class Norm { layernorm, rmsnorm };
-enum class Activation { gelu, swiglu };
-enum class Position { learned, rope };
-using trainctl::Recompute;                      // layout/layout.hpp
-enum class Compute { fp32, bf16, fp16, fp64 };  // fp64: CPU reference only
-enum class Fp8 { none, e4m3, hybrid };
-enum class LossScaleMode { dynamic, none, fixed };
-enum class OptimizerName { adamw };
-enum class Decay { cosine, linear, constant, wsd };
-enum class DataSource { synthetic, text, llmc };
+// ---- enums -------------------------------------------------------------------------------------
+// Each enum a module acts on is that module's own, named here for its key; the recipe only adds
+// the YAML spelling (EnumNames). The rest exist only in the recipe.
+using Arch = model::Arch;                    // model.arch
+using Norm = model::NormKind;                // model.norm
+using Activation = model::ActivationKind;    // model.activation
+using Position = model::PositionKind;        // model.position
+using tensor::DType;                         // precision.compute: f32, bf16, f16 or f64 only
+using trainctl::Recompute;                   // parallel.recompute (layout/layout.hpp)
+using Fp8 = model::Fp8Mode;                  // precision.fp8
+using LossScaleMode = train::LossScaleKind;  // precision.loss_scale
+using Decay = train::DecayKind;              // schedule.decay
+using DataSource = data::SourceKind;         // data.source
+using Progress = telemetry::ProgressMode;    // logging.progress
+using OptimizerName = train::OptimizerName;  // optimizer.name
 enum class Resume { never, automatic };
-enum class Progress { automatic, plain, none };
 enum class Device { automatic, cpu, cuda };
 
 // The YAML spelling of each enum value; the schema takes its choices from here.
@@ -64,8 +72,9 @@ struct EnumNames<Recompute> {
   static constexpr std::array<std::string_view, 3> names = kRecomputeNames;
 };
 template <>
-struct EnumNames<Compute> {
+struct EnumNames<DType> {  // a module enum the recipe offers only part of: `values` lists it
   static constexpr std::array<std::string_view, 4> names{"fp32", "bf16", "fp16", "fp64"};
+  static constexpr std::array<DType, 4> values{DType::f32, DType::bf16, DType::f16, DType::f64};
 };
 template <>
 struct EnumNames<Fp8> {
@@ -96,37 +105,48 @@ struct EnumNames<Device> {
   static constexpr std::array<std::string_view, 3> names{"auto", "cpu", "cuda"};
 };
 
-// The YAML spelling of an enum value, e.g. to_string(Arch::llama) == "llama".
+// The position of `value` in EnumNames<E>::names: the enum's own order, or its place in
+// EnumNames<E>::values where that is given; names.size() for a value the recipe does not offer.
+template <class E>
+requires std::is_enum_v<E>
+constexpr std::size_t choice_index(E value) {
+  if constexpr (requires { EnumNames<E>::values; }) {
+    for (std::size_t i = 0; i < EnumNames<E>::values.size(); ++i)
+      if (EnumNames<E>::values[i] == value) return i;
+    return EnumNames<E>::names.size();
+  } else {
+    return static_cast<std::size_t>(value);
+  }
+}
+// The inverse: the value at `index` (< names.size()) of EnumNames<E>::names.
+template <class E>
+requires std::is_enum_v<E>
+constexpr E choice_value(std::size_t index) {
+  if constexpr (requires { EnumNames<E>::values; })
+    return EnumNames<E>::values[index];
+  else
+    return static_cast<E>(index);
+}
+
+// The YAML spelling of an enum value, e.g. to_string(Arch::llama) == "llama"; "?" for a value the
+// recipe does not offer (DType::e4m3).
 template <class E>
 requires std::is_enum_v<E>
 constexpr std::string_view to_string(E value) {
-  return EnumNames<E>::names[static_cast<std::size_t>(value)];
+  const std::size_t i = choice_index(value);
+  return i < EnumNames<E>::names.size() ? EnumNames<E>::names[i] : std::string_view("?");
 }
 
-// ---- the struct tree (no member initializers: defaults live in the schema table only; build a
-// Recipe with load_recipe, parse_recipe or default_recipe) -------------------------------------
-struct ModelConfig {
-  Arch arch;
-  int layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len;
-  Norm norm;
-  Activation activation;
-  Position position;
-  double rope_theta;
-  bool tied_embeddings, bias;
-  double norm_eps, init_std;
-  int head_dim() const { return hidden / heads; }
-  bool operator==(const ModelConfig&) const = default;
-};
-
-struct MoeConfig {
-  int experts;  // 0: dense model
-  int top_k;
-  double capacity_factor;  // 0: no capacity limit
-  double aux_loss_coef, z_loss_coef;
-  int every;              // layer i (0-based) is MoE when (i + 1) % every == 0
-  int expert_ffn_hidden;  // 0: model.ffn_hidden
-  bool operator==(const MoeConfig&) const = default;
-};
+// ---- the struct tree -------------------------------------------------------------------------
+// A section a module reads is that module's own config struct, which the schema fills as it is:
+//   model      model::ModelConfig, which also holds moe.* (as model.moe), precision.compute (as
+//              model.storage) and precision.fp8 (as model.fp8): the model computes with them
+//   data       data::DataConfig
+//   training, optimizer, schedule, precision (its loss-scaling keys)   train's own
+//   (train/config.hpp) parallel   the Layout (layout/layout.hpp) and how the ranks run
+// The remaining sections are the recipe's own structs, without member initializers. The module
+// structs have initializers for tests that build them by hand, but the defaults that count are
+// the schema table's: build a Recipe with load_recipe, parse_recipe or default_recipe.
 
 // parallel.dp, tp, pp, ep, zero and recompute are the layout (layout/layout.hpp) the planner, the
 // mesh and the model take as they are; the rest says how the ranks run.
@@ -147,55 +167,14 @@ struct ParallelConfig : Layout {
   bool operator==(const ParallelConfig&) const = default;
 };
 
-// precision.loss_scale: `dynamic`, `none`, or a number (mode fixed, static scale in `value`).
-struct LossScale {
-  LossScaleMode mode;
-  double value;  // the static scale when mode == fixed, else 0
-  bool operator==(const LossScale&) const = default;
-};
-
-struct PrecisionConfig {
-  Compute compute;
-  // fp8 GEMMs in the transformer blocks' linear layers (attention qkv/proj, MLP and expert
-  // fc1/fc2), per-tensor current scaling: e4m3 everywhere, or hybrid (e4m3 forward, e5m2 for
-  // output gradients in backward, as Transformer Engine's HYBRID). Needs compute bf16.
-  Fp8 fp8;
-  LossScale loss_scale;
-  double initial_loss_scale;
-  int loss_scale_window;
-  double min_loss_scale;
-  bool operator==(const PrecisionConfig&) const = default;
-};
-
-struct OptimizerConfig {
-  OptimizerName name;
-  double lr;
-  std::array<double, 2> betas;
-  double eps, weight_decay, grad_clip;  // grad_clip 0: off
-  bool operator==(const OptimizerConfig&) const = default;
-};
-
-struct ScheduleConfig {
-  int64_t warmup_steps;
-  Decay decay;
-  double min_lr;
-  double wsd_decay_fraction;
-  int64_t decay_steps;  // 0: training.steps (the schedule's horizon; fixed when a run is extended)
-  bool operator==(const ScheduleConfig&) const = default;
-};
-
-struct DataConfig {
-  DataSource source;
-  std::string path, val_path;
-  double val_fraction;
-  bool operator==(const DataConfig&) const = default;
-};
-
-struct TrainingConfig {
-  int64_t steps;
-  int global_batch, micro_batch;
-  bool operator==(const TrainingConfig&) const = default;
-};
+using ModelConfig = model::ModelConfig;  // model.*, moe.*, precision.compute, precision.fp8
+using MoeConfig = model::MoeConfig;
+using DataConfig = data::DataConfig;
+using TrainingConfig = train::TrainingConfig;
+using OptimizerConfig = train::OptimizerConfig;
+using ScheduleConfig = train::ScheduleConfig;
+using LossScale = train::LossScale;
+using PrecisionConfig = train::LossScalingConfig;  // precision.* but compute and fp8
 
 struct CheckpointConfig {
   int64_t every_steps;   // 0: off
@@ -248,8 +227,7 @@ struct SlurmConfig {
 
 struct Recipe {
   std::string name;
-  ModelConfig model;
-  MoeConfig moe;
+  ModelConfig model;  // model.*, moe.*, precision.compute, precision.fp8
   ParallelConfig parallel;
   PrecisionConfig precision;
   OptimizerConfig optimizer;
@@ -264,8 +242,6 @@ struct Recipe {
 
   bool operator==(const Recipe&) const = default;
 
-  // Whether block `layer` (0-based) holds a mixture-of-experts MLP.
-  bool is_moe_layer(int layer) const;
   // tp * ep * dp * pp. Rank order: tp fastest, then ep, then dp, then pp.
   int world_size() const;
   // dp * ep: non-expert weights are replicated over dp*ep ranks, so the batch is split over them.

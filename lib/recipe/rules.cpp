@@ -99,9 +99,9 @@ void check_parallel(const Recipe& r, RuleChecker& c) {
     c.divisible(key, value, "parallel.tp", p.tp, {key, "parallel.tp"});
   }
   check_pipeline(r, c);
-  if (c.usable({"moe.experts", "moe.expert_ffn_hidden"}) && r.moe.experts > 0 &&
-      r.moe.expert_ffn_hidden > 0)
-    c.divisible("moe.expert_ffn_hidden", r.moe.expert_ffn_hidden, "parallel.tp", p.tp,
+  if (c.usable({"moe.experts", "moe.expert_ffn_hidden"}) && r.model.moe.experts > 0 &&
+      r.model.moe.expert_ffn_hidden > 0)
+    c.divisible("moe.expert_ffn_hidden", r.model.moe.expert_ffn_hidden, "parallel.tp", p.tp,
                 {"moe.expert_ffn_hidden", "parallel.tp"},
                 "each expert MLP is split over the tensor-parallel ranks");
   if (c.usable({"parallel.zero", "parallel.ep"}))
@@ -120,7 +120,7 @@ void check_parallel(const Recipe& r, RuleChecker& c) {
 }
 
 void check_moe(const Recipe& r, RuleChecker& c) {
-  const MoeConfig& e = r.moe;
+  const MoeConfig& e = r.model.moe;
   if (c.usable({"moe.experts"}) && e.experts > 0) {
     c.divisible("moe.experts", e.experts, "parallel.ep", r.parallel.ep,
                 {"moe.experts", "parallel.ep"}, "each expert-parallel rank holds whole experts");
@@ -166,13 +166,12 @@ void check_schedule_and_data(const Recipe& r, RuleChecker& c) {
 // a shared file system rank 0 would wait for shards it can never see.
 // fp8 GEMMs take bf16 operands and write bf16 (Transformer Engine's arrangement).
 void check_precision(const Recipe& r, RuleChecker& c) {
-  if (!c.usable({"precision.fp8", "precision.compute"}) || r.precision.fp8 == Fp8::none) return;
-  const std::string_view fp8 = EnumNames<Fp8>::names[static_cast<size_t>(r.precision.fp8)];
-  if (r.precision.compute != Compute::bf16)
+  if (!c.usable({"precision.fp8", "precision.compute"}) || r.model.fp8 == Fp8::none) return;
+  if (r.model.storage != DType::bf16)
     c.fail({"precision.fp8", "precision.compute"},
            fmt::format("precision.fp8: {} needs precision.compute: bf16 (got {}); set "
                        "precision.compute: bf16 or precision.fp8: none",
-                       fp8, EnumNames<Compute>::names[static_cast<size_t>(r.precision.compute)]));
+                       to_string(r.model.fp8), to_string(r.model.storage)));
 }
 
 void check_cluster(const Recipe& r, RuleChecker& c) {

@@ -37,7 +37,9 @@ template <class T>
 Value to_value(const T& v) {
   if constexpr (std::is_same_v<T, bool>)
     return v;
-  else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>)
+  else if constexpr (std::is_enum_v<T>)
+    return static_cast<int64_t>(choice_index(v));
+  else if constexpr (std::is_integral_v<T>)
     return static_cast<int64_t>(v);
   else if constexpr (std::is_same_v<T, std::vector<int>>)
     return std::vector<int64_t>(v.begin(), v.end());
@@ -49,7 +51,9 @@ template <class T>
 T from_value(const Value& v) {
   if constexpr (std::is_same_v<T, bool>)
     return std::get<bool>(v);
-  else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>)
+  else if constexpr (std::is_enum_v<T>)
+    return choice_value<T>(static_cast<size_t>(std::get<int64_t>(v)));
+  else if constexpr (std::is_integral_v<T>)
     return static_cast<T>(std::get<int64_t>(v));
   else if constexpr (std::is_same_v<T, std::vector<int>>) {
     const auto& list = std::get<std::vector<int64_t>>(v);
@@ -61,19 +65,15 @@ T from_value(const Value& v) {
     return std::get<T>(v);
 }
 
-// Section == nullptr-like marker for the top-level keys is not possible with pointers to members,
-// so top-level keys use TopBind and section keys use Bind.
-template <auto Section, auto Member>
+// A row's member: the chain of member pointers from the Recipe to it, e.g.
+// Bind<&Recipe::model, &model::ModelConfig::moe, &model::MoeConfig::top_k> for moe.top_k.
+template <auto... Path>
 struct Bind {
-  using T = std::remove_cvref_t<decltype(std::declval<Recipe&>().*Section.*Member)>;
-  static void store(Recipe& r, const Value& v) { (r.*Section).*Member = from_value<T>(v); }
-  static Value fetch(const Recipe& r) { return to_value((r.*Section).*Member); }
-};
-template <auto Member>
-struct TopBind {
-  using T = std::remove_cvref_t<decltype(std::declval<Recipe&>().*Member)>;
-  static void store(Recipe& r, const Value& v) { r.*Member = from_value<T>(v); }
-  static Value fetch(const Recipe& r) { return to_value(r.*Member); }
+  static auto& at(Recipe& r) { return (r.*....*Path); }
+  static const auto& at(const Recipe& r) { return (r.*....*Path); }
+  using T = std::remove_cvref_t<decltype(at(std::declval<Recipe&>()))>;
+  static void store(Recipe& r, const Value& v) { at(r) = from_value<T>(v); }
+  static Value fetch(const Recipe& r) { return to_value(at(r)); }
 };
 
 template <class B>
@@ -141,11 +141,12 @@ std::string check_name(const Value& v) {
 }
 
 #define B(section, member) Bind<&Recipe::section, &decltype(Recipe::section)::member>
+#define MOE(member) Bind<&Recipe::model, &model::ModelConfig::moe, &model::MoeConfig::member>
 
 std::vector<KeySpec> build_schema() {
   std::vector<KeySpec> t;
   KeySpec name =
-      row<TopBind<&Recipe::name>>("name", "", none(), "run name; used as the run directory name");
+      row<Bind<&Recipe::name>>("name", "", none(), "run name; used as the run directory name");
   name.required = true;
   name.check = &check_name;
   name.allowed_doc = "[A-Za-z0-9._-]+";
@@ -178,20 +179,20 @@ std::vector<KeySpec> build_schema() {
   t.push_back(row<B(model, init_std)>("model.init_std", 0.02, above(0),
                                       "standard deviation of the initial weights"));
   // moe
-  t.push_back(row<B(moe, experts)>("moe.experts", 0, at_least(0),
-                                   "experts per MoE layer; 0 = dense model"));
-  t.push_back(row<B(moe, top_k)>("moe.top_k", 2, at_least(1), "experts each token is routed to"));
-  t.push_back(row<B(moe, capacity_factor)>(
+  t.push_back(
+      row<MOE(experts)>("moe.experts", 0, at_least(0), "experts per MoE layer; 0 = dense model"));
+  t.push_back(row<MOE(top_k)>("moe.top_k", 2, at_least(1), "experts each token is routed to"));
+  t.push_back(row<MOE(capacity_factor)>(
       "moe.capacity_factor", 1.25, at_least(0),
       "expert capacity = factor * tokens * top_k / experts; 0 = no limit, no dropping"));
-  t.push_back(row<B(moe, aux_loss_coef)>("moe.aux_loss_coef", 0.01, at_least(0),
-                                         "Switch/GShard load-balancing loss weight"));
-  t.push_back(row<B(moe, z_loss_coef)>("moe.z_loss_coef", 0.001, at_least(0),
-                                       "ST-MoE router z-loss weight"));
-  t.push_back(row<B(moe, every)>("moe.every", 2, at_least(1),
-                                 "layer i (0-based) is MoE when (i+1) % every == 0"));
-  t.push_back(row<B(moe, expert_ffn_hidden)>("moe.expert_ffn_hidden", 0, at_least(0),
-                                             "expert MLP inner width; 0 = model.ffn_hidden"));
+  t.push_back(row<MOE(aux_loss_coef)>("moe.aux_loss_coef", 0.01, at_least(0),
+                                      "Switch/GShard load-balancing loss weight"));
+  t.push_back(
+      row<MOE(z_loss_coef)>("moe.z_loss_coef", 0.001, at_least(0), "ST-MoE router z-loss weight"));
+  t.push_back(row<MOE(every)>("moe.every", 2, at_least(1),
+                              "layer i (0-based) is MoE when (i+1) % every == 0"));
+  t.push_back(row<MOE(expert_ffn_hidden)>("moe.expert_ffn_hidden", 0, at_least(0),
+                                          "expert MLP inner width; 0 = model.ffn_hidden"));
   // parallel
   t.push_back(row<B(parallel, dp)>("parallel.dp", 1, at_least(1), "data-parallel degree"));
   t.push_back(row<B(parallel, tp)>("parallel.tp", 1, at_least(1), "tensor-parallel degree"));
@@ -213,9 +214,9 @@ std::vector<KeySpec> build_schema() {
       "reduce each gradient bucket while backward still runs, and with zero 1 gather the updated "
       "parameters while the next forward runs (results are identical)"));
   // precision
-  t.push_back(row<B(precision, compute)>("precision.compute", Compute::bf16, none(),
-                                         "compute dtype (fp64: CPU reference only)"));
-  t.push_back(row<B(precision, fp8)>(
+  t.push_back(row<B(model, storage)>("precision.compute", DType::bf16, none(),
+                                     "compute dtype (fp64: CPU reference only)"));
+  t.push_back(row<B(model, fp8)>(
       "precision.fp8", Fp8::none, none(),
       "fp8 GEMMs in the blocks' linear layers: e4m3, or hybrid (e5m2 gradients); needs bf16"));
   KeySpec loss_scale = row<B(precision, loss_scale)>(
@@ -333,6 +334,7 @@ std::vector<KeySpec> build_schema() {
   return t;
 }
 #undef B
+#undef MOE
 
 // Llama's MLP width rule is 2/3 * 4 * hidden rounded up to a multiple of 256; we round to 64 so
 // that small models stay small (hidden 128 gives 384, not 512).

@@ -1,8 +1,9 @@
 // The recipe schema: every key declared once, in one table, with its type, default, allowed values
 // and one line of help. Loading, defaults, range checks, `trainctl validate --explain` and the dump
-// are all driven by this table, so adding a key is one row here plus one struct member in
-// recipe.hpp. Defaults that depend on model.arch come from the preset table (ArchPreset), the only
-// other place a default is written.
+// are all driven by this table, so adding a key is one row here plus the member it binds to: in the
+// config struct of the module that uses it (model/config.hpp, data/config.hpp, train/config.hpp)
+// or in one of recipe.hpp's own sections. Defaults that depend on model.arch come from the preset
+// table (ArchPreset), the only other place a default is written.
 #pragma once
 
 #include <array>

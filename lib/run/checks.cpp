@@ -10,7 +10,6 @@
 #include "files/files.hpp"
 #include "launch/store_address.hpp"
 #include "run/context.hpp"
-#include "run/convert.hpp"
 
 namespace fs = std::filesystem;
 
@@ -162,7 +161,8 @@ std::string vocab_problem(const data::TokenSource& source, int32_t vocab, const 
 Exit open_session_data(const SessionInput& input, SessionData& out) {
   const recipe::Recipe& r = input.loaded.recipe;
   try {
-    out.dataset = data::open_dataset(to_data_config(r));
+    out.dataset = data::open_dataset(
+        r.data, {.seed = static_cast<uint64_t>(r.determinism.seed), .vocab_size = r.model.vocab});
     // Every id is checked once here, not at the step that happens to read it.
     if (std::string p = vocab_problem(*out.dataset.train, r.model.vocab, "data.path", input.rank);
         !p.empty())

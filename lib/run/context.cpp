@@ -8,7 +8,6 @@
 
 #include "comm/error.hpp"
 #include "launch/store_address.hpp"
-#include "run/convert.hpp"
 #include "telemetry/telemetry.hpp"
 
 namespace fs = std::filesystem;
@@ -63,10 +62,18 @@ RunContext::RunContext(const SessionInput& input, RankLog& log)
       rank_(input.rank),
       data_(input.data),
       devices_(backend::detect_gpus()),
-      model_config_(to_model_config(input.loaded.recipe)),
       recipe_hash_(recipe::recipe_hash(input.loaded.recipe)) {
   const recipe::Recipe& r = recipe_;
-  const train::TrainConfig train_config = to_train_config(r);
+  // The trainer's config is the recipe's own sections (train/config.hpp) and a few settings.
+  train::TrainConfig train_config;
+  static_cast<train::TrainingConfig&>(train_config) = r.training;
+  train_config.optimizer = r.optimizer;
+  train_config.schedule = r.schedule;
+  train_config.loss_scaling = r.precision;
+  train_config.eval_every_steps = r.logging.eval_every_steps;
+  train_config.eval_batches = r.logging.eval_batches;
+  train_config.zero = r.parallel.zero;
+  train_config.overlap_grad_sync = r.parallel.overlap_grad_sync;
   // cluster.device: cuda runs the CUDA backend on this rank's GPU (its local rank); auto stays
   // on the CPU until tests/gpu has passed on a GPU (docs/cuda.md). The backend comes first: the
   // mesh of a CUDA rank is NCCL's, on the backend's GPU and ordered after its stream.
@@ -83,6 +90,7 @@ RunContext::RunContext(const SessionInput& input, RankLog& log)
   }
   const launch::RankInfo& rank_info = rank_;
   const int rank = rank_info.rank;
+  parallel_.layout = r.parallel;  // one rank: recompute is all the layout says
   if (rank_info.world_size > 1) {
     // Meet the others, build the mesh (Gloo groups on the CPU backend, NCCL groups on the GPU of
     // a CUDA backend, ordered after its stream), open the rank's log and fill the model's parallel
@@ -113,8 +121,8 @@ RunContext::RunContext(const SessionInput& input, RankLog& log)
         std::max(1, std::min(r.parallel.pp - parallel_.pp_rank(),
                              train_config.accum_steps(r.parallel.dp * r.parallel.ep)));
   }
-  model_ = std::make_unique<model::Transformer>(model_config_, *backend_, r.training.micro_batch,
-                                                parallel_);
+  model_ =
+      std::make_unique<model::Transformer>(r.model, *backend_, r.training.micro_batch, parallel_);
   model_->params().initialize(static_cast<uint64_t>(r.determinism.seed));
   SessionData& corpus = *data_;
   trainer_ = std::make_unique<train::Trainer>(train_config, *model_, *backend_, *corpus.sampler,
@@ -147,9 +155,9 @@ std::vector<std::string> RunContext::describe(const SessionInput& input) const {
                          : "using CPU (the CUDA backend is opt-in, cluster.device: cuda, until "
                            "tests/gpu has passed on a GPU)"));
   lines.push_back(
-      fmt::format("model: {} ({} parameters{}, {})", model::describe(model_config_),
+      fmt::format("model: {} ({} parameters{}, {})", model::describe(r.model),
                   telemetry::format_count(static_cast<uint64_t>(model_->params().table().numel())),
-                  multi ? " on this rank" : "", tensor::dtype_name(model_config_.storage)));
+                  multi ? " on this rank" : "", tensor::dtype_name(r.model.storage)));
   const data::Dataset& dataset = data_->dataset;
   lines.push_back(fmt::format(
       "data: {} train tokens ({}), {} validation tokens",

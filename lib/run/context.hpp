@@ -75,7 +75,7 @@ class RunContext {
   backend::Backend& backend() { return *backend_; }
   model::Transformer& model() { return *model_; }
   train::Trainer& trainer() { return *trainer_; }
-  const model::ModelConfig& model_config() const { return model_config_; }
+  const model::ModelConfig& model_config() const { return recipe_.model; }
   comm::Mesh* mesh() { return mesh_ ? &*mesh_ : nullptr; }
   bool leader() const { return rank_.rank == 0; }  // writes the run's files, shows progress
   bool multi() const { return rank_.world_size > 1; }
@@ -101,7 +101,6 @@ class RunContext {
   Rendezvous rendezvous_;
   std::optional<comm::Mesh> mesh_;
   model::ModelParallel parallel_;  // points into mesh_
-  model::ModelConfig model_config_;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<train::Trainer> trainer_;
   std::string recipe_hash_;

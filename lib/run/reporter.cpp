@@ -10,18 +10,6 @@ namespace trainctl::run {
 
 namespace {
 
-telemetry::ProgressMode progress_mode(recipe::Progress p) {
-  switch (p) {
-    case recipe::Progress::automatic:
-      return telemetry::ProgressMode::automatic;
-    case recipe::Progress::plain:
-      return telemetry::ProgressMode::plain;
-    case recipe::Progress::none:
-      return telemetry::ProgressMode::none;
-  }
-  return telemetry::ProgressMode::plain;
-}
-
 nlohmann::json metrics_record(const train::StepMetrics& m, bool fp16, bool moe) {
   nlohmann::json j{{"step", m.step},      {"loss", m.loss},
                    {"lr", m.lr},          {"grad_norm", m.grad_norm},
@@ -52,8 +40,7 @@ StepReporter::StepReporter(const recipe::Recipe& r, const std::filesystem::path&
   }
   if (!log.is_open()) log.open(run_dir, options_.resuming);
   if (options_.leader)
-    progress_.emplace(r.training.steps, progress_mode(r.logging.progress), stderr,
-                      r.logging.every_steps);
+    progress_.emplace(r.training.steps, r.logging.progress, stderr, r.logging.every_steps);
   log_.emplace(r.training.steps, telemetry::ProgressMode::plain, log.file(), r.logging.every_steps,
                false);
 }

@@ -7,36 +7,34 @@
 
 #include <cstdint>
 
-namespace trainctl::train {
+#include "train/config.hpp"
 
-enum class LossScaleKind { none, fixed, dynamic };
+namespace trainctl::train {
 
 class LossScaler {
  public:
-  struct Config {
-    LossScaleKind kind = LossScaleKind::none;
-    double initial_scale = 65536.0;  // also the fixed value
-    int64_t window = 1000;
-    double min_scale = 1.0;
-    double growth = 2.0;
-    double backoff = 0.5;
-  };
+  static constexpr double kGrowth = 2.0;
+  static constexpr double kBackoff = 0.5;
   struct State {  // everything a checkpoint must carry
     double scale = 1.0;
     int64_t good_steps = 0;
     int64_t skipped_steps = 0;
   };
 
-  explicit LossScaler(const Config& config);
+  // `enabled`: whether the model stores fp16; otherwise the scale stays 1 (mode none) whatever
+  // the config says, since no other precision underflows.
+  LossScaler(const LossScalingConfig& config, bool enabled);
   double scale() const { return state_.scale; }
   // Records the outcome of a step. Returns true when the step must be applied, false when it is
-  // skipped (non-finite gradients). With kind none/fixed a non-finite step is skipped too.
+  // skipped (non-finite gradients). With mode none/fixed a non-finite step is skipped too.
   bool update(bool grads_finite);
   const State& state() const { return state_; }
   void restore(const State& state) { state_ = state; }
 
  private:
-  Config config_;
+  LossScaleKind mode_;
+  int64_t window_;
+  double min_scale_;
   State state_;
 };
 

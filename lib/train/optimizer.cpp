@@ -20,8 +20,9 @@ void AdamW::step(backend::Backend& be, model::ParamStore& params, double lr, dou
                          [](const Range& a, const Range& b) { return a.decay == b.decay; });
   }
   if (ranges.empty()) return;
-  const backend::Backend::AdamW hyper{
-      lr, config_.beta1, config_.beta2, config_.eps, config_.weight_decay, grad_scale, updates_};
+  const backend::Backend::AdamW hyper{lr,          config_.betas[0],     config_.betas[1],
+                                      config_.eps, config_.weight_decay, grad_scale,
+                                      updates_};
   be.adamw(params.values().rows(first, last - first), params.master(),
            params.grads().rows(first, last - first), params.moment1(), params.moment2(), ranges,
            hyper);

@@ -8,18 +8,14 @@
 
 #include "backend/backend.hpp"
 #include "model/params.hpp"
+#include "train/config.hpp"
 
 namespace trainctl::train {
 
-struct AdamWConfig {
-  double beta1 = 0.9, beta2 = 0.95;
-  double eps = 1e-8;
-  double weight_decay = 0.1;
-};
-
 class AdamW {
  public:
-  explicit AdamW(const AdamWConfig& config) : config_(config) {}
+  // Takes betas, eps and weight_decay from `config`; the learning rate comes with each step.
+  explicit AdamW(const OptimizerConfig& config) : config_(config) {}
   // One update with learning rate `lr`; every gradient is first multiplied by `grad_scale`
   // (1 / loss scale times the clipping coefficient). Updates only the elements the store's
   // optimizer state covers, [optimizer_begin(), optimizer_end()) (its ZeRO-1 part; all of them
@@ -29,7 +25,7 @@ class AdamW {
   void restore(int64_t updates) { updates_ = updates; }
 
  private:
-  AdamWConfig config_;
+  OptimizerConfig config_;
   int64_t updates_ = 0;
 };
 

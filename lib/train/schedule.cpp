@@ -29,4 +29,11 @@ double LrSchedule::lr(int64_t step) const {
   return peak_lr;
 }
 
+LrSchedule LrSchedule::of(const OptimizerConfig& optimizer, const ScheduleConfig& schedule,
+                          int64_t steps) {
+  return LrSchedule{optimizer.lr,          schedule.min_lr,
+                    schedule.warmup_steps, schedule.decay_steps > 0 ? schedule.decay_steps : steps,
+                    schedule.decay,        schedule.wsd_decay_fraction};
+}
+
 }  // namespace trainctl::train

@@ -5,9 +5,9 @@
 
 #include <cstdint>
 
-namespace trainctl::train {
+#include "train/config.hpp"
 
-enum class DecayKind { cosine, linear, constant, wsd };
+namespace trainctl::train {
 
 struct LrSchedule {
   double peak_lr = 1e-3;
@@ -18,6 +18,11 @@ struct LrSchedule {
   double wsd_decay_fraction = 0.2;  // wsd: share of the post-warmup steps spent decaying
 
   double lr(int64_t step) const;
+
+  // The schedule a run follows: peak optimizer.lr, decaying until schedule.decay_steps (or the
+  // run's last step when that is 0).
+  static LrSchedule of(const OptimizerConfig& optimizer, const ScheduleConfig& schedule,
+                       int64_t steps);
 };
 
 }  // namespace trainctl::train

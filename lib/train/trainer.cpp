@@ -76,8 +76,9 @@ Trainer::Trainer(const TrainConfig& config, model::Transformer& model, backend::
       train_(train_data),
       val_(val),
       mesh_(mesh),
-      scaler_(config.loss_scale),
-      optimizer_(config.adamw) {
+      lr_(LrSchedule::of(config.optimizer, config.schedule, config.steps)),
+      scaler_(config.loss_scaling, model.config().storage == tensor::DType::f16),
+      optimizer_(config.optimizer) {
   if (config.micro_batch != model.micro_batch())
     throw std::invalid_argument("trainer micro_batch " + std::to_string(config.micro_batch) +
                                 " != model micro_batch " + std::to_string(model.micro_batch()));
@@ -299,11 +300,11 @@ StepMetrics Trainer::step_leaving_gather() {
   const bool finite = std::isfinite(sum_squares);
   m.grad_norm = finite ? std::sqrt(sum_squares) / scale : std::numeric_limits<double>::quiet_NaN();
   m.loss_scale = scale;
-  m.lr = config_.schedule.lr(step_);
+  m.lr = lr_.lr(step_);
   m.skipped = !scaler_.update(finite);
   if (!m.skipped) {
-    const double clip = config_.grad_clip > 0 && m.grad_norm > config_.grad_clip
-                            ? config_.grad_clip / (m.grad_norm + 1e-6)
+    const double clip = config_.optimizer.grad_clip > 0 && m.grad_norm > config_.optimizer.grad_clip
+                            ? config_.optimizer.grad_clip / (m.grad_norm + 1e-6)
                             : 1.0;
     optimizer_.step(be_, model_.params(), m.lr, clip / scale);
     if (sync_) sync_->gather_parameters();

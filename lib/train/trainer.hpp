@@ -13,6 +13,7 @@
 #include "comm/mesh.hpp"
 #include "data/sampler.hpp"
 #include "model/model.hpp"
+#include "train/config.hpp"
 #include "train/grad_sync.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/optimizer.hpp"
@@ -21,15 +22,13 @@
 
 namespace trainctl::train {
 
-struct TrainConfig {
-  int64_t steps = 1;
-  int global_batch = 1;  // sequences per optimizer step
-  int micro_batch = 1;   // sequences per forward/backward
-  LrSchedule schedule;
-  AdamWConfig adamw;
-  double grad_clip = 1.0;  // 0: off
-  LossScaler::Config loss_scale;
-  int64_t eval_every_steps = 0;  // 0: only at the end
+// The recipe's training, optimizer, schedule and precision (loss scaling) sections as they are
+// (train/config.hpp), plus the few settings of other sections the step loop needs.
+struct TrainConfig : TrainingConfig {
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  LossScalingConfig loss_scaling;  // applied only to a model that stores fp16
+  int64_t eval_every_steps = 0;    // 0: only at the end
   int eval_batches = 1;
   // Multi-rank (ignored on one rank): gradient buckets of the data-parallel all-reduce, and ZeRO-1
   // (the model must then be built with ModelParallel::zero_parts = dp).
@@ -136,6 +135,7 @@ class Trainer {
   data::Sampler& train_;
   const data::ValidationSet* val_;
   const comm::Mesh* mesh_;
+  LrSchedule lr_;
   LossScaler scaler_;
   AdamW optimizer_;
   std::unique_ptr<GradSync> sync_;  // null on one rank

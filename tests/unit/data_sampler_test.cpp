@@ -207,7 +207,7 @@ TEST_CASE("the sampler refuses data too short for a window and tokens outside th
 
 TEST_CASE("the sampler trains on the bundled text's holdout split") {
   DataConfig config;
-  config.kind = SourceKind::text;
+  config.source = SourceKind::text;
   config.path = std::string(TRAINCTL_SOURCE_DIR) + "/" + std::string(kBundledTextPath);
   const Dataset dataset = open_dataset(config);
   Sampler sampler(*dataset.train, 256, 1234, true, 256);

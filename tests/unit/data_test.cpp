@@ -219,9 +219,10 @@ TEST_CASE("holdout split keeps the last fraction for validation") {
 
 TEST_CASE("open_dataset builds train and validation sources from a config") {
   DataConfig synthetic;
-  synthetic.num_tokens = 2000;
   synthetic.val_fraction = 0.25;
-  const Dataset held_out = open_dataset(synthetic);
+  SyntheticConfig stream;
+  stream.num_tokens = 2000;
+  const Dataset held_out = open_dataset(synthetic, stream);
   CHECK(held_out.train->size() == 1500);
   CHECK(held_out.val->size() == 500);
 
@@ -229,7 +230,7 @@ TEST_CASE("open_dataset builds train and validation sources from a config") {
   write_bytes(dir.file("train.txt"), "abcdefgh");
   write_bytes(dir.file("val.txt"), "xyz");
   DataConfig text;
-  text.kind = parse_source_kind("text");
+  text.source = parse_source_kind("text");
   text.path = dir.file("train.txt");
   text.val_path = dir.file("val.txt");
   const Dataset separate = open_dataset(text);
@@ -241,7 +242,7 @@ TEST_CASE("open_dataset builds train and validation sources from a config") {
         "unknown data source kind 'megatron'; use one of synthetic, text (bytes of a file), llmc "
         "(llm.c .bin token shards)");
   DataConfig no_path;
-  no_path.kind = SourceKind::llmc;
+  no_path.source = SourceKind::llmc;
   CHECK(error_of([&] { open_dataset(no_path); }) ==
         "llmc data needs a path; set the data path (e.g. data/kjv.txt for text)");
 }
@@ -249,7 +250,7 @@ TEST_CASE("open_dataset builds train and validation sources from a config") {
 TEST_CASE("the bundled text loads as byte-level training data") {
   const std::string path = std::string(TRAINCTL_SOURCE_DIR) + "/" + std::string(kBundledTextPath);
   DataConfig config;
-  config.kind = SourceKind::text;
+  config.source = SourceKind::text;
   config.path = path;
   const Dataset dataset = open_dataset(config);
   const int64_t total = dataset.train->size() + dataset.val->size();

@@ -18,6 +18,13 @@ using namespace trainctl;
 using backend_test::cpu;
 using tensor::DType;
 
+// One rank whose layout asks for `mode` (recomputation is part of the layout).
+model::ModelParallel recomputing(trainctl::Recompute mode) {
+  model::ModelParallel one_rank;
+  one_rank.layout.recompute = mode;
+  return one_rank;
+}
+
 model::ModelConfig small(model::ModelConfig c) {
   c.layers = 2;
   c.hidden = 16;
@@ -139,9 +146,8 @@ TEST_CASE("recompute none / selective / full give bit-identical gradients", "[mo
       double reference_loss = 0;
       for (const auto mode :
            {trainctl::Recompute::none, trainctl::Recompute::selective, trainctl::Recompute::full}) {
-        model::ModelConfig c = base;
-        c.recompute = mode;
-        model::Transformer m(c, cpu(), 3);
+        const model::ModelConfig& c = base;
+        model::Transformer m(c, cpu(), 3, recomputing(mode));
         m.params().initialize(9);
         m.params().zero_grads();
         const Batch batch = random_batch(c, 3, 2);
@@ -171,8 +177,7 @@ TEST_CASE("recompute modes keep fewer activations", "[model][recompute]") {
        {trainctl::Recompute::none, trainctl::Recompute::selective, trainctl::Recompute::full}) {
     model::ModelConfig c = gpt();
     c.layers = 4;
-    c.recompute = mode;
-    model::Transformer m(c, cpu(), 2);
+    model::Transformer m(c, cpu(), 2, recomputing(mode));
     const size_t kept = m.activation_bytes().kept;
     CHECK(kept < previous);
     previous = kept;

@@ -10,7 +10,6 @@
 #include "backend/backend.hpp"
 #include "model/model.hpp"
 #include "planner/planner.hpp"
-#include "run/convert.hpp"
 
 namespace {
 
@@ -20,7 +19,7 @@ struct Case {
   const char* name;
   recipe::Arch arch;
   int experts;
-  recipe::Compute compute;
+  tensor::DType compute;
   trainctl::Recompute recompute;
   int micro_batch;
   int global_batch;  // global_batch / micro_batch micro-batches: only one is in flight at pp = 1
@@ -36,10 +35,10 @@ recipe::Recipe recipe_for(const Case& k) {
   r.model.ffn_hidden = 160;
   r.model.vocab = 320;
   r.model.seq_len = 48;
-  r.moe.experts = k.experts;
-  r.moe.top_k = 2;
-  r.moe.every = 2;
-  r.precision.compute = k.compute;
+  r.model.moe.experts = k.experts;
+  r.model.moe.top_k = 2;
+  r.model.moe.every = 2;
+  r.model.storage = k.compute;
   r.parallel.recompute = k.recompute;
   r.training.micro_batch = k.micro_batch;
   r.training.global_batch = k.global_batch;
@@ -54,19 +53,19 @@ double relative_error(double predicted, double measured) {
 
 TEST_CASE("memory model reproduces the engine's bytes for single-rank layouts") {
   using recipe::Arch;
-  using recipe::Compute;
+  using Compute = tensor::DType;
   using trainctl::Recompute;
   const Case cases[] = {
-      {"gpt fp32 none mb1", Arch::gpt, 0, Compute::fp32, Recompute::none, 1, 4},
+      {"gpt fp32 none mb1", Arch::gpt, 0, Compute::f32, Recompute::none, 1, 4},
       {"gpt bf16 selective mb2", Arch::gpt, 0, Compute::bf16, Recompute::selective, 2, 8},
-      {"gpt fp16 full mb4", Arch::gpt, 0, Compute::fp16, Recompute::full, 4, 8},
-      {"llama fp32 selective mb3", Arch::llama, 0, Compute::fp32, Recompute::selective, 3, 6},
+      {"gpt fp16 full mb4", Arch::gpt, 0, Compute::f16, Recompute::full, 4, 8},
+      {"llama fp32 selective mb3", Arch::llama, 0, Compute::f32, Recompute::selective, 3, 6},
       {"llama bf16 none mb2", Arch::llama, 0, Compute::bf16, Recompute::none, 2, 2},
-      {"llama fp16 full mb1", Arch::llama, 0, Compute::fp16, Recompute::full, 1, 4},
-      {"moe gpt fp32 none mb2", Arch::gpt, 4, Compute::fp32, Recompute::none, 2, 4},
+      {"llama fp16 full mb1", Arch::llama, 0, Compute::f16, Recompute::full, 1, 4},
+      {"moe gpt fp32 none mb2", Arch::gpt, 4, Compute::f32, Recompute::none, 2, 4},
       {"moe llama bf16 full mb2", Arch::llama, 8, Compute::bf16, Recompute::full, 2, 4},
-      {"moe llama fp16 selective mb1", Arch::llama, 4, Compute::fp16, Recompute::selective, 1, 2},
-      {"gpt fp64 none mb1", Arch::gpt, 0, Compute::fp64, Recompute::none, 1, 1},
+      {"moe llama fp16 selective mb1", Arch::llama, 4, Compute::f16, Recompute::selective, 1, 2},
+      {"gpt fp64 none mb1", Arch::gpt, 0, Compute::f64, Recompute::none, 1, 1},
   };
   std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend();
   const topology::ClusterSpec machine = planner::cpu_machine();
@@ -75,8 +74,10 @@ TEST_CASE("memory model reproduces the engine's bytes for single-rank layouts") 
   for (const Case& k : cases) {
     INFO(k.name);
     const recipe::Recipe r = recipe_for(k);
-    model::Transformer engine(run::to_model_config(r), *cpu, k.micro_batch);
     planner::Variant layout{1, 1, 1, 1, k.micro_batch, 0, k.recompute};
+    model::ModelParallel one_rank;
+    one_rank.layout = layout;  // the recompute mode
+    model::Transformer engine(r.model, *cpu, k.micro_batch, one_rank);
     const planner::MemoryEstimate predicted = planner::estimate_memory(r, machine, layout);
     const model::ParamStore::Bytes measured = engine.params().bytes();
     const double activations = static_cast<double>(engine.activation_bytes().total());

@@ -19,14 +19,13 @@
 #include "comm/communicator.hpp"
 #include "model/model.hpp"
 #include "planner/planner.hpp"
-#include "run/convert.hpp"
 #include "shape_only_communicator.hpp"
 
 namespace {
 
 using namespace trainctl;
 using recipe::Arch;
-using recipe::Compute;
+using Compute = tensor::DType;
 using trainctl::Recompute;
 
 using test_util::ShapeOnlyCommunicator;
@@ -51,10 +50,10 @@ recipe::Recipe recipe_for(const ModelCase& k) {
   r.model.ffn_hidden = 160;
   r.model.vocab = 320;
   r.model.seq_len = 48;
-  r.moe.experts = k.experts;
-  r.moe.top_k = 2;
-  r.moe.every = 2;
-  r.precision.compute = k.compute;
+  r.model.moe.experts = k.experts;
+  r.model.moe.top_k = 2;
+  r.model.moe.every = 2;
+  r.model.storage = k.compute;
   r.parallel.recompute = k.recompute;
   r.training.micro_batch = k.micro_batch;
   r.training.global_batch = k.global_batch;
@@ -80,7 +79,7 @@ Measured engine_rank(const recipe::Recipe& r, const planner::Variant& layout, in
   parallel.stage_layers = r.parallel.pp_layers;
   const int micro_batches = r.training.global_batch / (layout.micro_batch * layout.dp * layout.ep);
   parallel.activation_slots = std::max(1, std::min(layout.pp - at.pp, micro_batches));
-  model::Transformer engine(run::to_model_config(r), cpu, layout.micro_batch, parallel);
+  model::Transformer engine(r.model, cpu, layout.micro_batch, parallel);
   const model::ParamStore::Bytes bytes = engine.params().bytes();
   return {static_cast<double>(bytes.params), static_cast<double>(bytes.grads),
           static_cast<double>(bytes.optimizer),
@@ -121,16 +120,16 @@ void check_every_rank(const recipe::Recipe& r, const planner::Variant& layout) {
 }
 
 const ModelCase kDense[] = {
-    {"gpt fp32 none mb2", Arch::gpt, 0, Compute::fp32, Recompute::none, 2, 8},
+    {"gpt fp32 none mb2", Arch::gpt, 0, Compute::f32, Recompute::none, 2, 8},
     {"gpt bf16 selective mb1", Arch::gpt, 0, Compute::bf16, Recompute::selective, 1, 8},
-    {"llama fp32 full mb2", Arch::llama, 0, Compute::fp32, Recompute::full, 2, 8},
+    {"llama fp32 full mb2", Arch::llama, 0, Compute::f32, Recompute::full, 2, 8},
     {"llama bf16 none mb1", Arch::llama, 0, Compute::bf16, Recompute::none, 1, 8},
 };
 
 const ModelCase kMoe[] = {
-    {"moe gpt fp32 none mb2", Arch::gpt, 4, Compute::fp32, Recompute::none, 2, 8},
+    {"moe gpt fp32 none mb2", Arch::gpt, 4, Compute::f32, Recompute::none, 2, 8},
     {"moe llama bf16 selective mb1", Arch::llama, 4, Compute::bf16, Recompute::selective, 1, 8},
-    {"moe llama fp32 full mb2", Arch::llama, 8, Compute::fp32, Recompute::full, 2, 8},
+    {"moe llama fp32 full mb2", Arch::llama, 8, Compute::f32, Recompute::full, 2, 8},
 };
 
 planner::Variant layout(int tp, int pp, int dp, int ep, const ModelCase& k, int zero = 0) {

@@ -72,8 +72,8 @@ recipe::Recipe gpt(const Row& row) {
   r.model.position = recipe::Position::learned;
   r.model.tied_embeddings = true;
   r.model.bias = true;
-  r.moe.experts = 0;
-  r.precision.compute = recipe::Compute::bf16;  // fp16 in the paper: same sizes and peak
+  r.model.moe.experts = 0;
+  r.model.storage = tensor::DType::bf16;  // fp16 in the paper: same sizes and peak
   r.parallel.recompute = trainctl::Recompute::full;
   r.training.global_batch = row.global_batch;
   r.training.micro_batch = 1;

@@ -42,7 +42,7 @@ recipe::Recipe llama_7b() {
   r.model.ffn_hidden = 11008;
   r.model.vocab = 32000;
   r.model.seq_len = 4096;
-  r.precision.compute = recipe::Compute::bf16;
+  r.model.storage = tensor::DType::bf16;
   r.training.global_batch = 512;
   r.training.micro_batch = 1;
   return r;
@@ -151,9 +151,9 @@ TEST_CASE("recompute is chosen only when memory needs it") {
 TEST_CASE("MoE: expert parallelism divides the experts and is searched") {
   recipe::Recipe r = llama_7b();
   r.model.layers = 8;
-  r.moe.experts = 8;
-  r.moe.top_k = 2;
-  r.moe.every = 1;
+  r.model.moe.experts = 8;
+  r.model.moe.top_k = 2;
+  r.model.moe.every = 1;
   const planner::Plan plan = planner::make_plan(r, h100(2));
   bool saw_ep = false;
   for (const planner::Candidate& k : plan.ranked) {
@@ -171,9 +171,9 @@ TEST_CASE("MoE: expert parallelism divides the experts and is searched") {
 TEST_CASE("ZeRO-1 is searched only over dp, never with expert parallelism") {
   recipe::Recipe r = llama_7b();
   r.model.layers = 8;
-  r.moe.experts = 8;
-  r.moe.top_k = 2;
-  r.moe.every = 1;
+  r.model.moe.experts = 8;
+  r.model.moe.top_k = 2;
+  r.model.moe.every = 1;
   planner::SearchOptions only_zero;
   only_zero.zero = {1};
   const planner::Plan plan = planner::make_plan(r, h100(2), only_zero);
@@ -251,7 +251,7 @@ TEST_CASE(
   c.gpu.peak_tflops_fp8 = 1979;
   const planner::Variant l{1, 1, 8, 1, 1, 1, trainctl::Recompute::none};
   const planner::TimeEstimate bf16 = planner::estimate_time(r, c, l);
-  r.precision.fp8 = recipe::Fp8::hybrid;
+  r.model.fp8 = recipe::Fp8::hybrid;
   const planner::TimeEstimate fp8 = planner::estimate_time(r, c, l);
   // Linear layers are most of a 7B model's FLOPs: the fp8 peak for them, attention's T^2 part and
   // the head at the bf16 peak, so the compute time falls by less than half.
@@ -268,9 +268,9 @@ TEST_CASE(
   // and in backward: 8 latency-bound all-reduces per layer and micro-batch on top of bf16's.
   const planner::Variant tp2{2, 1, 4, 1, 1, 1, trainctl::Recompute::none};
   const planner::TimeEstimate fp8_tp2 = planner::estimate_time(r, c, tp2);
-  r.precision.fp8 = recipe::Fp8::none;
+  r.model.fp8 = recipe::Fp8::none;
   const planner::TimeEstimate bf16_tp2 = planner::estimate_time(r, c, tp2);
-  r.precision.fp8 = recipe::Fp8::hybrid;
+  r.model.fp8 = recipe::Fp8::hybrid;
   const double all_reduce_s = 2.0 * c.nvlink_latency_us * 1e-6;  // ring of 2: 2 steps
   CHECK((fp8_tp2.tp_comm_s - bf16_tp2.tp_comm_s) ==
         Approx(fp8_tp2.micro_batches * 8.0 * r.model.layers * all_reduce_s).epsilon(1e-4));

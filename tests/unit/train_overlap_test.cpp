@@ -146,9 +146,8 @@ train::TrainConfig train_config(const Setup& s) {
   t.steps = s.steps;
   t.global_batch = s.global_batch;
   t.micro_batch = s.micro_batch;
-  t.schedule = {3e-3, 3e-4, 1, s.steps, train::DecayKind::cosine, 0.2};
-  t.adamw = {0.9, 0.95, 1e-8, 0.1};
-  t.grad_clip = 1.0;
+  t.optimizer = {train::OptimizerName::adamw, 3e-3, {0.9, 0.95}, 1e-8, 0.1, 1.0};
+  t.schedule = {1, train::DecayKind::cosine, 3e-4, 0.2, s.steps};
   t.bucket_bytes = 2048;  // many buckets even for this small model
   t.zero = s.zero;
   t.overlap_grad_sync = s.overlap;

@@ -235,9 +235,8 @@ train::TrainConfig train_config(const Setup& s) {
   t.steps = s.steps;
   t.global_batch = s.global_batch;
   t.micro_batch = s.micro_batch;
-  t.schedule = {3e-3, 3e-4, 2, s.steps, train::DecayKind::cosine, 0.2};
-  t.adamw = {0.9, 0.95, 1e-8, 0.1};
-  t.grad_clip = 1.0;
+  t.optimizer = {train::OptimizerName::adamw, 3e-3, {0.9, 0.95}, 1e-8, 0.1, 1.0};
+  t.schedule = {2, train::DecayKind::cosine, 3e-4, 0.2, s.steps};
   t.eval_batches = 3;
   t.bucket_bytes = s.bucket_bytes;
   t.zero = s.zero;

@@ -208,8 +208,8 @@ train::TrainConfig job_train_config(int zero) {
   t.steps = 2;
   t.global_batch = 4;
   t.micro_batch = 1;
-  t.schedule = {3e-3, 3e-4, 1, 2, train::DecayKind::cosine, 0.2};
-  t.adamw = {0.9, 0.95, 1e-8, 0.1};
+  t.optimizer = {train::OptimizerName::adamw, 3e-3, {0.9, 0.95}, 1e-8, 0.1, 1.0};
+  t.schedule = {1, train::DecayKind::cosine, 3e-4, 0.2, 2};
   t.zero = zero;
   return t;
 }

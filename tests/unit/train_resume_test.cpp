@@ -24,7 +24,7 @@ struct Case {
   DType storage;
   bool moe;
   int micro_batch;
-  train::LossScaler::Config loss_scale;
+  train::LossScalingConfig loss_scaling;
 };
 
 model::ModelConfig config_for(const Case& c) {
@@ -105,8 +105,9 @@ Process train_process(const Case& c, int64_t total_steps, int64_t stop_after, co
   tc.steps = total_steps;
   tc.global_batch = 8;
   tc.micro_batch = c.micro_batch;
-  tc.schedule = {3e-3, 3e-4, 3, total_steps, train::DecayKind::cosine, 0.2};
-  tc.loss_scale = c.loss_scale;
+  tc.optimizer = {train::OptimizerName::adamw, 3e-3, {0.9, 0.95}, 1e-8, 0.1, 1.0};
+  tc.schedule = {3, train::DecayKind::cosine, 3e-4, 0.2, total_steps};
+  tc.loss_scaling = c.loss_scaling;
   const data::SyntheticSource source(5, mc.vocab, 1 << 14);
   data::Sampler sampler(source, mc.seq_len, 9, true, mc.vocab);
   model::Transformer model(mc, cpu(), tc.micro_batch);
@@ -149,7 +150,7 @@ TEST_CASE("resume after N of 2N steps continues bit for bit", "[train][resume]")
   const Case cases[] = {
       {"fp32", DType::f32, false, 4, {}},
       {"bf16", DType::bf16, false, 4, {}},
-      {"fp16 dynamic loss scale", DType::f16, false, 4, {K::dynamic, 1 << 24, 3, 1.0, 2.0, 0.5}},
+      {"fp16 dynamic loss scale", DType::f16, false, 4, {{K::dynamic, 0.0}, 1 << 24, 3, 1.0}},
       {"fp32 gradient accumulation (4 micro-batches)", DType::f32, false, 2, {}},
       {"bf16 llama MoE", DType::bf16, true, 4, {}},
   };
@@ -179,7 +180,7 @@ TEST_CASE("resume after N of 2N steps continues bit for bit", "[train][resume]")
 TEST_CASE("resume through checkpoint files continues bit for bit", "[train][resume][checkpoint]") {
   using K = train::LossScaleKind;
   const Case cases[] = {
-      {"fp16 dynamic loss scale", DType::f16, false, 2, {K::dynamic, 1 << 24, 3, 1.0, 2.0, 0.5}},
+      {"fp16 dynamic loss scale", DType::f16, false, 2, {{K::dynamic, 0.0}, 1 << 24, 3, 1.0}},
       {"bf16 llama MoE", DType::bf16, true, 4, {}},
   };
   const int64_t N = 5;

@@ -28,9 +28,8 @@ train::TrainConfig small_train(int64_t steps) {
   t.steps = steps;
   t.global_batch = 8;
   t.micro_batch = 4;
-  t.schedule = {3e-3, 3e-4, 5, steps, train::DecayKind::cosine, 0.2};
-  t.adamw = {0.9, 0.95, 1e-8, 0.1};
-  t.grad_clip = 1.0;
+  t.optimizer = {train::OptimizerName::adamw, 3e-3, {0.9, 0.95}, 1e-8, 0.1, 1.0};
+  t.schedule = {5, train::DecayKind::cosine, 3e-4, 0.2, steps};
   return t;
 }
 
@@ -120,7 +119,8 @@ TEST_CASE("lr schedule: warmup then cosine / linear / constant / wsd to min_lr",
 }
 
 TEST_CASE("loss scaler: dynamic backoff, growth window, floor; fixed and none", "[train]") {
-  train::LossScaler dynamic({train::LossScaleKind::dynamic, 1024.0, 3, 256.0, 2.0, 0.5});
+  using K = train::LossScaleKind;
+  train::LossScaler dynamic({{K::dynamic, 0.0}, 1024.0, 3, 256.0}, true);
   CHECK(dynamic.scale() == 1024.0);
   CHECK_FALSE(dynamic.update(false));
   CHECK(dynamic.scale() == 512.0);
@@ -133,11 +133,17 @@ TEST_CASE("loss scaler: dynamic backoff, growth window, floor; fixed and none", 
     dynamic.update(false);
   CHECK(dynamic.scale() == 256.0);  // floor
   CHECK(dynamic.state().skipped_steps == 6);
-  train::LossScaler fixed({train::LossScaleKind::fixed, 128.0, 3, 1.0, 2.0, 0.5});
+  train::LossScaler fixed({{K::fixed, 128.0}, 1024.0, 3, 1.0}, true);  // its value, not 1024
+  CHECK(fixed.scale() == 128.0);
   CHECK_FALSE(fixed.update(false));
   CHECK(fixed.scale() == 128.0);
-  train::LossScaler none({train::LossScaleKind::none, 128.0, 3, 1.0, 2.0, 0.5});
+  train::LossScaler none({{K::none, 0.0}, 128.0, 3, 1.0}, true);
   CHECK(none.scale() == 1.0);
+  // Only a model that stores fp16 is scaled: the same dynamic settings elsewhere keep 1.
+  train::LossScaler off({{K::dynamic, 0.0}, 1024.0, 3, 256.0}, false);
+  CHECK(off.scale() == 1.0);
+  CHECK_FALSE(off.update(false));
+  CHECK(off.scale() == 1.0);
 }
 
 TEST_CASE("adamw: decoupled decay on matrices only, never on norms and biases", "[train]") {
@@ -150,7 +156,8 @@ TEST_CASE("adamw: decoupled decay on matrices only, never on norms and biases", 
   std::vector<double> before(static_cast<size_t>(values.numel()));
   for (int64_t i = 0; i < values.numel(); ++i)
     before[static_cast<size_t>(i)] = tensor::get_element(values, i);
-  train::AdamW adamw({0.9, 0.95, 1e-8, 0.5});
+  // AdamW takes betas, eps and weight decay from the config; the step's lr is its argument.
+  train::AdamW adamw({train::OptimizerName::adamw, 1e-3, {0.9, 0.95}, 1e-8, 0.5, 1.0});
   adamw.step(cpu(), m.params(), 0.1, 1.0);  // zero gradients: only weight decay acts
   int64_t decayed = 0, kept = 0;
   for (const model::ParamSpec& spec : m.params().table().specs()) {
@@ -210,7 +217,7 @@ TEST_CASE("bf16 and fp16 training track the fp32 loss curve", "[train][precision
   const auto tc = small_train(40);
   const Run fp32 = train_synthetic(small_gpt(DType::f32), tc);
   auto fp16_tc = tc;
-  fp16_tc.loss_scale = {train::LossScaleKind::dynamic, 1024.0, 1000, 1.0, 2.0, 0.5};
+  fp16_tc.loss_scaling = {{train::LossScaleKind::dynamic, 0.0}, 1024.0, 1000, 1.0};
   const Run bf16 = train_synthetic(small_gpt(DType::bf16), tc);
   const Run fp16 = train_synthetic(small_gpt(DType::f16), fp16_tc);
   // Stated tolerance: every step's loss within 2% (bf16) / 1% (fp16) of the fp32 loss; the
@@ -264,7 +271,7 @@ TEST_CASE("fp16: overflowing gradients skip the step and halve the loss scale",
           "[train][precision]") {
   auto tc = small_train(40);
   // An absurd initial scale (2^40): the scaled loss gradient overflows fp16's 65504 at once.
-  tc.loss_scale = {train::LossScaleKind::dynamic, std::ldexp(1.0, 40), 1000, 1.0, 2.0, 0.5};
+  tc.loss_scaling = {{train::LossScaleKind::dynamic, 0.0}, std::ldexp(1.0, 40), 1000, 1.0};
   const Run run = train_synthetic(small_gpt(DType::f16), tc);
   REQUIRE(run.steps.front().skipped);
   CHECK(std::isnan(run.steps.front().grad_norm));

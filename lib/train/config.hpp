@@ -1,0 +1,65 @@
+// What the trainer is told: the recipe's training, optimizer, schedule and precision (loss scaling)
+// sections, as the trainer's own structs. The recipe's schema fills them directly (lib/recipe), and
+// tests and benchmarks build them by hand. No dependencies beyond the standard library, so the
+// recipe can hold them without linking lib/train.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace trainctl::train {
+
+// training.*
+struct TrainingConfig {
+  int64_t steps = 1;
+  int global_batch = 1;  // sequences per optimizer step
+  int micro_batch = 1;   // sequences per forward/backward
+  bool operator==(const TrainingConfig&) const = default;
+};
+
+enum class OptimizerName { adamw };
+
+// optimizer.*: AdamW (decoupled weight decay) and the global gradient-norm clip.
+struct OptimizerConfig {
+  OptimizerName name = OptimizerName::adamw;
+  double lr = 1e-3;  // the peak learning rate of the schedule
+  std::array<double, 2> betas{0.9, 0.95};
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // 0: off
+  bool operator==(const OptimizerConfig&) const = default;
+};
+
+// schedule.decay: what the learning rate does after warm-up (train/schedule.hpp).
+enum class DecayKind { cosine, linear, constant, wsd };
+
+// schedule.*: linear warm-up to optimizer.lr, then the decay down to min_lr at decay_steps.
+struct ScheduleConfig {
+  int64_t warmup_steps = 0;
+  DecayKind decay = DecayKind::cosine;
+  double min_lr = 0.0;
+  double wsd_decay_fraction = 0.2;  // wsd: share of the post-warmup steps spent decaying
+  int64_t decay_steps = 0;  // 0: training.steps (fixed, so that a run extended later keeps it)
+  bool operator==(const ScheduleConfig&) const = default;
+};
+
+// precision.loss_scale: dynamic (grows and backs off), fixed (a static scale) or none.
+enum class LossScaleKind { none, fixed, dynamic };
+
+struct LossScale {
+  LossScaleKind mode = LossScaleKind::dynamic;
+  double value = 0;  // the static scale when mode == fixed, else 0
+  bool operator==(const LossScale&) const = default;
+};
+
+// precision.loss_scale and its settings. Loss scaling matters only where gradients can underflow,
+// so the trainer applies it only to a model that stores fp16 (train/loss_scaler.hpp).
+struct LossScalingConfig {
+  LossScale loss_scale;
+  double initial_loss_scale = 65536.0;  // the first dynamic scale
+  int loss_scale_window = 1000;         // grow the dynamic scale after this many finite steps
+  double min_loss_scale = 1.0;          // the dynamic scale never drops below this
+  bool operator==(const LossScalingConfig&) const = default;
+};
+
+}  // namespace trainctl::train

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <initializer_list>
 #include <string>
 
 #include "ckpt/ckpt.hpp"
@@ -25,6 +26,16 @@ void add_debug_save_delay(CLI::App* command, int& milliseconds) {
       ->group("Diagnostics");
 }
 
+// The end of a subcommand's --help: two or three examples, then the pages to read.
+void add_examples(CLI::App* command, std::initializer_list<const char*> examples,
+                  const char* read) {
+  std::string footer = "\nExamples:\n";
+  for (const char* example : examples)
+    footer += std::string("  ") + example + "\n";
+  footer += std::string("\nRead: ") + read;
+  command->footer(footer);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -43,6 +54,11 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--overwrite", run.overwrite,
                     "Reuse a run directory that already holds a run (its files are replaced)");
   add_debug_save_delay(run_cmd, run.debug_save_delay_ms);
+  add_examples(run_cmd,
+               {"trainctl run recipes/tiny.yaml",
+                "trainctl run recipes/tiny.yaml --set training.steps=50 --run-dir runs/quick",
+                "trainctl run recipes/llama3-tiny.yaml --set parallel.dp=2"},
+               "docs/recipe.md (every key), README.md (the run directory, exit codes)");
 
   app::ValidateOptions validate;
   CLI::App* validate_cmd =
@@ -52,6 +68,11 @@ int main(int argc, char** argv) {
       ->type_name("KEY=VALUE");
   validate_cmd->add_flag("--explain", validate.explain,
                          "Print every recipe key with its type, default, range and help");
+  add_examples(validate_cmd,
+               {"trainctl validate recipes/tiny.yaml",
+                "trainctl validate recipes/llama3-8b.yaml --set training.micro_batch=2",
+                "trainctl validate --explain"},
+               "docs/recipe.md (every key and rule)");
 
   app::ResumeOptions resume;
   CLI::App* resume_cmd =
@@ -65,6 +86,10 @@ int main(int argc, char** argv) {
   resume_cmd->add_option("--run-dir", resume.run_dir,
                          "Run directory when TARGET is a recipe (default: runs/<recipe name>)");
   add_debug_save_delay(resume_cmd, resume.debug_save_delay_ms);
+  add_examples(resume_cmd,
+               {"trainctl resume runs/tiny", "trainctl resume runs/tiny --set training.steps=400",
+                "trainctl resume recipes/tiny.yaml --run-dir runs/tiny"},
+               "docs/checkpoints.md (what a checkpoint holds, resuming on another layout)");
 
   app::CkptOptions ckpt;
   CLI::App* ckpt_cmd = cli.add_subcommand("ckpt", "Inspect, verify or export checkpoints");
@@ -82,6 +107,23 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--format", ckpt.format, "Output format")
       ->check(CLI::IsMember({"safetensors"}));
   export_cmd->add_option("--out", ckpt.out, "Output file")->required();
+  add_examples(ckpt_cmd,
+               {"trainctl ckpt inspect runs/tiny",
+                "trainctl ckpt verify runs/tiny/checkpoints/step_00000200",
+                "trainctl ckpt export runs/tiny --out tiny.safetensors"},
+               "docs/checkpoints.md");
+  add_examples(inspect_cmd,
+               {"trainctl ckpt inspect runs/tiny",
+                "trainctl ckpt inspect runs/tiny/checkpoints/step_00000200 --json"},
+               "docs/checkpoints.md (the manifest)");
+  add_examples(verify_cmd,
+               {"trainctl ckpt verify runs/tiny", "trainctl ckpt verify runs/tiny/checkpoints"},
+               "docs/checkpoints.md (checksums)");
+  add_examples(
+      export_cmd,
+      {"trainctl ckpt export runs/tiny --out tiny.safetensors",
+       "trainctl ckpt export runs/tiny/checkpoints/step_00000200 --out step200.safetensors"},
+      "docs/checkpoints.md (the Hugging Face names)");
 
   app::PlanOptions plan;
   CLI::App* plan_cmd = cli.add_subcommand(
@@ -99,6 +141,12 @@ int main(int argc, char** argv) {
   plan_cmd->add_flag("--json", plan.json, "Print the plan as a stable JSON document");
   plan_cmd->add_flag("--show-topology", plan.show_topology,
                      "Print the detected (or described) topology and exit");
+  add_examples(plan_cmd,
+               {"trainctl plan recipes/llama3-70b.yaml",
+                "trainctl plan recipes/tiny.yaml --cluster configs/clusters/dgx-h100.yaml "
+                "--nodes 4 --top 5",
+                "trainctl plan recipes/llama3-8b.yaml --json"},
+               "docs/planner.md (the models), docs/topology.md (cluster files)");
 
   app::SubmitOptions submit;
   CLI::App* submit_cmd = cli.add_subcommand(
@@ -110,10 +158,17 @@ int main(int argc, char** argv) {
                          "Run directory (default: runs/<recipe name>)");
   submit_cmd->add_flag("--dry-run", submit.dry_run,
                        "Print the batch script; create and submit nothing");
+  add_examples(submit_cmd,
+               {"trainctl submit recipes/llama3-8b.yaml --dry-run",
+                "trainctl submit recipes/gpt2-124m.yaml --set slurm.partition=gpu "
+                "--set slurm.time=24:00:00"},
+               "docs/slurm.md");
 
   app::VersionOptions version;
   CLI::App* version_cmd =
       cli.add_subcommand("version", "Print the version, build type, backends and libraries");
+  add_examples(version_cmd, {"trainctl version", "trainctl --version"},
+               "README.md, docs/cuda.md (the CUDA backend)");
 
   // A checkpoint write past RLIMIT_FSIZE must fail with EFBIG (reported, earlier checkpoints
   // intact), not kill the process with SIGXFSZ.

@@ -145,7 +145,7 @@ std::vector<std::string> RunContext::describe(const SessionInput& input) const {
   const int gpu = launch::device_for_rank(rank_, gpu_count);
   lines.push_back(
       devices_.gpus.empty()
-          ? fmt::format("device: {}, using CPU", devices_.status)
+          ? fmt::format("device: cpu ({})", devices_.summary)
           : fmt::format(
                 "device: {}; this rank's GPU: {}; {}", devices_.status,
                 gpu >= 0 ? fmt::format("index {} (local rank {})", gpu, rank_.local_rank)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """cli:version: `trainctl version` and `trainctl --version` exit 0, print the same facts, and list
-the cpu backend."""
+the cpu backend. A run's first line names its device in one line: on a machine without a GPU (no
+NVIDIA driver, as `version` shows) it is "device: cpu (no GPU found)", not a CUDA error."""
 import re
 
 import cli_util
@@ -23,6 +24,17 @@ def main(binary, root):
         outputs.append(result.stdout)
     check(outputs[0] == outputs[1],
           f"version and --version differ:\n{outputs[0]}---\n{outputs[1]}")
+
+    devices = next(l for l in outputs[0].splitlines() if l.startswith("devices:"))
+    with cli_util.temp_dir("version") as tmp:
+        result = cli_util.run_ok(binary, cli_util.small_run_args(tmp + "/run", 2), root)
+    first = result.stderr.splitlines()[0]
+    check(first.startswith("device: "), f"the first line names no device\n{result.describe()}")
+    if "driver none" in devices:  # no NVIDIA driver: a machine without a GPU
+        check(first == "device: cpu (no GPU found)",
+              f"expected 'device: cpu (no GPU found)', got '{first}' ({devices})")
+    elif "CUDA not compiled in" in devices:
+        check(first == "device: cpu (CUDA not compiled in)", f"got '{first}' ({devices})")
 
 
 if __name__ == "__main__":

@@ -33,14 +33,22 @@ std::string describe_gpu(const GpuInfo& gpu) {
          " SMs)";
 }
 
-std::string versions_line() {
+// The installed driver's CUDA version; 0 when there is no NVIDIA driver.
+int driver_version() {
   int driver = 0;
   if (cudaDriverGetVersion(&driver) != cudaSuccess) {
     (void)cudaGetLastError();
     driver = 0;
   }
-  return "CUDA runtime " + cuda_runtime_version() + ", driver " + format_cuda_version(driver);
+  return driver;
 }
+
+std::string versions_line() {
+  return "CUDA runtime " + cuda_runtime_version() + ", driver " +
+         format_cuda_version(driver_version());
+}
+
+constexpr const char* kNoGpu = "no GPU found";
 
 }  // namespace
 
@@ -71,10 +79,14 @@ DeviceReport detect_gpus() {
     (void)cudaGetLastError();
     report.status = "no GPU (cudaGetDeviceCount: " + kernels::describe_cuda_error(count_status) +
                     "; " + versions_line() + ")";
+    // Without a driver (or with no device behind it) this is simply a machine without a GPU.
+    const bool none = driver_version() == 0 || count_status == cudaErrorNoDevice;
+    report.summary = none ? kNoGpu : "no usable GPU: " + report.status;
     return report;
   }
   if (count <= 0) {
     report.status = "no GPU (cudaGetDeviceCount found 0 devices; " + versions_line() + ")";
+    report.summary = kNoGpu;
     return report;
   }
 
@@ -102,6 +114,7 @@ DeviceReport detect_gpus() {
   if (report.gpus.empty()) {
     report.status = "no GPU (" + std::to_string(count) + " reported, none readable" + problems +
                     "; " + versions_line() + ")";
+    report.summary = "no usable GPU: " + report.status;
     return report;
   }
   report.status =
@@ -111,6 +124,7 @@ DeviceReport detect_gpus() {
     report.status += describe_gpu(report.gpus[i]);
   }
   report.status += problems + "; " + versions_line();
+  report.summary = report.status;
   return report;
 }
 

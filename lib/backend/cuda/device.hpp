@@ -28,6 +28,10 @@ struct DeviceReport {
   // 13.0, driver 13.0", "no GPU (cudaGetDeviceCount: error 35 cudaErrorInsufficientDriver (...))"
   // or "CUDA not compiled in".
   std::string status;
+  // What a run's first line says: `status` when there are GPUs; "no GPU found" when the machine
+  // has none (no NVIDIA driver, or none reported); "no usable GPU: <why>" when a driver is there
+  // but the GPUs cannot be used (then the detail matters); "CUDA not compiled in".
+  std::string summary;
   bool cuda_compiled = false;
 };
 

@@ -19,6 +19,7 @@ DeviceReport detect_gpus() {
   DeviceReport report;
   report.cuda_compiled = false;
   report.status = kNotCompiled;
+  report.summary = "CUDA not compiled in";
   return report;
 }
 

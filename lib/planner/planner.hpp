@@ -114,8 +114,9 @@ inline constexpr double kLinkEfficiency = 0.80;
 TimeEstimate estimate_time(const recipe::Recipe& recipe, const topology::ClusterSpec& cluster,
                            const Variant& layout, const TimeOptions& options = {});
 
-// Peak dense TFLOP/s of the cluster's GPU for the recipe's precision (fp32: peak_tflops_fp32).
-double peak_tflops(const topology::ClusterSpec& cluster, tensor::DType compute);
+// Peak dense TFLOP/s of a GPU for the recipe's precision (fp32: peak_tflops_fp32). The planner
+// scores layouts against it, and a run's measured MFU (lib/run) divides by it.
+double peak_tflops(const topology::GpuSpec& gpu, tensor::DType compute);
 
 // ---- search
 // --------------------------------------------------------------------------------------

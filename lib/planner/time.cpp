@@ -51,8 +51,7 @@ double ring_seconds(double bytes, int group, const Link& link, double passes) {
 
 }  // namespace
 
-double peak_tflops(const topology::ClusterSpec& cluster, tensor::DType compute) {
-  const topology::GpuSpec& g = cluster.gpu;
+double peak_tflops(const topology::GpuSpec& g, tensor::DType compute) {
   switch (compute) {
     case tensor::DType::bf16:
       return g.peak_tflops_bf16;
@@ -72,7 +71,7 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   const Sizes z = sizes_of(r.model.storage);
   const double efficiency =
       options.compute_efficiency > 0 ? options.compute_efficiency : kDefaultComputeEfficiency;
-  const double peak = std::max(peak_tflops(cluster, r.model.storage), 1e-3) * 1e12;
+  const double peak = std::max(peak_tflops(cluster.gpu, r.model.storage), 1e-3) * 1e12;
   const double flops_per_s = peak * efficiency;
   // With fp8 the blocks' linear layers (qkv, proj, fc1, fc2, experts) run on the fp8 tensor
   // cores; attention's scores and values, the router and the head stay at the storage precision.

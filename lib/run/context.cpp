@@ -90,6 +90,18 @@ RunContext::RunContext(const SessionInput& input, RankLog& log)
   }
   const launch::RankInfo& rank_info = rank_;
   const int rank = rank_info.rank;
+  if (leader()) {
+    // Before the rendezvous, so the CPU is quiet: the other ranks wait there.
+    if (on_cuda_) {
+      const int index = rank_gpu(rank_info, devices_);
+      for (const backend::GpuInfo& gpu : devices_.gpus)
+        if (gpu.index == index) peak_ = gpu_peak(gpu, r.model.storage);
+      peak_devices_ = rank_info.world_size;
+    } else {
+      peak_ = measure_gemm_peak(*backend_, r.model.storage);
+      peak_devices_ = std::max(1, rank_info.world_size / std::max(1, rank_info.local_world_size));
+    }
+  }
   parallel_.layout = r.parallel;  // one rank: recompute is all the layout says
   if (rank_info.world_size > 1) {
     // Meet the others, build the mesh (Gloo groups on the CPU backend, NCCL groups on the GPU of
@@ -154,6 +166,7 @@ std::vector<std::string> RunContext::describe(const SessionInput& input) const {
                 on_cuda_ ? "using the CUDA backend"
                          : "using CPU (the CUDA backend is opt-in, cluster.device: cuda, until "
                            "tests/gpu has passed on a GPU)"));
+  if (leader() && !peak_.source.empty()) lines.push_back("MFU against: " + peak_.source);
   lines.push_back(
       fmt::format("model: {} ({} parameters{}, {})", model::describe(r.model),
                   telemetry::format_count(static_cast<uint64_t>(model_->params().table().numel())),

@@ -23,6 +23,7 @@
 #include "model/model.hpp"
 #include "model/parallel.hpp"
 #include "recipe/recipe.hpp"
+#include "run/peak.hpp"
 #include "run/rank_log.hpp"
 #include "run/session.hpp"
 #include "train/trainer.hpp"
@@ -80,6 +81,11 @@ class RunContext {
   bool leader() const { return rank_.rank == 0; }  // writes the run's files, shows progress
   bool multi() const { return rank_.world_size > 1; }
   const std::string& recipe_hash() const { return recipe_hash_; }
+  // What the leader's MFU is measured against (the leader only; elsewhere flops_per_s is 0): the
+  // peak of one device, and how many such devices the job has (GPUs: the world; CPU backend: one
+  // per node, its ranks share the node's cores).
+  const Peak& peak() const { return peak_; }
+  int peak_devices() const { return peak_devices_; }
   // The step training starts after: 0, or the step of the checkpoint it resumed from.
   int64_t start_step() const { return resumed ? resumed->step : 0; }
 
@@ -101,6 +107,8 @@ class RunContext {
   Rendezvous rendezvous_;
   std::optional<comm::Mesh> mesh_;
   model::ModelParallel parallel_;  // points into mesh_
+  Peak peak_;
+  int peak_devices_ = 1;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<train::Trainer> trainer_;
   std::string recipe_hash_;

@@ -33,7 +33,7 @@ nlohmann::json metrics_record(const train::StepMetrics& m, bool fp16, bool moe) 
 
 StepReporter::StepReporter(const recipe::Recipe& r, const std::filesystem::path& run_dir,
                            RankLog& log, Options options)
-    : options_(options) {
+    : options_(std::move(options)), start_(std::chrono::steady_clock::now()) {
   if (options_.leader) {
     metrics_.emplace(run_dir / "metrics.jsonl");
     if (r.logging.tensorboard) tensorboard_.emplace(run_dir);
@@ -53,14 +53,31 @@ void StepReporter::say(const std::string& line) {
 void StepReporter::step(const train::StepMetrics& m, double loss_scale) {
   const bool fp16 = options_.fp16;
   const bool moe = options_.moe;
+  const double elapsed_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  std::optional<double> mfu;
+  if (options_.peak.flops_per_s > 0)
+    mfu = step_mfu(options_.forward_flops_per_token, options_.tokens_per_step, m.step_ms / 1000.0,
+                   options_.peak, options_.peak_devices);
   if (metrics_) {
     nlohmann::json record = metrics_record(m, fp16, moe);
     if (options_.multi) record["comm_ms"] = m.comm_ms;
     if (options_.overlapping) record["comm_background_ms"] = m.comm_background_ms;
+    if (mfu) record["mfu"] = *mfu;
+    if (options_.memory_bytes > 0) record["memory_bytes"] = options_.memory_bytes;
+    record["elapsed_s"] = elapsed_s;
     metrics_->write(record);
   }
-  telemetry::StepInfo info{m.step,         m.loss,    m.lr,
-                           m.tokens_per_s, m.step_ms, {{"grad_norm", m.grad_norm}}};
+  telemetry::StepInfo info;
+  info.step = m.step;
+  info.loss = m.loss;
+  info.lr = m.lr;
+  info.tokens_per_s = m.tokens_per_s;
+  info.step_ms = m.step_ms;
+  info.extras = {{"grad_norm", m.grad_norm}};
+  info.mfu = mfu;
+  if (options_.memory_bytes > 0) info.memory_bytes = options_.memory_bytes;
+  info.elapsed_s = elapsed_s;
   if (fp16) info.extras.push_back({"scale", m.loss_scale});
   if (m.val_loss) info.extras.push_back({"val_loss", *m.val_loss});
   if (progress_) progress_->update(info);
@@ -69,7 +86,11 @@ void StepReporter::step(const train::StepMetrics& m, double loss_scale) {
     std::vector<std::pair<std::string, double>> scalars{{"train/loss", m.loss},
                                                         {"train/lr", m.lr},
                                                         {"train/grad_norm", m.grad_norm},
-                                                        {"perf/tokens_per_s", m.tokens_per_s}};
+                                                        {"perf/tokens_per_s", m.tokens_per_s},
+                                                        {"perf/step_ms", m.step_ms}};
+    if (mfu) scalars.push_back({"perf/mfu", *mfu});
+    if (options_.memory_bytes > 0)
+      scalars.push_back({"memory/bytes", static_cast<double>(options_.memory_bytes)});
     if (fp16) scalars.push_back({"train/loss_scale", m.loss_scale});
     if (moe) {
       scalars.push_back({"moe/aux_loss", m.aux_loss});

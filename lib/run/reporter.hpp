@@ -3,12 +3,14 @@
 // member here.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
 
 #include "recipe/recipe.hpp"
+#include "run/peak.hpp"
 #include "run/rank_log.hpp"
 #include "telemetry/telemetry.hpp"
 #include "train/trainer.hpp"
@@ -31,6 +33,13 @@ class StepReporter {
     bool moe = false;          // router losses, expert load, dropped tokens
     bool multi = false;        // comm_ms
     bool overlapping = false;  // comm_background_ms: the gradient reduction's busy time
+    // MFU (leader): 3 x forward_flops_per_token x tokens_per_step per step, against
+    // peak_devices devices of `peak` each; no MFU while the peak is unknown (0).
+    double forward_flops_per_token = 0;
+    double tokens_per_step = 0;
+    Peak peak;
+    int peak_devices = 1;
+    uint64_t memory_bytes = 0;  // the rank's peak memory (all categories); 0: not shown
   };
   // Opens metrics.jsonl and the TensorBoard event file (leader), then the rank log when the
   // rendezvous has not opened it. Throws std::runtime_error naming a file it cannot open.
@@ -47,6 +56,7 @@ class StepReporter {
 
  private:
   Options options_;
+  std::chrono::steady_clock::time_point start_;  // elapsed time counts from here
   std::optional<telemetry::MetricsWriter> metrics_;
   std::optional<telemetry::TensorBoardWriter> tensorboard_;
   std::optional<telemetry::Progress> progress_;

@@ -132,7 +132,12 @@ int train_session(SessionInput input, const std::string& command) {
                          .fp16 = mc.storage == tensor::DType::f16,
                          .moe = mc.moe.experts > 0,
                          .multi = run.multi(),
-                         .overlapping = run.multi() && run.trainer().overlaps_grad_sync()});
+                         .overlapping = run.multi() && run.trainer().overlaps_grad_sync(),
+                         .forward_flops_per_token = run.model().forward_flops_per_token(),
+                         .tokens_per_step = static_cast<double>(r.tokens_per_step()),
+                         .peak = run.peak(),
+                         .peak_devices = run.peak_devices(),
+                         .memory_bytes = memory_report(run).total()});
     for (const std::string& line : run.describe(input))
       report.say(line);
 

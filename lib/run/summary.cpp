@@ -67,17 +67,22 @@ std::string weights_fingerprint(RunContext& run) {
   return fmt::format("{:016x}", sum);
 }
 
-void write_summary(const SessionInput& input, RunContext& run, StepReporter& report,
-                   double seconds) {
-  const recipe::Recipe& r = input.loaded.recipe;
-  const StepTotals& totals = report.totals();
-  const train::StepMetrics& last = totals.last;
+telemetry::MemoryReport memory_report(RunContext& run) {
   const model::ParamStore::Bytes pb = run.model().params().bytes();
   telemetry::MemoryReport memory;
   memory.params = pb.params;
   memory.grads = pb.grads;
   memory.optimizer = pb.optimizer;
   memory.activations = run.model().activation_bytes().total();
+  return memory;
+}
+
+void write_summary(const SessionInput& input, RunContext& run, StepReporter& report,
+                   double seconds) {
+  const recipe::Recipe& r = input.loaded.recipe;
+  const StepTotals& totals = report.totals();
+  const train::StepMetrics& last = totals.last;
+  const telemetry::MemoryReport memory = memory_report(run);
   const int64_t start_step = run.start_step();
   const double tokens_per_s = static_cast<double>(int64_t{r.training.global_batch} *
                                                   r.model.seq_len * (last.step - start_step)) /

@@ -11,6 +11,7 @@
 #include "recipe/recipe.hpp"
 #include "run/context.hpp"
 #include "run/reporter.hpp"
+#include "telemetry/memory_report.hpp"
 
 namespace trainctl::run {
 
@@ -24,6 +25,10 @@ nlohmann::json layout_json(const recipe::Recipe& recipe);
 // job), and the ranks add their sums (a collective: every rank calls it). Two runs with the same
 // weights give the same 16 hex digits, on one rank or any layout; a changed bit changes it.
 std::string weights_fingerprint(RunContext& run);
+
+// The rank's memory by category: its parameter store (values, gradients, optimizer state) and
+// its activation arena, planned up front, so the peak from the first step on.
+telemetry::MemoryReport memory_report(RunContext& run);
 
 // What a finished run reports: summary.json (rank 0, atomically), the "done: ..." line and the
 // memory by category, through `report`. `seconds` is the training time.

@@ -31,6 +31,9 @@ std::string format_tokens_per_s(double tokens_per_s) {
 
 std::string format_extras(const StepInfo& info) {
   std::string out;
+  if (info.mfu) out += fmt::format(" | MFU {:.1f}%", 100 * *info.mfu);
+  if (info.memory_bytes) out += " | mem " + format_bytes(*info.memory_bytes);
+  if (info.elapsed_s) out += " | elapsed " + format_duration(*info.elapsed_s);
   for (const auto& [name, value] : info.extras)
     out += fmt::format(" | {} {:.4g}", name, value);
   return out;

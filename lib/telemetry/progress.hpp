@@ -34,6 +34,10 @@ struct StepInfo {
   double lr = 0;            // printed as 1.00e-03
   double tokens_per_s = 0;  // printed rounded with thousands separators
   double step_ms = 0;       // wall time of this step; feeds the ETA
+  // Printed after the ETA when known: " | MFU 41.2% | mem 36.2 MiB | elapsed 0:01:05".
+  std::optional<double> mfu;                  // model FLOPs utilisation, a fraction
+  std::optional<std::uint64_t> memory_bytes;  // the rank's peak memory
+  std::optional<double> elapsed_s;            // wall time since the run (this attempt) started
   std::vector<std::pair<std::string, double>>
       extras;  // e.g. {"grad_norm", 0.98}: " | grad_norm 0.98"
 };

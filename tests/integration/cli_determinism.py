@@ -6,7 +6,7 @@ import os
 import cli_util
 from cli_util import check
 
-TIMING_FIELDS = {"tokens_per_s", "step_ms"}
+TIMING_FIELDS = {"tokens_per_s", "step_ms", "mfu", "elapsed_s"}
 STEPS = 12
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """cli:tensorboard: the event file of a run loads in TensorBoard's own reader and holds, for every
 step, exactly the float32 values of metrics.jsonl: train/loss, train/lr, train/grad_norm,
-perf/tokens_per_s, val/loss at evaluation steps; plus train/loss_scale with fp16 and moe/aux_loss
-(and a per-layer expert_load in metrics.jsonl whose loads sum to 1) with MoE."""
+perf/tokens_per_s, perf/step_ms, perf/mfu, memory/bytes, val/loss at evaluation steps; plus
+train/loss_scale with fp16 and moe/aux_loss (and a per-layer expert_load in metrics.jsonl whose
+loads sum to 1) with MoE."""
 import math
 import os
 import struct
@@ -63,7 +64,8 @@ def compare(run_dir, tag_to_field):
 
 
 BASE_TAGS = {"train/loss": "loss", "train/lr": "lr", "train/grad_norm": "grad_norm",
-             "perf/tokens_per_s": "tokens_per_s", "val/loss": "val_loss"}
+             "perf/tokens_per_s": "tokens_per_s", "perf/step_ms": "step_ms", "perf/mfu": "mfu",
+             "memory/bytes": "memory_bytes", "val/loss": "val_loss"}
 
 
 def main(binary, root):

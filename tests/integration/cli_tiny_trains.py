@@ -68,6 +68,29 @@ def main(binary, root):
                   f"{memory}")
         check(summary["steps"] == STEPS and summary["final_loss"] == last["loss"],
               f"summary disagrees with metrics.jsonl: {summary}")
+
+        # MFU against the CPU's GEMM peak measured at start-up, the rank's memory (the summary's
+        # categories added up) and the elapsed time, in metrics.jsonl and on the progress line.
+        check("MFU against: " in result.stderr and "GEMM peak of this CPU" in result.stderr,
+              f"the run does not say what its MFU is measured against\n{result.stderr[:2000]}")
+        total = sum(memory[c] for c in ("params", "grads", "optimizer", "activations"))
+        elapsed = [r["elapsed_s"] for r in records]
+        check(all(b >= a for a, b in zip(elapsed, elapsed[1:])) and elapsed[-1] <= seconds,
+              f"elapsed_s is not a clock of the run: {elapsed[:5]}...{elapsed[-1]}")
+        # MFU = 3 x forward FLOPs per token x tokens per step / (step time x peak): with the peak
+        # the log states (rounded to 0.1 GFLOP/s) and the summary's FLOPs per token. (Not
+        # bounded by 1: the peak is measured once, and the machine may be busier then.)
+        peak = float(re.search(r"MFU against: ([\d.]+) GFLOP/s", result.stderr).group(1)) * 1e9
+        model_flops = 3 * summary["forward_flops_per_token"] * TOKENS_PER_STEP
+        for r in records:
+            want = model_flops / (r["step_ms"] / 1000) / peak
+            check(r["mfu"] > 0 and abs(r["mfu"] / want - 1) < 0.01,
+                  f"step {r['step']}: MFU {r['mfu']}, expected {want} from the step time")
+            check(r["memory_bytes"] == total, f"step {r['step']}: memory_bytes "
+                  f"{r['memory_bytes']} != the summary's {total}")
+        line = next(l for l in result.stderr.splitlines() if l.startswith("step 200/200"))
+        check(re.search(r"\| MFU \d+\.\d% \| mem [\d.]+ MiB \| elapsed \d+:\d\d:\d\d", line),
+              f"the progress line lacks MFU, memory or elapsed time: {line}")
         check(re.fullmatch(r"[0-9a-f]{16}", summary.get("weights_fingerprint", "")),
               f"summary weights_fingerprint is not 16 hex digits: {summary}")
         with open(os.path.join(run_dir, "logs", "rank_0.log"), encoding="utf-8") as f:

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "comm_test_util.hpp"
+#include "backend/backend.hpp"
 #include "run/context.hpp"
+#include "run/peak.hpp"
 #include "run/save_schedule.hpp"
 #include "run/session.hpp"
 #include "run/summary.hpp"
@@ -159,4 +161,27 @@ TEST_CASE(
     INFO(name);
     CHECK(status == std::vector<int>(static_cast<size_t>(world), 0));
   }
+}
+
+TEST_CASE("MFU: model FLOPs over the devices' peak, against a datasheet or a measured GEMM peak") {
+  // 3 x forward FLOPs per token x tokens over the step time, against every device's peak.
+  const run::Peak peak{100e12, "test"};
+  CHECK(run::step_mfu(1e9, 1e4, 1.0, peak, 1) == Approx(0.3));
+  CHECK(run::step_mfu(1e9, 1e4, 1.0, peak, 4) == Approx(0.075));
+  CHECK(run::step_mfu(1e9, 1e4, 1.0, run::Peak{}, 1) == 0);  // peak unknown: no MFU
+  // A GPU the table knows: its dense datasheet peak at the run's precision.
+  backend::GpuInfo h100;
+  h100.name = "NVIDIA H100 80GB HBM3";
+  CHECK(run::gpu_peak(h100, tensor::DType::bf16).flops_per_s == Approx(989e12));
+  CHECK(run::gpu_peak(h100, tensor::DType::f32).flops_per_s == Approx(67e12));
+  backend::GpuInfo unknown;
+  unknown.name = "NVIDIA Quadro P400";
+  const run::Peak none = run::gpu_peak(unknown, tensor::DType::bf16);
+  CHECK(none.flops_per_s == 0);
+  CHECK(none.source.find("Quadro P400") != std::string::npos);
+  // The CPU's GEMM peak is measured: positive, and no faster than a generous 10 TFLOP/s.
+  auto cpu = backend::make_cpu_backend();
+  const run::Peak measured = run::measure_gemm_peak(*cpu, tensor::DType::f32, 0.05);
+  CHECK(measured.flops_per_s > 1e8);
+  CHECK(measured.flops_per_s < 10e12);
 }

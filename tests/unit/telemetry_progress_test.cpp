@@ -75,6 +75,19 @@ TEST_CASE("plain progress prints the last step even off the every_steps grid, an
         "grad_norm 0.9877\n");
 }
 
+TEST_CASE("MFU, memory and elapsed time follow the ETA when known, before the extras") {
+  Capture out;
+  Progress progress(1, ProgressMode::plain, out.file, 1, /*terminal=*/false);
+  StepInfo info = step_info(1);
+  info.mfu = 0.41234;
+  info.memory_bytes = 38127104;  // 36.4 MiB
+  info.elapsed_s = 65;
+  info.extras = {{"grad_norm", 0.98765}};
+  CHECK(progress.plain_line(info) ==
+        "step 1/1 | loss 3.1234 | lr 1.00e-03 | 12,345 tok/s | 45.6 ms/step | ETA ?:??:?? | "
+        "MFU 41.2% | mem 36.4 MiB | elapsed 0:01:05 | grad_norm 0.9877");
+}
+
 TEST_CASE("ETA follows an exponential moving average of step time") {
   Capture out;
   Progress progress(1000, ProgressMode::plain, out.file, 1, false);

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -50,13 +51,24 @@ struct RunOptions {
 
 // Exit status per rank: the child's exit code, 128+signal when killed by a signal, or -1 when the
 // harness had to kill it at the deadline.
+// Every rank is forked before any starts: the children wait at a gate (a pipe's end of file)
+// until the last fork. A parent may run threads (a TcpStoreServer's), and a child forked while
+// one of them holds a lock, because earlier ranks already talk to it, inherits the lock held
+// forever and hangs (seen as "rank(s) 4, 5, 6, 7 have not arrived" under load).
 inline std::vector<int> run_ranks(int num_ranks, const std::function<int(int rank)>& body,
                                   const RunOptions& options = {}) {
   std::fflush(nullptr);
+  int gate[2];
+  if (::pipe(gate) != 0) throw std::runtime_error("run_ranks: pipe failed");
   std::vector<pid_t> pids;
   for (int rank = 0; rank < num_ranks; ++rank) {
     const pid_t pid = ::fork();
     if (pid == 0) {
+      ::close(gate[1]);
+      char ignored;
+      while (::read(gate[0], &ignored, 1) < 0 && errno == EINTR) {
+      }
+      ::close(gate[0]);
       int code = 1;
       try {
         code = body(rank);
@@ -70,6 +82,8 @@ inline std::vector<int> run_ranks(int num_ranks, const std::function<int(int ran
     }
     pids.push_back(pid);
   }
+  ::close(gate[0]);
+  ::close(gate[1]);  // every rank is forked: open the gate
   std::vector<int> status(static_cast<size_t>(num_ranks), -2);
   const auto deadline = std::chrono::steady_clock::now() + options.deadline;
   auto pending = [&](int rank) { return status[static_cast<size_t>(rank)] == -2; };

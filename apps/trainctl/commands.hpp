@@ -82,6 +82,13 @@ struct PlanOptions {
 };
 int run_plan(const PlanOptions& options);
 
+// `trainctl report RUN_DIR`: RUN_DIR/report.html (or `out`), the run's curves and memory.
+struct ReportOptions {
+  std::string run_dir;
+  std::string out;  // empty: RUN_DIR/report.html
+};
+int run_report(const ReportOptions& options);
+
 struct VersionOptions {};
 int run_version(const VersionOptions& options);
 

@@ -164,6 +164,15 @@ int main(int argc, char** argv) {
                 "--set slurm.time=24:00:00"},
                "docs/slurm.md");
 
+  app::ReportOptions report;
+  CLI::App* report_cmd = cli.add_subcommand(
+      "report", "Draw a run's loss, learning rate, throughput and memory as one HTML page");
+  report_cmd->add_option("run_dir", report.run_dir, "Run directory")->required();
+  report_cmd->add_option("--out", report.out, "Output file (default: RUN_DIR/report.html)");
+  add_examples(report_cmd,
+               {"trainctl report runs/tiny", "trainctl report runs/tiny --out /tmp/tiny.html"},
+               "README.md (the run directory)");
+
   app::VersionOptions version;
   CLI::App* version_cmd =
       cli.add_subcommand("version", "Print the version, build type, backends and libraries");
@@ -197,6 +206,7 @@ int main(int argc, char** argv) {
     if (run_cmd->parsed()) return app::run_run(run);
     if (resume_cmd->parsed()) return app::run_resume(resume);
     if (plan_cmd->parsed()) return app::run_plan(plan);
+    if (report_cmd->parsed()) return app::run_report(report);
     if (ckpt_cmd->parsed()) {
       ckpt.action = inspect_cmd->parsed() ? "inspect" : verify_cmd->parsed() ? "verify" : "export";
       return app::run_ckpt(ckpt);

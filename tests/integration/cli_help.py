@@ -10,7 +10,8 @@ import cli_util
 from cli_util import check
 
 SUBCOMMANDS = [["run"], ["validate"], ["resume"], ["ckpt"], ["ckpt", "inspect"],
-               ["ckpt", "verify"], ["ckpt", "export"], ["plan"], ["submit"], ["version"]]
+               ["ckpt", "verify"], ["ckpt", "export"], ["plan"], ["submit"], ["report"],
+               ["version"]]
 # Examples that write nothing (submit --dry-run prints the batch script): run as written.
 RUNNABLE = ("validate", "plan", "version", "--version")
 

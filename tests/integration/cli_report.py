@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""cli:report: `trainctl report RUN_DIR` draws a run as one self-contained HTML page. The page's
+charts carry axes that span the run's steps and values (checked against metrics.jsonl), a dashed
+line per kept checkpoint and the memory by category of summary.json; headless Chromium (Debian's
+package) renders it to a picture that is not blank and shows the loss curve's colour. A folder that
+is not a run directory is exit 2, naming metrics.jsonl."""
+import os
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+
+import cli_util
+from cli_util import check
+
+STEPS = 12
+LOSS_BLUE = (0x1F, 0x77, 0xB4)  # the train-loss line's colour (run_report.cpp)
+
+
+def png_pixels(path):
+    """(width, height, rows of (r, g, b) tuples) of an 8-bit RGB or RGBA, non-interlaced PNG."""
+    with open(path, "rb") as f:
+        data = f.read()
+    check(data[:8] == b"\x89PNG\r\n\x1a\n", f"{path}: not a PNG")
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height, depth, color, _, _, interlace = header
+    check(depth == 8 and color in (2, 6) and interlace == 0, f"{path}: unexpected PNG {header}")
+    channels = 3 if color == 2 else 4
+    raw, stride = zlib.decompress(idat), width * channels
+    rows, previous = [], bytearray(stride)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            left = line[i - channels] if i >= channels else 0
+            up, corner = previous[i], previous[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + left) & 0xFF
+            elif kind == 2:
+                line[i] = (line[i] + up) & 0xFF
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                line[i] = (line[i] + (left if pa <= pb and pa <= pc else up if pb <= pc
+                                      else corner)) & 0xFF
+        rows.append([tuple(line[x * channels:x * channels + 3]) for x in range(width)])
+        previous = line
+    return width, height, rows
+
+
+def charts(html):
+    """{chart id: {attribute: float}} of the page's <svg> elements."""
+    out = {}
+    for tag in re.findall(r"<svg [^>]*>", html):
+        attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', tag))
+        out[attrs["data-chart"]] = {k[5:]: float(v) for k, v in attrs.items()
+                                    if k.startswith("data-") and k != "data-chart"}
+    return out
+
+
+def main(binary, root):
+    with cli_util.temp_dir("report") as tmp:
+        run_dir = os.path.join(tmp, "run")
+        cli_util.run_ok(binary, cli_util.small_run_args(run_dir, STEPS, [
+            "logging.eval_every_steps=4", "checkpoint.every_steps=4", "checkpoint.keep_last=2",
+            "logging.tensorboard=false"]), root)
+        result = cli_util.run_ok(binary, ["report", run_dir], root)
+        page = os.path.join(run_dir, "report.html")
+        check(os.path.isfile(page), f"no report.html\n{result.describe()}")
+        with open(page, encoding="utf-8") as f:
+            html = f.read()
+        check("<script" not in html and "http://" not in html.replace(
+            'xmlns="http://www.w3.org/2000/svg"', ""), "the page is not self-contained")
+
+        records = cli_util.read_metrics(run_dir)
+        summary = cli_util.read_summary(run_dir)
+        found = charts(html)
+        check(set(found) == {"loss", "lr", "throughput", "mfu", "memory"},
+              f"charts {sorted(found)}")
+        for chart, field, scale in (("loss", "loss", 1), ("lr", "lr", 1),
+                                    ("throughput", "tokens_per_s", 1), ("mfu", "mfu", 100)):
+            axes = found[chart]
+            values = [r[field] * scale for r in records]
+            if chart == "loss":
+                values += [r["val_loss"] for r in records if "val_loss" in r]
+            check(axes["x-min"] <= 1 and STEPS <= axes["x-max"] < 2 * STEPS,
+                  f"{chart}: the step axis {axes['x-min']}..{axes['x-max']} is not about 1..{STEPS}")
+            span = max(values) - min(values)
+            check(axes["y-min"] <= min(values) and max(values) <= axes["y-max"] and
+                  axes["y-max"] - axes["y-min"] <= 4 * max(span, 1e-9 * abs(max(values))) + 1e-12,
+                  f"{chart}: the axis {axes['y-min']}..{axes['y-max']} does not fit "
+                  f"{min(values)}..{max(values)}")
+        kept = sorted(int(m) for m in re.findall(r"checkpoint at step (\d+)", html))
+        check(kept == [8, 12], f"dashed checkpoint lines at {kept}, expected the kept 8 and 12")
+        for category in ("params", "grads", "optimizer", "activations"):
+            bytes_ = summary["memory_bytes"][category]
+            check(f">{category}</text>" in html, f"the memory chart lacks {category}")
+            check(found["memory"]["x-max"] >= bytes_, f"memory axis below {category}'s {bytes_}")
+
+        # Rendered by Chromium: a picture with the loss line's blue in it, mostly not blank.
+        chromium = shutil.which("chromium")
+        check(chromium, "no chromium: run scripts/setup --tests (Debian's chromium package)")
+        shot = os.path.join(tmp, "report.png")
+        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                        "--hide-scrollbars", "--window-size=800,1400", f"--screenshot={shot}",
+                        "file://" + page], cwd=tmp, capture_output=True, timeout=120, check=False)
+        check(os.path.isfile(shot), "chromium wrote no screenshot")
+        width, height, rows = png_pixels(shot)
+        pixels = [p for row in rows for p in row]
+        inked = sum(1 for p in pixels if p != (255, 255, 255))
+        blue = sum(1 for p in pixels if all(abs(a - b) <= 40 for a, b in zip(p, LOSS_BLUE)))
+        check(inked > 0.02 * len(pixels), f"the picture is nearly blank: {inked} inked pixels")
+        check(blue > 100, f"the loss curve's blue is missing from the picture ({blue} pixels)")
+
+        # Not a run directory: exit 2 naming the missing file, nothing written.
+        empty = os.path.join(tmp, "empty")
+        os.mkdir(empty)
+        result = cli_util.run(binary, ["report", empty], root)
+        check(result.rc == 2 and "metrics.jsonl" in result.stderr,
+              f"expected exit 2 naming metrics.jsonl\n{result.describe()}")
+        check(os.listdir(empty) == [], "report wrote into a folder that is not a run directory")
+        print(f"{width}x{height} picture, {inked} inked pixels, {blue} of the loss blue")
+
+
+if __name__ == "__main__":
+    cli_util.main_wrapper(main)

@@ -52,6 +52,8 @@ int run_report(const ReportOptions& options) {
   for (std::string line; std::getline(metrics, line);) {
     ++line_number;
     if (line.empty()) continue;
+    // A run still training may be halfway through appending its newest line: not yet a record.
+    if (metrics.eof()) break;
     const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (!record.is_object() || !record.contains("step") || !record["step"].is_number())
       return bad_input(kCommand, fmt::format("{}:{}: not a metrics record (a JSON object with a "

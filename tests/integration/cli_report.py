@@ -109,6 +109,13 @@ def main(binary, root):
             check(f">{category}</text>" in html, f"the memory chart lacks {category}")
             check(found["memory"]["x-max"] >= bytes_, f"memory axis below {category}'s {bytes_}")
 
+        # A run still training may be halfway through appending a line: the report leaves it out.
+        with open(os.path.join(run_dir, "metrics.jsonl"), "a", encoding="utf-8") as f:
+            f.write('{"step": 13, "lo')
+        result = cli_util.run_ok(binary, ["report", run_dir, "--out", os.path.join(tmp, "p.html")],
+                                 root)
+        check(f"({STEPS} steps" in result.stdout, f"a partial line was read\n{result.describe()}")
+
         # Not a run directory: exit 2 naming the missing file, nothing written.
         empty = os.path.join(tmp, "empty")
         os.mkdir(empty)

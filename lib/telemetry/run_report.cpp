@@ -38,7 +38,7 @@ std::string escape(std::string_view text) {
 }
 
 std::string number(double x) {
-  return fmt::format("{:.4g}", x);
+  return fmt::format("{:.6g}", x);  // 11000 rather than 1.1e+04; 0.0025
 }
 
 struct Series {

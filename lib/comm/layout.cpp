@@ -36,10 +36,8 @@ RankGroups rank_groups(const Layout& layout, int rank) {
     RankGroups groups;
     groups.rank = rank;
     groups.coordinates = coordinates_of(layout, rank);
-    groups.tp = group_of(layout, rank, {Axis::tp});
-    groups.ep = group_of(layout, rank, {Axis::ep});
-    groups.dp = group_of(layout, rank, {Axis::dp});
-    groups.pp = group_of(layout, rank, {Axis::pp});
+    for (const Layout::AxisInfo& axis : kAxes)
+      groups.axes[static_cast<size_t>(axis.axis)] = group_of(layout, rank, {axis.axis});
     groups.dp_ep = group_of(layout, rank, {Axis::dp, Axis::ep});
     return groups;
   });

@@ -2,6 +2,7 @@
 // CommError, and the groups one rank belongs to.
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@ using trainctl::axis_name;
 using trainctl::Coordinates;
 using trainctl::coordinates_of;
 using trainctl::group_of;
+using trainctl::kAxes;
 using trainctl::Layout;
 
 // Throws CommError (Kind::usage) when the layout has a problem (Layout::problems) or the product
@@ -28,7 +30,9 @@ void validate(const Layout& layout, int world_size);
 struct RankGroups {
   int rank = 0;
   Coordinates coordinates;
-  std::vector<int> tp, ep, dp, pp, dp_ep;
+  std::array<std::vector<int>, kAxes.size()> axes;  // one group per axis, indexed by Axis
+  std::vector<int> dp_ep;
+  const std::vector<int>& of(Axis axis) const { return axes[static_cast<size_t>(axis)]; }
 };
 
 // The groups of `rank` (coordinates_of and group_of of layout/layout.hpp); throws CommError when

@@ -48,18 +48,18 @@ Mesh Mesh::create(Store& store, int world_size, int rank, const Layout& layout,
   std::vector<int> everyone(static_cast<size_t>(world_size));
   std::iota(everyone.begin(), everyone.end(), 0);
   mesh.world_ = join(store, "world", everyone, rank, shared, mesh.clock_);
-  mesh.tp_ = join(store, "tp", mesh.groups_.tp, rank, shared, mesh.clock_);
-  mesh.ep_ = join(store, "ep", mesh.groups_.ep, rank, shared, mesh.clock_);
-  mesh.dp_ = join(store, "dp", mesh.groups_.dp, rank, shared, mesh.clock_);
-  mesh.pp_ = join(store, "pp", mesh.groups_.pp, rank, shared, mesh.clock_);
+  for (const Layout::AxisInfo& axis : kAxes)
+    mesh.axes_[static_cast<size_t>(axis.axis)] =
+        join(store, std::string(axis.name), mesh.groups_.of(axis.axis), rank, shared, mesh.clock_);
   mesh.dp_ep_ = join(store, "dp_ep", mesh.groups_.dp_ep, rank, shared, mesh.clock_);
   mesh.background_clock_ = std::make_shared<CommClock>();
   if (options.background_groups) {
     // Every member of a group sees the same sizes and member lists, so all join or none does.
-    if (mesh.groups_.dp.size() > 1)
-      mesh.dp_bg_ = join(store, "dp_bg", mesh.groups_.dp, rank, shared, mesh.background_clock_,
-                         /*background=*/true);
-    if (mesh.groups_.dp_ep.size() > 1 && mesh.groups_.dp_ep != mesh.groups_.dp)
+    if (mesh.groups_.of(Axis::dp).size() > 1)
+      mesh.dp_bg_ =
+          join(store, "dp_bg", mesh.groups_.of(Axis::dp), rank, shared, mesh.background_clock_,
+               /*background=*/true);
+    if (mesh.groups_.dp_ep.size() > 1 && mesh.groups_.dp_ep != mesh.groups_.of(Axis::dp))
       mesh.dp_ep_bg_ =
           join(store, "dp_ep_bg", mesh.groups_.dp_ep, rank, shared, mesh.background_clock_,
                /*background=*/true);

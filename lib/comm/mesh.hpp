@@ -2,6 +2,7 @@
 // from a validated Layout. A plain value passed down explicitly: no process-group globals.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <memory>
 
@@ -52,10 +53,12 @@ class Mesh {
   int rank() const { return groups_.rank; }
 
   Communicator& world() const { return *world_; }
-  Communicator& tp() const { return *tp_; }
-  Communicator& ep() const { return *ep_; }
-  Communicator& dp() const { return *dp_; }
-  Communicator& pp() const { return *pp_; }
+  // The group of this rank along `axis` (one per row of kAxes, joined in that order).
+  Communicator& group(Axis axis) const { return *axes_[static_cast<size_t>(axis)]; }
+  Communicator& tp() const { return group(Axis::tp); }
+  Communicator& ep() const { return group(Axis::ep); }
+  Communicator& dp() const { return group(Axis::dp); }
+  Communicator& pp() const { return group(Axis::pp); }
   Communicator& dp_ep() const { return *dp_ep_; }
   // The background twins of dp and dp_ep (MeshOptions::background_groups), for one
   // BackgroundReducer each; null when not joined or when the group has one rank. When dp and dp_ep
@@ -76,7 +79,9 @@ class Mesh {
  private:
   Layout layout_;
   RankGroups groups_;
-  std::unique_ptr<Communicator> world_, tp_, ep_, dp_, pp_, dp_ep_;
+  std::unique_ptr<Communicator> world_;
+  std::array<std::unique_ptr<Communicator>, kAxes.size()> axes_;
+  std::unique_ptr<Communicator> dp_ep_;
   std::unique_ptr<Communicator> dp_bg_, dp_ep_bg_;  // dp_ep_bg_ null when it would equal dp_bg_
   std::shared_ptr<CommClock> clock_;  // shared by the timed communicators of the groups above
   std::shared_ptr<CommClock> background_clock_;  // the _bg groups'

@@ -43,10 +43,10 @@ TEST_CASE("tp2 x dp2: tp is the fastest axis", "[comm][layout]") {
   const RankGroups r3 = rank_groups(layout, 3);
   CHECK(r3.coordinates.tp == 1);
   CHECK(r3.coordinates.dp == 1);
-  CHECK(r3.tp == Ranks{2, 3});
-  CHECK(r3.dp == Ranks{1, 3});
-  CHECK(r3.ep == Ranks{3});
-  CHECK(r3.pp == Ranks{3});
+  CHECK(r3.of(Axis::tp) == Ranks{2, 3});
+  CHECK(r3.of(Axis::dp) == Ranks{1, 3});
+  CHECK(r3.of(Axis::ep) == Ranks{3});
+  CHECK(r3.of(Axis::pp) == Ranks{3});
   CHECK(r3.dp_ep == Ranks{1, 3});
   CHECK(all_groups(layout, {Axis::tp}) == std::vector<Ranks>{{0, 1}, {2, 3}});
   CHECK(all_groups(layout, {Axis::dp}) == std::vector<Ranks>{{0, 2}, {1, 3}});
@@ -61,10 +61,10 @@ TEST_CASE("tp2 x ep2 x dp2 x pp2: every group, and dp*ep for non-expert weights"
   CHECK(g.coordinates.ep == 0);
   CHECK(g.coordinates.dp == 1);
   CHECK(g.coordinates.pp == 1);
-  CHECK(g.tp == Ranks{12, 13});
-  CHECK(g.ep == Ranks{13, 15});
-  CHECK(g.dp == Ranks{9, 13});
-  CHECK(g.pp == Ranks{5, 13});
+  CHECK(g.of(Axis::tp) == Ranks{12, 13});
+  CHECK(g.of(Axis::ep) == Ranks{13, 15});
+  CHECK(g.of(Axis::dp) == Ranks{9, 13});
+  CHECK(g.of(Axis::pp) == Ranks{5, 13});
   CHECK(g.dp_ep == Ranks{9, 11, 13, 15});  // ep varies fastest inside the group
   // Each kind of group partitions the world: every rank exactly once.
   for (const auto& axes : std::vector<std::vector<Axis>>{
@@ -81,25 +81,25 @@ TEST_CASE("tp2 x ep2 x dp2 x pp2: every group, and dp*ep for non-expert weights"
     const RankGroups mine = rank_groups(layout, rank);
     for (int member : mine.dp_ep)
       CHECK(rank_groups(layout, member).dp_ep == mine.dp_ep);
-    for (int member : mine.tp)
-      CHECK(rank_groups(layout, member).tp == mine.tp);
+    for (int member : mine.of(Axis::tp))
+      CHECK(rank_groups(layout, member).of(Axis::tp) == mine.of(Axis::tp));
   }
 }
 
 TEST_CASE("pp4 and dp3: odd and single-axis layouts", "[comm][layout]") {
   const Layout pp{.pp = 4};
-  CHECK(rank_groups(pp, 2).pp == Ranks{0, 1, 2, 3});
+  CHECK(rank_groups(pp, 2).of(Axis::pp) == Ranks{0, 1, 2, 3});
   CHECK(rank_groups(pp, 2).coordinates.pp == 2);
-  CHECK(rank_groups(pp, 2).dp == Ranks{2});
+  CHECK(rank_groups(pp, 2).of(Axis::dp) == Ranks{2});
   const Layout dp3{.tp = 2, .dp = 3};
-  CHECK(rank_groups(dp3, 5).dp == Ranks{1, 3, 5});
-  CHECK(rank_groups(dp3, 5).tp == Ranks{4, 5});
+  CHECK(rank_groups(dp3, 5).of(Axis::dp) == Ranks{1, 3, 5});
+  CHECK(rank_groups(dp3, 5).of(Axis::tp) == Ranks{4, 5});
 }
 
 TEST_CASE("another order string changes which axis is fastest", "[comm][layout]") {
   const Layout layout{.tp = 2, .dp = 2, .order = "dp-tp-ep-pp"};
-  CHECK(rank_groups(layout, 0).dp == Ranks{0, 1});
-  CHECK(rank_groups(layout, 0).tp == Ranks{0, 2});
+  CHECK(rank_groups(layout, 0).of(Axis::dp) == Ranks{0, 1});
+  CHECK(rank_groups(layout, 0).of(Axis::tp) == Ranks{0, 2});
   CHECK(rank_groups(layout, 3).coordinates.dp == 1);
   CHECK(rank_groups(layout, 2).coordinates.tp == 1);
 }

@@ -31,10 +31,10 @@ int run_mesh(Store& store, int world, int rank, const Layout& layout) {
   for (int r = 0; r < world; ++r)
     everyone.push_back(r);
   check_group(mesh.world(), everyone, rank, "world");
-  check_group(mesh.tp(), g.tp, rank, "tp");
-  check_group(mesh.ep(), g.ep, rank, "ep");
-  check_group(mesh.dp(), g.dp, rank, "dp");
-  check_group(mesh.pp(), g.pp, rank, "pp");
+  check_group(mesh.tp(), g.of(Axis::tp), rank, "tp");
+  check_group(mesh.ep(), g.of(Axis::ep), rank, "ep");
+  check_group(mesh.dp(), g.of(Axis::dp), rank, "dp");
+  check_group(mesh.pp(), g.of(Axis::pp), rank, "pp");
   check_group(mesh.dp_ep(), g.dp_ep, rank, "dp_ep");
   mesh.world().barrier();
   return 0;

@@ -30,7 +30,8 @@ struct RunReportData {
 };
 
 // Readable axis ends for values in [low, high]: the multiples of a 1/2/5 x 10^k step (the one
-// nearest to (high - low) / ticks) just outside them. A flat range is widened so the axis has a length.
+// nearest to (high - low) / ticks) just outside them. A flat range is widened so the axis has a
+// length.
 struct Axis {
   double low = 0, high = 1, step = 1;
 };

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "comm_test_util.hpp"
 #include "backend/backend.hpp"
+#include "comm_test_util.hpp"
 #include "run/context.hpp"
 #include "run/peak.hpp"
 #include "run/save_schedule.hpp"

@@ -13,6 +13,7 @@
 #include "launch/signals.hpp"
 #include "launch/store_address.hpp"
 #include "run/context.hpp"
+#include "run/report.hpp"
 #include "run/reporter.hpp"
 #include "run/save_schedule.hpp"
 #include "run/summary.hpp"
@@ -84,6 +85,19 @@ int end_on_stop(const SessionInput& input, StepReporter& report, const launch::S
       "stopped by {} after step {}, checkpoint saved; continue with: trainctl resume {}", by, step,
       input.run_dir.string()));
   return kExitSavedOnSignal;
+}
+
+// The run's picture (report.hpp), drawn by the leader once training has ended. It is drawn from
+// files the run keeps, so failing to write it (a full disk) is a note, not the run's exit code:
+// `trainctl report` draws it again.
+void write_report(const SessionInput& input, RunContext& run, StepReporter& report) {
+  if (!run.leader()) return;
+  try {
+    report.say(fmt::format("report: {}", write_run_report(input.run_dir).path.string()));
+  } catch (const std::exception& e) {
+    report.say(fmt::format("report: not written ({}); trainctl report {} draws it later", e.what(),
+                           input.run_dir.string()));
+  }
 }
 
 }  // namespace
@@ -180,9 +194,12 @@ int train_session(SessionInput input, const std::string& command) {
     report.finish();
     report.flush();
 
-    if (job.stop && report.totals().last.step < r.training.steps)  // else: done anyway
+    if (job.stop && report.totals().last.step < r.training.steps) {  // else: done anyway
+      write_report(input, run, report);
       return end_on_stop(input, report, stop, schedule.enabled());
+    }
     write_summary(input, run, report, seconds);
+    write_report(input, run, report);
     return kExitOk;
   } catch (const BackendUnavailable& e) {
     return log.fail(e.what(), kExitFailure);

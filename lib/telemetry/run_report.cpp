@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "telemetry/format.hpp"
 
@@ -51,6 +53,29 @@ std::vector<ReportPoint> finite(const std::vector<ReportPoint>& points) {
   std::vector<ReportPoint> out;
   for (const ReportPoint& p : points)
     if (std::isfinite(p.step) && std::isfinite(p.value)) out.push_back(p);
+  return out;
+}
+
+struct Pixel {
+  double x = 0, y = 0;
+};
+
+// At most four points per pixel column: its first, lowest, highest and last, in the order drawn.
+// The line looks the same (a spike stays a spike), and a million-step run's page stays a few
+// hundred kilobytes.
+std::vector<Pixel> thin(const std::vector<Pixel>& in) {
+  std::vector<Pixel> out;
+  for (size_t first = 0, next = 0; first < in.size(); first = next) {
+    const double column = std::floor(in[first].x);
+    size_t low = first, high = first;
+    for (next = first; next < in.size() && std::floor(in[next].x) == column; ++next) {
+      if (in[next].y < in[low].y) low = next;
+      if (in[next].y > in[high].y) high = next;
+    }
+    size_t taken = in.size();  // none yet in this column
+    for (size_t i : {first, std::min(low, high), std::max(low, high), next - 1})
+      if (i != taken) out.push_back(in[taken = i]);
+  }
   return out;
 }
 
@@ -114,15 +139,22 @@ std::string line_chart(std::string_view id, std::string_view title, std::string_
     const Series& s = all[i];
     const std::vector<ReportPoint>& points = kept[i];
     if (points.empty()) continue;
+    std::vector<Pixel> pixels;
+    for (const ReportPoint& p : points)
+      pixels.push_back({px(p.step), py(p.value * y_scale)});
     if (s.dots) {
-      for (const ReportPoint& p : points)
-        svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>\n",
-                           px(p.step), py(p.value * y_scale), s.color);
+      std::string drawn;  // the previous dot's position: dots on the same pixel are drawn once
+      for (const Pixel& p : pixels) {
+        std::string at = fmt::format("cx=\"{:.1f}\" cy=\"{:.1f}\"", p.x, p.y);
+        if (at == drawn) continue;
+        svg += fmt::format("<circle {} r=\"3\" fill=\"{}\"/>\n", at, s.color);
+        drawn = std::move(at);
+      }
     } else {
       svg += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"",
                          s.color);
-      for (const ReportPoint& p : points)
-        svg += fmt::format("{:.1f},{:.1f} ", px(p.step), py(p.value * y_scale));
+      for (const Pixel& p : thin(pixels))
+        svg += fmt::format("{:.1f},{:.1f} ", p.x, p.y);
       svg += "\"/>\n";
     }
     svg += fmt::format(

@@ -218,6 +218,8 @@ def case_sigint(binary, root, tmp):
         stopped_after.append(int(found[0]))
     check(stopped_after[0] == stopped_after[1],
           f"the ranks stopped after different steps: {stopped_after}")
+    check(os.path.isfile(os.path.join(run_dir, "report.html")),
+          "rank 0 drew no report.html for the stopped run")
     steps = committed_steps(run_dir)
     check(steps and steps[-1] == stopped_after[0],
           f"the newest checkpoint should be step {stopped_after[0]}, got {steps}")

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""cli:report: `trainctl report RUN_DIR` draws a run as one self-contained HTML page. The page's
+"""cli:report: a run draws itself at its end, and `trainctl report RUN_DIR` at any time, as one
+self-contained HTML page (the same page from the same files). The page's
 charts carry axes that span the run's steps and values (checked against metrics.jsonl), a dashed
 line per kept checkpoint and the memory by category of summary.json; headless Chromium (Debian's
 package) renders it to a picture that is not blank and shows the loss curve's colour (skipped, 77,
 without chromium, except in CI). A folder that is not a run directory is exit 2, naming
-metrics.jsonl."""
+metrics.jsonl; a page the run cannot write is a note, not a failed run."""
 import os
 import re
 import shutil
@@ -73,14 +74,19 @@ def charts(html):
 def main(binary, root):
     with cli_util.temp_dir("report") as tmp:
         run_dir = os.path.join(tmp, "run")
-        cli_util.run_ok(binary, cli_util.small_run_args(run_dir, STEPS, [
+        trained = cli_util.run_ok(binary, cli_util.small_run_args(run_dir, STEPS, [
             "logging.eval_every_steps=4", "checkpoint.every_steps=4", "checkpoint.keep_last=2",
             "logging.tensorboard=false"]), root)
-        result = cli_util.run_ok(binary, ["report", run_dir], root)
+        # The run draws its page at its end; `trainctl report` draws the same page again.
         page = os.path.join(run_dir, "report.html")
-        check(os.path.isfile(page), f"no report.html\n{result.describe()}")
+        check(f"report: {page}" in trained.stdout + trained.stderr and os.path.isfile(page),
+              f"the run wrote no report.html\n{trained.describe()}")
+        with open(page, encoding="utf-8") as f:
+            at_end = f.read()
+        result = cli_util.run_ok(binary, ["report", run_dir], root)
         with open(page, encoding="utf-8") as f:
             html = f.read()
+        check(html == at_end, "trainctl report drew another page than the run did at its end")
         check("<script" not in html and "http://" not in html.replace(
             'xmlns="http://www.w3.org/2000/svg"', ""), "the page is not self-contained")
 
@@ -123,6 +129,19 @@ def main(binary, root):
         check(result.rc == 2 and "metrics.jsonl" in result.stderr,
               f"expected exit 2 naming metrics.jsonl\n{result.describe()}")
         check(os.listdir(empty) == [], "report wrote into a folder that is not a run directory")
+
+        # A page that cannot be written (a folder in its place here; a full disk in life) does not
+        # fail a run that trained: it says so and how to draw the page later, and exits 0.
+        os.remove(page)
+        os.makedirs(os.path.join(page, "in-the-way"))
+        result = cli_util.run_ok(binary, ["resume", run_dir, "--set",
+                                          f"training.steps={STEPS + 2}"], root)
+        check(re.search(rf"report: not written \(.*{re.escape(page)}.*\); trainctl report "
+                        rf"{re.escape(run_dir)} draws it later", result.stdout + result.stderr),
+              f"no 'report: not written (...)' line\n{result.describe()}")
+        shutil.rmtree(page)
+        with open(page, "w", encoding="utf-8") as f:
+            f.write(html)
 
         # Rendered by Chromium: a picture with the loss line's blue in it, mostly not blank.
         # Without chromium (no `scripts/setup --tests`) the rendering is skipped (77), but never

@@ -99,7 +99,7 @@ def run_until_signal(binary, args, cwd, at_step, signum, timeout=120):
 def stop_with_signal(binary, args, cwd, run_dir, at_step, total_steps, signum):
     """Runs to `at_step`, stops the run with `signum` and checks the documented outcome: exit code
     75, a "stopped by SIG..." line naming the step and the resume command, that step's checkpoint
-    committed, metrics.jsonl holding steps 1..that step. Returns the step it stopped after."""
+    committed, metrics.jsonl holding steps 1..that step, report.html drawn. Returns the step it stopped after."""
     result = run_until_signal(binary, args, cwd, at_step, signum)
     name = signal.Signals(signum).name
     check(result.sent_at is not None,
@@ -118,4 +118,8 @@ def stop_with_signal(binary, args, cwd, run_dir, at_step, total_steps, signum):
     check(f"step_{stopped:08d}" in checkpoint_names(run_dir),
           f"no checkpoint step_{stopped:08d} after the stop: {checkpoint_names(run_dir)}")
     step_records(run_dir, stopped)
+    page = os.path.join(run_dir, "report.html")
+    check(f"report: {page}\n" in result.output and os.path.isfile(page),
+          f"a stopped run draws its report too: no 'report: {page}' line or no file\n"
+          f"{result.describe()}")
     return stopped

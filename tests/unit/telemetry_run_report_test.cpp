@@ -2,8 +2,11 @@
 // only for what the run recorded, and text escaped for HTML.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "telemetry/run_report.hpp"
 
@@ -49,4 +52,36 @@ TEST_CASE("the report draws only what the run recorded, with its text escaped") 
   // Non-finite values (a skipped fp16 step) are left out, not drawn at infinity.
   d.loss.push_back({4, std::numeric_limits<double>::quiet_NaN()});
   CHECK(render_run_report(d).find("nan") == std::string::npos);
+}
+
+TEST_CASE("a long run's line keeps at most four points per pixel column, spikes included") {
+  RunReportData d;
+  for (int step = 1; step <= 200000; ++step)
+    d.loss.push_back({static_cast<double>(step), step == 123457 ? 10.0 : 1.0 + 1.0 / step});
+  const std::string page = render_run_report(d);
+  const size_t begin = page.find("points=\"");
+  REQUIRE(begin != std::string::npos);
+  const std::string points = page.substr(begin + 8, page.find('"', begin + 8) - begin - 8);
+  std::vector<std::pair<double, double>> xy;
+  for (size_t at = 0; at < points.size();) {
+    const size_t comma = points.find(',', at), space = points.find(' ', comma);
+    xy.emplace_back(std::stod(points.substr(at, comma - at)),
+                    std::stod(points.substr(comma + 1, space - comma - 1)));
+    at = space + 1;
+  }
+  CHECK(xy.size() <= 4 * 720);  // the chart is 720 pixels wide
+  CHECK(page.size() < 100000);
+  double top = 1e9, left = 1e9, right = -1e9;
+  for (const auto& [x, y] : xy) {
+    top = std::min(top, y);
+    left = std::min(left, x);
+    right = std::max(right, x);
+  }
+  // The spike reaches the axis's top (10 at the page's y 34, the plot's top edge) and the line
+  // spans the steps from the first to the last.
+  CHECK(top == Approx(34.0));
+  CHECK(page.find("data-y-max=\"10\"") != std::string::npos);
+  CHECK(right - left > 600);
+  for (size_t i = 1; i < xy.size(); ++i)
+    CHECK(xy[i].first >= xy[i - 1].first);  // drawn in step order
 }

@@ -98,15 +98,15 @@ std::vector<std::string> Layout::problems() const {
     if (this->*a.degree < 1)
       found.push_back(std::string(a.name) + " = " + std::to_string(this->*a.degree) +
                       "; every degree must be at least 1");
-  if (zero < 0 || zero > 1)
-    found.push_back("zero = " + std::to_string(zero) + "; the ZeRO stage must be 0 or 1");
+  if (zero < 0 || zero > 2)
+    found.push_back("zero = " + std::to_string(zero) + "; the ZeRO stage must be 0, 1 or 2");
   if (std::string why = order_problem(order, nullptr); !why.empty()) found.push_back(why);
   return found;
 }
 
 std::string Layout::unsupported() const {
-  if (zero == 1 && ep > 1)
-    return "parallel.zero: 1 with parallel.ep = " + std::to_string(ep) +
+  if (zero >= 1 && ep > 1)
+    return "parallel.zero: " + std::to_string(zero) + " with parallel.ep = " + std::to_string(ep) +
            " is not supported yet (expert weights would need their own optimizer partition); use "
            "parallel.zero: 0 or parallel.ep: 1";
   return "";

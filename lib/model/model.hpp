@@ -39,6 +39,19 @@ struct ActivationBytes {
   size_t total() const { return kept + scratch; }
 };
 
+// ZeRO-2 (sharded gradients, params.hpp): where a block's gradients go. Before each block's
+// backward the model takes the store's next slot and calls slot_wanted (the sink waits until the
+// slot's previous block was reduced out of it), binds the block to it, runs the backward, and
+// calls block_done (the sink reduces the slot over the data-parallel ranks into the part). Without
+// a sink the model folds the slot into the part itself (one rank). Runs on the calling thread, in
+// the same order on every rank of the same stage.
+class BlockGradSink {
+ public:
+  virtual ~BlockGradSink() = default;
+  virtual void slot_wanted(int slot) = 0;
+  virtual void block_done(int layer, int slot) = 0;
+};
+
 class Transformer {
  public:
   Transformer(const ModelConfig& config, Backend& backend, int64_t micro_batch,
@@ -60,7 +73,7 @@ class Transformer {
 
   // Called by backward() each time a group of parameter gradients is complete for this backward:
   // the head and final norm (last stage), each block (last layer first), the embedding (first
-  // stage). `ranges` are [begin, end) element ranges of params().grads(); every parameter of the
+  // stage). `ranges` are [begin, end) element ranges of the flat buffer; every parameter of the
   // table is reported exactly once per backward, and backward writes no reported range again.
   // The data-parallel reduction starts a bucket once all of it was reported (overlap); with
   // gradient accumulation arm it only for the last backward of a step. Runs on the calling
@@ -76,6 +89,9 @@ class Transformer {
   // calling thread.
   using ParamsNeededHook = std::function<void(const std::vector<IndexRange>& ranges)>;
   void set_params_needed_hook(ParamsNeededHook hook);  // an empty function disarms it
+
+  // Sharded gradients: the sink of every block's backward (null: fold on this rank).
+  void set_block_grad_sink(BlockGradSink* sink);
 
   // Pipeline boundaries, [micro_batch * seq_len, hidden] tensors in the storage type.
   Tensor stage_input(int slot);   // non-first stage: receive the previous stage's output here

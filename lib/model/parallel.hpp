@@ -63,10 +63,12 @@ struct ModelParallel {
   int pp_size() const { return layout.pp; }
   bool first_stage() const { return pp_rank() == 0; }
   bool last_stage() const { return pp_rank() == pp_size() - 1; }
-  // ZeRO-1: the optimizer state (fp32 master weights, Adam moments) of this rank covers only its
-  // part of the flat parameter buffer, one of zero_parts() parts (the dp degree); 1: all of it.
-  int zero_parts() const { return layout.zero == 1 ? layout.dp : 1; }
-  int zero_rank() const { return layout.zero == 1 ? at.dp : 0; }
+  // ZeRO-1 and 2: the optimizer state (fp32 master weights, Adam moments) of this rank covers
+  // only its part of the flat parameter buffer, one of zero_parts() parts (the dp degree); 1: all
+  // of it. ZeRO-2 keeps the reduced gradients of that part only (ParamStore's sharded gradients).
+  int zero_parts() const { return layout.zero >= 1 ? layout.dp : 1; }
+  int zero_rank() const { return layout.zero >= 1 ? at.dp : 0; }
+  bool shard_grads() const { return layout.zero >= 2; }
 };
 
 // The layers of every stage: [first, end) of stage s at index s. Throws std::invalid_argument

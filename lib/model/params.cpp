@@ -251,8 +251,9 @@ backend::Allocation allocate_at_least_one(Backend& be, size_t bytes) {
 }
 }  // namespace
 
-ParamStore::ParamStore(Backend& be, ParamTable table, DType storage, int zero_parts, int zero_rank)
-    : backend_(be), table_(std::move(table)), storage_(storage) {
+ParamStore::ParamStore(Backend& be, ParamTable table, DType storage, int zero_parts, int zero_rank,
+                       bool shard_grads)
+    : backend_(be), table_(std::move(table)), storage_(storage), shard_grads_(shard_grads) {
   if (!be.capabilities().supports(storage))
     throw std::invalid_argument("backend '" + std::string(be.name()) +
                                 "' cannot store parameters in " +
@@ -266,7 +267,21 @@ ParamStore::ParamStore(Backend& be, ParamTable table, DType storage, int zero_pa
   const size_t n = static_cast<size_t>(table_.numel());
   const size_t part = static_cast<size_t>(opt_end_ - opt_begin_);
   values_ = be.allocate(n * tensor::dtype_size(storage));
-  grads_ = be.allocate(n * tensor::dtype_size(backend::grad_dtype(storage)));
+  const size_t grad_size = tensor::dtype_size(grad_dtype());
+  if (!shard_grads_) {
+    grads_ = be.allocate(n * grad_size);
+  } else {
+    plan_block_units();
+    part_grads_ = allocate_at_least_one(be, part * grad_size);
+    front_grads_ = allocate_at_least_one(be, static_cast<size_t>(front_end_) * grad_size);
+    back_grads_ =
+        allocate_at_least_one(be, static_cast<size_t>(table_.numel() - back_begin_) * grad_size);
+    int64_t largest = 0;
+    for (const BlockUnit& unit : blocks_)
+      largest = std::max(largest, unit.numel());
+    for (int i = 0; i < kGradSlots; ++i)
+      slots_.push_back(allocate_at_least_one(be, static_cast<size_t>(largest) * grad_size));
+  }
   if (needs_master(storage)) master_ = allocate_at_least_one(be, part * sizeof(float));
   m_ = allocate_at_least_one(be, part * tensor::dtype_size(moment_dtype(storage)));
   v_ = allocate_at_least_one(be, part * tensor::dtype_size(moment_dtype(storage)));
@@ -276,7 +291,128 @@ Tensor ParamStore::values() const {
   return values_.view(storage_, {table_.numel()});
 }
 Tensor ParamStore::grads() const {
-  return grads_.view(backend::grad_dtype(storage_), {table_.numel()});
+  if (shard_grads_) return {};
+  return grads_.view(grad_dtype(), {table_.numel()});
+}
+
+// Each block's parameters are consecutive in the table (build_param_table adds them layer by
+// layer), between the embeddings before and the final norm and head after.
+void ParamStore::plan_block_units() {
+  for (const ParamSpec& spec : table_.specs()) {
+    if (spec.layer < 0) continue;
+    const int64_t end = spec.offset + spec.shape.numel();
+    if (blocks_.empty() || blocks_.back().layer != spec.layer) {
+      if (!blocks_.empty() && blocks_.back().end != spec.offset)
+        throw std::logic_error("ParamStore: the parameters of layer " + std::to_string(spec.layer) +
+                               " do not follow those of the layer before in the buffer");
+      blocks_.push_back({spec.layer, spec.offset, end});
+    } else if (blocks_.back().end == spec.offset) {
+      blocks_.back().end = end;
+    } else {
+      throw std::logic_error("ParamStore: the parameters of layer " + std::to_string(spec.layer) +
+                             " are not consecutive in the buffer (" + spec.name + ")");
+    }
+  }
+  front_end_ = blocks_.empty() ? table_.numel() : blocks_.front().begin;
+  back_begin_ = blocks_.empty() ? table_.numel() : blocks_.back().end;
+  bound_slot_.assign(blocks_.size(), -1);
+}
+
+const BlockUnit& ParamStore::block_unit(int layer) const {
+  for (const BlockUnit& unit : blocks_)
+    if (unit.layer == layer) return unit;
+  throw std::out_of_range("ParamStore: no block of layer " + std::to_string(layer) +
+                          " (sharded gradients: blocks of this stage only)");
+}
+
+Tensor ParamStore::grad_part() const {
+  const int64_t n = opt_end_ - opt_begin_;
+  if (shard_grads_) return part_grads_.view(grad_dtype(), {n});
+  return grads().rows(opt_begin_, n);
+}
+
+Tensor ParamStore::slot_grads(int slot, const BlockUnit& unit) const {
+  return slots_.at(static_cast<size_t>(slot)).view(grad_dtype(), {unit.numel()});
+}
+
+Tensor ParamStore::unreduced_grads(int64_t begin, int64_t end) const {
+  if (begin < 0 || end < begin || end > table_.numel())
+    throw std::out_of_range("ParamStore: gradient range [" + std::to_string(begin) + ", " +
+                            std::to_string(end) + ") outside the buffer");
+  if (!shard_grads_) return grads().rows(begin, end - begin);
+  if (end <= front_end_)
+    return front_grads_.view(grad_dtype(), {front_end_}).rows(begin, end - begin);
+  if (begin >= back_begin_)
+    return back_grads_.view(grad_dtype(), {table_.numel() - back_begin_})
+        .rows(begin - back_begin_, end - begin);
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    const BlockUnit& unit = blocks_[b];
+    if (begin < unit.begin || end > unit.end) continue;
+    if (bound_slot_[b] < 0)
+      throw std::logic_error("ParamStore: the gradients of layer " + std::to_string(unit.layer) +
+                             " are not bound to a slot (only during its backward)");
+    return slot_grads(bound_slot_[b], unit).rows(begin - unit.begin, end - begin);
+  }
+  throw std::out_of_range("ParamStore: gradient range [" + std::to_string(begin) + ", " +
+                          std::to_string(end) + ") spans more than one block or region");
+}
+
+int ParamStore::next_grad_slot() {
+  const int slot = next_slot_;
+  next_slot_ = (next_slot_ + 1) % kGradSlots;
+  return slot;
+}
+
+Tensor ParamStore::bind_block_grads(int layer, int slot) {
+  const BlockUnit& unit = block_unit(layer);
+  if (slot < 0 || slot >= kGradSlots)
+    throw std::out_of_range("ParamStore: gradient slot " + std::to_string(slot));
+  for (size_t b = 0; b < blocks_.size(); ++b)
+    if (bound_slot_[b] == slot) bound_slot_[b] = -1;  // a slot holds one block
+  bound_slot_[static_cast<size_t>(&unit - blocks_.data())] = slot;
+  const Tensor grads = slot_grads(slot, unit);
+  backend_.fill(grads, 0.0);
+  return grads;
+}
+
+void ParamStore::release_block_grads(int layer) {
+  bound_slot_[static_cast<size_t>(&block_unit(layer) - blocks_.data())] = -1;
+}
+
+void ParamStore::fold_block_grads(int layer) {
+  const BlockUnit& unit = block_unit(layer);
+  if (opt_begin_ > unit.begin || opt_end_ < unit.end)
+    throw std::logic_error("ParamStore::fold_block_grads: the optimizer part [" +
+                           std::to_string(opt_begin_) + ", " + std::to_string(opt_end_) +
+                           ") does not cover layer " + std::to_string(layer) +
+                           ": reduce it over the data-parallel ranks instead");
+  backend_.accumulate(grad_part().rows(unit.begin - opt_begin_, unit.numel()),
+                      unreduced_grads(unit.begin, unit.end));
+  release_block_grads(layer);
+}
+
+void ParamStore::fold_outer_grads() {
+  if (opt_begin_ != 0 || opt_end_ != table_.numel())
+    throw std::logic_error(
+        "ParamStore::fold_outer_grads: the optimizer part does not cover the whole buffer: "
+        "reduce the outer regions over the data-parallel ranks instead");
+  const Tensor part = grad_part();
+  if (front_end_ > 0) backend_.accumulate(part.rows(0, front_end_), unreduced_grads(0, front_end_));
+  if (back_begin_ < table_.numel())
+    backend_.accumulate(part.rows(back_begin_, table_.numel() - back_begin_),
+                        unreduced_grads(back_begin_, table_.numel()));
+}
+
+Tensor ParamStore::grad_of(const ParamSpec& spec) const {
+  if (!shard_grads_) return slice(grads(), spec);
+  const int64_t end = spec.offset + spec.shape.numel();
+  if (spec.layer >= 0) {
+    const size_t b = static_cast<size_t>(&block_unit(spec.layer) - blocks_.data());
+    if (bound_slot_[b] < 0) return {};  // not during this block's backward: no gradient
+  }
+  Tensor t = unreduced_grads(spec.offset, end);
+  t.shape = spec.shape;
+  return t;
 }
 Tensor ParamStore::master() const {
   return master_.data() ? master_.view(DType::f32, {opt_end_ - opt_begin_}) : Tensor{};
@@ -299,7 +435,7 @@ Tensor ParamStore::slice(const Tensor& whole, const ParamSpec& spec) {
 
 Param ParamStore::param(const std::string& name) const {
   const ParamSpec& spec = table_.find(name);
-  return Param{slice(values(), spec), slice(grads(), spec)};
+  return Param{slice(values(), spec), grad_of(spec)};
 }
 
 void ParamStore::initialize(uint64_t seed) {
@@ -352,7 +488,13 @@ void ParamStore::initialize(uint64_t seed) {
 }
 
 void ParamStore::zero_grads() {
-  backend_.fill(grads(), 0.0);
+  if (!shard_grads_) {
+    backend_.fill(grads(), 0.0);
+    return;
+  }
+  for (const Tensor& t : {grad_part(), front_grads_.view(grad_dtype(), {front_end_}),
+                          back_grads_.view(grad_dtype(), {table_.numel() - back_begin_})})
+    if (t.numel() > 0) backend_.fill(t, 0.0);
 }
 
 ParamStore::Bytes ParamStore::bytes() const {
@@ -360,6 +502,12 @@ ParamStore::Bytes ParamStore::bytes() const {
   Bytes b;
   b.params = values_.bytes();
   b.grads = grads_.bytes();
+  if (shard_grads_) {
+    const size_t item = tensor::dtype_size(grad_dtype());
+    b.grads = (part + static_cast<size_t>(front_end_ + table_.numel() - back_begin_)) * item;
+    for (const backend::Allocation& slot : slots_)
+      b.grads += slot.bytes();
+  }
   b.optimizer = (has_master() ? part * sizeof(float) : 0) +
                 2 * part * tensor::dtype_size(moment_dtype(storage_));
   return b;

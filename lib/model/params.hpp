@@ -124,13 +124,32 @@ struct Param {
   Tensor grad;
 };
 
+// The elements [begin, end) of the flat buffer that hold the parameters of one transformer block.
+struct BlockUnit {
+  int layer = 0;
+  int64_t begin = 0, end = 0;
+  int64_t numel() const { return end - begin; }
+};
+
 // Owns the parameter, gradient, master-weight and optimizer-moment buffers of one model.
+//
+// Gradients are kept in one of two ways:
+//  - whole (ZeRO 0 and 1): grads() is one buffer of the whole table; backward adds into it.
+//  - sharded (ZeRO-2, shard_grads): no whole buffer is kept. The reduced gradients live only in
+//    this rank's optimizer part (grad_part()); the embedding, final norm and head keep theirs whole
+//    for the step (the outer regions before the first and after the last block: the tied
+//    embedding's stage exchange needs them whole); a block's gradients live in one of
+//    kGradSlots workspace slots only during its backward (bind_block_grads), after which they are
+//    reduced into the part (by the gradient sync over dp, or fold_block_grads on one rank).
 class ParamStore {
  public:
+  static constexpr int kGradSlots = 2;  // one block's backward writes one while the other reduces
+
   // zero_parts/zero_rank: the optimizer state (master, moments) covers only part zero_rank of
-  // zero_partition(table, zero_parts); values and grads always cover the whole table.
+  // zero_partition(table, zero_parts); values always cover the whole table, and grads too unless
+  // shard_grads.
   ParamStore(Backend& backend, ParamTable table, DType storage, int zero_parts = 1,
-             int zero_rank = 0);
+             int zero_rank = 0, bool shard_grads = false);
 
   // Fills every parameter from the counter RNG keyed by (seed, name, element index): identical
   // values whatever the layout or backend. Master weights get the f32 value, the storage copy its
@@ -143,9 +162,34 @@ class ParamStore {
   DType storage() const { return storage_; }
   bool has_master() const { return master_.data() != nullptr; }
 
-  // Whole buffers (for the optimizer, gradient norms, checkpoints).
+  // Whole buffers (for the optimizer, gradient norms, checkpoints). grads() is empty when the
+  // gradients are sharded.
   Tensor values() const;
   Tensor grads() const;
+  DType grad_dtype() const { return backend::grad_dtype(storage_); }
+  bool grads_sharded() const { return shard_grads_; }
+  // The gradients of the optimizer part [optimizer_begin(), optimizer_end()): what the optimizer
+  // and the gradient norm read once the gradients are reduced. Whole: a view into grads().
+  Tensor grad_part() const;
+  // Elements [begin, end) of the gradient as backward writes it (unreduced): a view into grads(),
+  // or, sharded, into an outer region or the slot bound to the block holding the range.
+  Tensor unreduced_grads(int64_t begin, int64_t end) const;
+
+  // Sharded gradients only. The blocks of this stage in buffer order, and the one of `layer`.
+  const std::vector<BlockUnit>& block_units() const { return blocks_; }
+  const BlockUnit& block_unit(int layer) const;
+  // The slot the next block's backward takes (they take turns).
+  int next_grad_slot();
+  // Binds `layer`'s gradients to `slot`, zeroed: param() of its parameters returns grads there
+  // until it is released. The slot must no longer be read by a reduction.
+  Tensor bind_block_grads(int layer, int slot);
+  void release_block_grads(int layer);
+  // One rank's reduction (the part covers the whole table): adds the block's slot into the part
+  // and releases it.
+  void fold_block_grads(int layer);
+  // One rank, after the step's backward: adds the outer regions (embedding, final norm, head)
+  // into the part.
+  void fold_outer_grads();
   // The optimizer state: elements [optimizer_begin(), optimizer_end()) of the flat buffer (all of
   // it without ZeRO). Element i of these tensors is element optimizer_begin() + i of values().
   Tensor master() const;  // empty Tensor when S is f32/f64
@@ -162,11 +206,24 @@ class ParamStore {
   Bytes bytes() const;
 
  private:
+  void plan_block_units();
+  Tensor slot_grads(int slot, const BlockUnit& unit) const;
+  Tensor grad_of(const ParamSpec& spec) const;
+
   Backend& backend_;
   ParamTable table_;
   DType storage_;
+  bool shard_grads_ = false;
   int64_t opt_begin_ = 0, opt_end_ = 0;
   backend::Allocation values_, grads_, master_, m_, v_;
+  // Sharded gradients: the part, the outer regions [0, front_end_) and [back_begin_, numel), the
+  // block slots, and which slot each block of the stage is bound to (-1: none).
+  backend::Allocation part_grads_, front_grads_, back_grads_;
+  std::vector<backend::Allocation> slots_;
+  std::vector<BlockUnit> blocks_;
+  std::vector<int> bound_slot_;
+  int64_t front_end_ = 0, back_begin_ = 0;
+  int next_slot_ = 0;
 };
 
 }  // namespace trainctl::model

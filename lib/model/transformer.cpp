@@ -15,7 +15,7 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
       N(micro_batch * config.seq_len),
       stage(checked_stage(config, parallel)),
       store(backend, build_param_table(config, parallel), config.storage, parallel.zero_parts(),
-            parallel.zero_rank()) {
+            parallel.zero_rank(), parallel.shard_grads()) {
   if (B < 1) throw std::invalid_argument("micro_batch must be >= 1");
   if (par.activation_slots < 1)
     throw std::invalid_argument("activation_slots = " + std::to_string(par.activation_slots) +
@@ -52,7 +52,6 @@ Param Transformer::Impl::expert_slice(const Param& stacked, int64_t e) {
 }
 
 void Transformer::Impl::build_layers() {
-  const int64_t tps = par.tp_size();
   if (par.first_stage()) {
     wte = param("embed.wte");
     wpe = optional_param("embed.wpe");
@@ -63,9 +62,19 @@ void Transformer::Impl::build_layers() {
     final_norm = norm("final_norm");
   }
   blocks.resize(static_cast<size_t>(num_layers()));
-  for (int i = stage.first; i < stage.end; ++i) {
-    Block& b = blocks[static_cast<size_t>(i - stage.first)];
-    b.layer = i;
+  for (int i = stage.first; i < stage.end; ++i)
+    build_block(static_cast<size_t>(i - stage.first));
+}
+
+// blocks[index] from the store's views: at construction, and with sharded gradients again when
+// its gradients are bound to a slot.
+void Transformer::Impl::build_block(size_t index) {
+  const int64_t tps = par.tp_size();
+  const int i = stage.first + static_cast<int>(index);
+  Block& b = blocks[index];
+  b = Block{};
+  b.layer = i;
+  {
     const std::string l = "layers." + std::to_string(i);
     b.ln1 = norm(l + ".attn_norm");
     b.ln2 = norm(l + ".mlp_norm");
@@ -235,10 +244,13 @@ void Transformer::Impl::backward(double grad_scale, int slot_index) {
   } else {
     be.cast(d_resid, out_grad);
   }
+  const bool sharded = store.grads_sharded();
   for (size_t i = blocks.size(); i-- > 0;) {
+    const int grad_slot = sharded ? bind_block_grads(i) : -1;
     block_recompute(blocks[i], s.acts[i]);
     block_backward(blocks[i], s.acts[i], grad_scale);
     report_ready(block_ranges[i]);
+    if (sharded) block_grads_done(i, grad_slot);
   }
   if (par.first_stage()) {
     if (!tp_on())
@@ -249,6 +261,22 @@ void Transformer::Impl::backward(double grad_scale, int slot_index) {
   } else {
     be.cast(in_grad, d_resid);
   }
+}
+
+int Transformer::Impl::bind_block_grads(size_t index) {
+  const int slot = store.next_grad_slot();
+  if (grad_sink) grad_sink->slot_wanted(slot);
+  store.bind_block_grads(blocks[index].layer, slot);
+  build_block(index);  // its Params now see the slot
+  return slot;
+}
+
+void Transformer::Impl::block_grads_done(size_t index, int slot) {
+  const int layer = blocks[index].layer;
+  if (grad_sink)
+    grad_sink->block_done(layer, slot);
+  else
+    store.fold_block_grads(layer);
 }
 
 double Transformer::Impl::forward_flops_per_token() const {
@@ -307,6 +335,10 @@ void Transformer::Impl::plan_grad_units() {
 void Transformer::set_grads_ready_hook(GradsReadyHook hook) {
   if (hook && !impl_->grad_units_planned) impl_->plan_grad_units();
   impl_->grads_ready = std::move(hook);
+}
+
+void Transformer::set_block_grad_sink(BlockGradSink* sink) {
+  impl_->grad_sink = sink;
 }
 
 void Transformer::set_params_needed_hook(ParamsNeededHook hook) {

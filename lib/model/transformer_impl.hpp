@@ -112,6 +112,13 @@ struct Transformer::Impl {
 
   static Param expert_slice(const Param& stacked, int64_t e);
   void build_layers();
+  void build_block(size_t index);
+
+  // Sharded gradients (ParamStore): the sink, and blocks[index]'s gradients bound before its
+  // backward and handed on after it.
+  BlockGradSink* grad_sink = nullptr;
+  int bind_block_grads(size_t index);
+  void block_grads_done(size_t index, int slot);
 
   // activations.cpp
   void assign(Arena& kept, Arena& shared, Arena& scratch);

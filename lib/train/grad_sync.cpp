@@ -76,17 +76,24 @@ std::vector<IndexRange> norm_ranges(const model::ParamTable& table, const NormOw
 }
 
 GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Transformer& model,
-                   int64_t bucket_bytes, bool zero, bool overlap)
-    : mesh_(mesh), be_(backend), model_(model), zero_(zero) {
+                   int64_t bucket_bytes, int zero, bool overlap)
+    : mesh_(mesh), be_(backend), model_(model), zero_(zero >= 1), shard_grads_(zero >= 2) {
   const model::ParamStore& params = model.params();
-  const size_t grad_bytes = tensor::dtype_size(params.grads().dtype);
+  const size_t grad_bytes = tensor::dtype_size(params.grad_dtype());
   buckets_ = plan_grad_buckets(params.table(), bucket_bytes, grad_bytes);
-  if (zero && mesh.ep().size() > 1)
-    throw std::invalid_argument("ZeRO-1 with expert parallel (ep " +
+  if (zero < 0 || zero > 2)
+    throw std::invalid_argument("ZeRO stage " + std::to_string(zero) + ": use 0, 1 or 2");
+  if (zero_ && mesh.ep().size() > 1)
+    throw std::invalid_argument("ZeRO-" + std::to_string(zero) + " with expert parallel (ep " +
                                 std::to_string(mesh.ep().size()) +
                                 ") is not supported: set parallel.zero: 0 or parallel.ep: 1");
-  NormOwnership owner{mesh.tp().rank(), mesh.ep().rank(), mesh.dp().rank(), zero, 0, 0};
-  if (zero) {
+  if (shard_grads_ != params.grads_sharded())
+    throw std::invalid_argument(
+        std::string("ZeRO-") + std::to_string(zero) + ": the model keeps its gradients " +
+        (params.grads_sharded() ? "sharded" : "whole") +
+        ": build it with ModelParallel layout.zero = the trainer's ZeRO stage");
+  NormOwnership owner{mesh.tp().rank(), mesh.ep().rank(), mesh.dp().rank(), zero_, 0, 0};
+  if (zero_) {
     const int dp = mesh.dp().size(), rank = mesh.dp().rank();
     zero_bounds_ = model::zero_partition(params.table(), dp);
     const int64_t begin = zero_bounds_[static_cast<size_t>(rank)];
@@ -101,6 +108,16 @@ GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Tra
     owner.zero_begin = begin;
     owner.zero_end = end;
     if (end > begin) zero_part_ = be_.allocate(static_cast<size_t>(end - begin) * grad_bytes);
+    if (shard_grads_) {
+      // Each slot receives this rank's share of one block: at most the largest such share.
+      size_t largest = 1;
+      for (const model::BlockUnit& unit : params.block_units())
+        largest = std::max(largest, model::zero_shares(zero_bounds_, unit.begin,
+                                                       unit.end)[static_cast<size_t>(rank)]);
+      slots_.resize(model::ParamStore::kGradSlots);
+      for (SlotReduce& slot : slots_)
+        slot.received = be_.allocate(largest * grad_bytes);
+    }
   }
   counted_ = norm_ranges(params.table(), owner);
   const model::ModelParallel& parallel = model.parallel();
@@ -148,7 +165,7 @@ void GradSync::plan_overlap() {
 }
 
 void GradSync::arm() {
-  if (!overlap_) return;
+  if (!overlap_ || shard_grads_) return;  // ZeRO-2 reduces per block (block_done), not per bucket
   finish_gather();
   for (size_t b = 0; b < buckets_.size(); ++b)
     unreported_[b] = buckets_[b].end - buckets_[b].begin;
@@ -252,7 +269,8 @@ void GradSync::exchange_tied_embedding() {
     throw std::logic_error("tied embeddings over " + std::to_string(parallel.pp_size()) +
                            " stages: stage " + std::to_string(parallel.pp_rank()) +
                            " has no embed.wte (or its tied copy) in its parameter table");
-  const Tensor grad = model::ParamStore::slice(params.grads(), *tied);
+  const Tensor grad = params.unreduced_grads(tied->offset, tied->offset + tied->shape.numel())
+                          .reshaped(tied->shape);
   const Tensor peer = tied_peer_.view(grad.dtype, grad.shape);
   comm::Communicator& pp = mesh_.pp();
   // First stage sends first, last stage receives first: safe even with unbuffered sends.
@@ -271,6 +289,16 @@ void GradSync::reduce_gradients() {
   gathered_early_ = gathered_in_forward_;
   gathered_in_forward_ = 0;
   finish_gather();
+  if (shard_grads_) {
+    started_early_ = block_reduces_;
+    block_reduces_ = 0;
+    const std::vector<int> running = slot_order_;  // in start order
+    for (int slot : running)
+      fold_slot(slot);
+    exchange_tied_embedding();
+    reduce_outer_regions();
+    return;
+  }
   exchange_tied_embedding();
   const Tensor grads = model_.params().grads();
   if (overlap_) {
@@ -306,11 +334,94 @@ void GradSync::take_reduced_part() {
   if (mine.numel() > 0) be_.cast(mine, zero_part_.view(mine.dtype, {mine.numel()}));
 }
 
+model::IndexRange GradSync::part_range_of(int64_t begin, int64_t end) const {
+  const model::ParamStore& params = model_.params();
+  const int64_t first = params.optimizer_begin(), last = params.optimizer_end();
+  return {std::clamp(begin, first, last) - first, std::clamp(end, first, last) - first};
+}
+
+void GradSync::slot_wanted(int slot) {
+  if (slots_.at(static_cast<size_t>(slot)).layer >= 0) fold_slot(slot);
+}
+
+void GradSync::block_done(int layer, int slot) {
+  model::ParamStore& params = model_.params();
+  comm::Communicator& dp = mesh_.dp();
+  if (dp.size() < 2) {  // the part is the whole buffer: nothing to reduce
+    params.fold_block_grads(layer);
+    return;
+  }
+  const model::BlockUnit& unit = params.block_unit(layer);
+  const Tensor input = params.unreduced_grads(unit.begin, unit.end);
+  std::vector<size_t> shares = model::zero_shares(zero_bounds_, unit.begin, unit.end);
+  SlotReduce& s = slots_.at(static_cast<size_t>(slot));
+  if (s.layer >= 0)
+    throw std::logic_error("ZeRO-2: gradient slot " + std::to_string(slot) +
+                           " handed over again before its reduce-scatter was folded");
+  s.layer = layer;
+  if (overlap_ && dp_reducer_) {
+    std::shared_ptr<backend::Backend::Fence> written = be_.fence();
+    s.work =
+        dp_reducer_->start_reduce_scatter_sum_v(input.data, s.received.data(), std::move(shares),
+                                                input.dtype, [written] { written->wait(); });
+    slot_order_.push_back(slot);
+    ++block_reduces_;
+    return;
+  }
+  dp.reduce_scatter_sum_v(input.data, s.received.data(), shares, input.dtype);
+  fold_slot(slot);
+}
+
+void GradSync::fold_slot(int slot) {
+  SlotReduce& s = slots_.at(static_cast<size_t>(slot));
+  if (s.work) {
+    const std::shared_ptr<comm::Work> work = std::move(s.work);
+    slot_order_.erase(std::find(slot_order_.begin(), slot_order_.end(), slot));
+    timed([&] { work->wait(); });
+  }
+  model::ParamStore& params = model_.params();
+  const model::BlockUnit& unit = params.block_unit(s.layer);
+  const IndexRange mine = part_range_of(unit.begin, unit.end);
+  if (mine.size() > 0)
+    be_.accumulate(params.grad_part().rows(mine.begin, mine.size()),
+                   s.received.view(params.grad_dtype(), {mine.size()}));
+  params.release_block_grads(s.layer);
+  s.layer = -1;
+}
+
+// ZeRO-2: the embedding (before the first block) and the final norm and head (after the last),
+// whole for the step, reduce-scattered once into the part, whose elements there are still zero.
+void GradSync::reduce_outer_regions() {
+  model::ParamStore& params = model_.params();
+  const std::vector<model::BlockUnit>& blocks = params.block_units();
+  const int64_t total = params.table().numel();
+  const int64_t front_end = blocks.empty() ? total : blocks.front().begin;
+  const int64_t back_begin = blocks.empty() ? total : blocks.back().end;
+  const Tensor part = params.grad_part();
+  comm::Communicator& dp = mesh_.dp();
+  if (dp.size() < 2) {  // the part is the whole buffer
+    params.fold_outer_grads();
+    return;
+  }
+  for (const IndexRange region : {IndexRange{0, front_end}, IndexRange{back_begin, total}}) {
+    if (region.size() <= 0) continue;
+    const Tensor input = params.unreduced_grads(region.begin, region.end);
+    const IndexRange mine = part_range_of(region.begin, region.end);
+    void* output = static_cast<char*>(part.data) +
+                   static_cast<size_t>(mine.begin) * tensor::dtype_size(part.dtype);
+    dp.reduce_scatter_sum_v(input.data, output,
+                            model::zero_shares(zero_bounds_, region.begin, region.end),
+                            input.dtype);
+  }
+}
+
 double GradSync::global_sum_squares() {
-  const Tensor grads = model_.params().grads();
+  const model::ParamStore& params = model_.params();
+  const Tensor part = params.grad_part();
+  const int64_t first = params.optimizer_begin();
   double partial = 0;
   for (const IndexRange& range : counted_)
-    partial += be_.sum_squares(range_of(grads, range.begin, range.end));
+    partial += be_.sum_squares(range_of(part, range.begin - first, range.end - first));
   mesh_.world().all_reduce_sum(&partial, 1, tensor::DType::f64);
   return partial;
 }

@@ -31,6 +31,16 @@
 // backward only writes ranges not yet reported, the tied exchange only unstarted buckets (and its
 // own peer buffer), the norm runs after the waits.
 //
+// ZeRO-2 (ParamStore's sharded gradients): no whole gradient buffer exists. A block's gradients
+// are reduce-scattered over dp as soon as its backward ends, in every micro-batch's backward (the
+// model hands the filled slot over through model::BlockGradSink): each dp rank receives the sum of
+// the block's elements inside its part and adds it to its part (grad_part()). With overlap the
+// reduce-scatter runs on the background group while the next block's backward writes the other
+// slot; slot_wanted waits for it before the slot is written again. The embedding, final norm and
+// head (kept whole for the step) are reduce-scattered into the part by reduce_gradients, after the
+// tied embedding's stage exchange. The sums are not bit-identical to ZeRO-1's (each micro-batch
+// is summed over dp before the micro-batches are added up), only equal to rounding.
+//
 // Communication passes the buffers' raw pointers: host memory on the CPU backend (Gloo); a CUDA
 // backend pairs with NCCL communicators, which take device pointers. The backend may still be
 // writing a bucket when it is reported complete (the GPU runs behind the host), so start() takes a
@@ -82,15 +92,19 @@ struct NormOwnership {
 std::vector<model::IndexRange> norm_ranges(const model::ParamTable& table,
                                            const NormOwnership& owner);
 
-class GradSync {
+class GradSync : public model::BlockGradSink {
  public:
-  // `model` must be built with this rank's ModelParallel; zero: ZeRO-1 (ep must be 1). overlap:
-  // reduce buckets during backward (see the top of this file); it needs the Mesh's background
-  // groups (MeshOptions::background_groups) for each data-parallel group of more than one rank,
-  // and is off without them (overlaps() says which).
+  // `model` must be built with this rank's ModelParallel; zero: the ZeRO stage, 0, 1 or 2 (with
+  // 1 and 2, ep must be 1). overlap: reduce buckets during backward (see the top of this file); it
+  // needs the Mesh's background groups (MeshOptions::background_groups) for each data-parallel
+  // group of more than one rank, and is off without them (overlaps() says which).
   GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Transformer& model,
-           int64_t bucket_bytes, bool zero, bool overlap = false);
-  ~GradSync();
+           int64_t bucket_bytes, int zero, bool overlap = false);
+  ~GradSync() override;
+
+  // ZeRO-2 (model::BlockGradSink): the model's block backward hands its slot over here.
+  void slot_wanted(int slot) override;
+  void block_done(int layer, int slot) override;
 
   bool overlaps() const { return overlap_; }
   // Overlap: before the step's last backward on this stage. Resets which ranges were reported.
@@ -120,7 +134,8 @@ class GradSync {
   // Seconds the calling thread spent waiting for background reductions (the exposed part of
   // their time), summed since construction.
   double wait_seconds() const { return wait_seconds_; }
-  // Buckets the last reduce_gradients() found already started by grads_ready (overlap at work).
+  // Buckets the last reduce_gradients() found already started by grads_ready (overlap at work);
+  // ZeRO-2: the block reduce-scatters its backward started in the background.
   size_t started_during_backward() const { return started_early_; }
   // ZeRO-1: buckets of the previous step's gather that this step's forward waited for itself
   // (params_needed) rather than finish_gather; set by reduce_gradients().
@@ -133,6 +148,10 @@ class GradSync {
   void wait_all();
   // ZeRO-1: this rank's part of grads() <- the reduced part in zero_part_.
   void take_reduced_part();
+  // ZeRO-2: the reduced share of the block in `slot` added to the part; the slot released.
+  void fold_slot(int slot);
+  void reduce_outer_regions();
+  model::IndexRange part_range_of(int64_t begin, int64_t end) const;  // within grad_part()
   size_t first_bucket_after(int64_t at) const;  // the first bucket ending after element `at`
   // ZeRO-1: how many elements of `bucket` each dp rank's part holds, and where the bucket's
   // share of this rank's part starts within the part.
@@ -144,7 +163,18 @@ class GradSync {
   const comm::Mesh& mesh_;
   backend::Backend& be_;
   model::Transformer& model_;
-  bool zero_;
+  bool zero_;         // ZeRO-1 or 2: the optimizer state is partitioned over dp
+  bool shard_grads_;  // ZeRO-2
+  // ZeRO-2, per gradient slot: the block whose reduce-scatter reads it (-1: none), the running
+  // operation (null when blocking), and where this rank's share of the sum arrives.
+  struct SlotReduce {
+    int layer = -1;
+    std::shared_ptr<comm::Work> work;
+    backend::Allocation received;
+  };
+  std::vector<SlotReduce> slots_;
+  std::vector<int> slot_order_;  // slots with a running reduce-scatter, in start order
+  size_t block_reduces_ = 0;     // started in the background since the last reduce_gradients
   bool overlap_ = false;
   std::vector<GradBucket> buckets_;
   std::vector<model::IndexRange> counted_;

@@ -27,8 +27,13 @@ std::string str(int64_t v) {
 void check_parallel(const TrainConfig& config, const model::Transformer& model,
                     const comm::Mesh* mesh) {
   const model::ModelParallel& parallel = model.parallel();
-  if (config.zero != 0 && config.zero != 1)
-    throw std::invalid_argument("zero stage " + str(config.zero) + ": only 0 and 1 are supported");
+  if (config.zero < 0 || config.zero > 2)
+    throw std::invalid_argument("zero stage " + str(config.zero) + ": use 0, 1 or 2");
+  if ((config.zero >= 2) != model.params().grads_sharded())
+    throw std::invalid_argument(
+        "zero stage " + str(config.zero) + " but the model keeps its " +
+        (model.params().grads_sharded() ? "gradients sharded" : "gradients whole") +
+        ": build the model with ModelParallel layout.zero = " + str(config.zero));
   if (config.bucket_bytes < 1)
     throw std::invalid_argument("bucket_bytes " + str(config.bucket_bytes) + ": must be positive");
   if (!mesh) {
@@ -45,8 +50,9 @@ void check_parallel(const TrainConfig& config, const model::Transformer& model,
                                 " is not a multiple of data ranks (dp*ep = " + str(data_ranks) +
                                 ") * micro_batch " + str(config.micro_batch) + " = " +
                                 str(int64_t{data_ranks} * config.micro_batch));
-  if (config.zero == 1 && mesh->ep().size() > 1)
-    throw std::invalid_argument("ZeRO-1 with expert parallel (ep " + str(mesh->ep().size()) +
+  if (config.zero >= 1 && mesh->ep().size() > 1)
+    throw std::invalid_argument("ZeRO-" + str(config.zero) + " with expert parallel (ep " +
+                                str(mesh->ep().size()) +
                                 ") is not supported: set parallel.zero: 0 or parallel.ep: 1");
   if (parallel.tp_size() != mesh->tp().size() || parallel.ep_size() != mesh->ep().size() ||
       parallel.pp_size() != mesh->pp().size() || parallel.pp_rank() != mesh->pp().rank())
@@ -88,7 +94,7 @@ Trainer::Trainer(const TrainConfig& config, model::Transformer& model, backend::
   if (mesh) {
     data_rank_ = mesh->dp_ep().rank();
     data_ranks_ = mesh->dp_ep().size();
-    sync_ = std::make_unique<GradSync>(*mesh, backend, model, config.bucket_bytes, config.zero == 1,
+    sync_ = std::make_unique<GradSync>(*mesh, backend, model, config.bucket_bytes, config.zero,
                                        config.overlap_grad_sync);
   }
   const model::ModelParallel& parallel = model.parallel();
@@ -166,6 +172,20 @@ class ScopedHook {
 using ParamsNeeded = ScopedHook<&model::Transformer::set_params_needed_hook>;
 using GradsReady = ScopedHook<&model::Transformer::set_grads_ready_hook>;
 
+// ZeRO-2: the gradient sync takes each block's gradients as its backward ends, for one schedule.
+class ScopedSink {
+ public:
+  ScopedSink(model::Transformer& model, model::BlockGradSink* sink) : model_(model) {
+    model_.set_block_grad_sink(sink);
+  }
+  ~ScopedSink() { model_.set_block_grad_sink(nullptr); }
+  ScopedSink(const ScopedSink&) = delete;
+  ScopedSink& operator=(const ScopedSink&) = delete;
+
+ private:
+  model::Transformer& model_;
+};
+
 }  // namespace
 
 // Runs this stage's 1F1B actions; with one stage that is forward, backward per micro-batch.
@@ -181,6 +201,7 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums) {
     if (schedule_[i].op == PipeOp::backward && last_backward == schedule_.size()) last_backward = i;
     if (schedule_[i].op == PipeOp::forward) first_forward = i;
   }
+  const ScopedSink sink(model_, model_.params().grads_sharded() ? sync_.get() : nullptr);
   const bool overlap = sync_ && sync_->overlaps();
   // ZeRO-1 with overlap: the last step's parameter gather may still run; the step's first forward
   // on this stage waits for each bucket just before reading it.
@@ -295,7 +316,9 @@ StepMetrics Trainer::step_leaving_gather() {
     sync_->reduce_gradients();
     sum_squares = sync_->global_sum_squares();
   } else {
-    sum_squares = be_.sum_squares(model_.params().grads());
+    // One rank: the part is the whole buffer (ZeRO-2 folded each block into it; now the rest).
+    if (model_.params().grads_sharded()) model_.params().fold_outer_grads();
+    sum_squares = be_.sum_squares(model_.params().grad_part());
   }
   const bool finite = std::isfinite(sum_squares);
   m.grad_norm = finite ? std::sqrt(sum_squares) / scale : std::numeric_limits<double>::quiet_NaN();

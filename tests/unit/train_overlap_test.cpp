@@ -197,7 +197,7 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
   }
   // The buckets GradSync reduces: its plan over the model's table and gradient type.
   result.buckets = train::plan_grad_buckets(m.params().table(), tc.bucket_bytes,
-                                            tensor::dtype_size(m.params().grads().dtype))
+                                            tensor::dtype_size(m.params().grad_dtype()))
                        .size();
   const tensor::Tensor values = m.params().values();
   result.values.resize(values.bytes());
@@ -360,6 +360,29 @@ TEST_CASE("overlap: ZeRO-1 dp2 x pp2 with tied embeddings is bit-identical", "[t
   check_gathered_during_forward(on);
 }
 
+// ZeRO-2: each block's reduce-scatter runs on the background group while the next block's
+// backward writes the other gradient slot; the sums are the blocking run's bit for bit.
+TEST_CASE("overlap: ZeRO-2 dp2 (a reduce-scatter per block and micro-batch) is bit-identical",
+          "[train][overlap]") {
+  Setup s = zero1_dp2();
+  s.zero = 2;
+  const std::vector<RankResult> on = compare_overlap(s);
+  check_overlapped(on, 4 * 3);  // 4 blocks x 3 micro-batches, every one in the background
+  check_gathered_during_forward(on);
+}
+
+TEST_CASE("overlap: ZeRO-2 dp2 x pp2 with tied embeddings and a slow device is bit-identical",
+          "[train][overlap]") {
+  Setup s = zero1_dp2();
+  s.zero = 2;
+  s.layout.pp = 2;
+  s.global_batch = 16;
+  s.fence_delay_ms = 5;
+  const std::vector<RankResult> on = compare_overlap(s);
+  check_overlapped(on, 2 * 4);  // 2 blocks per stage x 4 micro-batches
+  check_gathered_during_forward(on);
+}
+
 TEST_CASE("overlap without the mesh's background groups falls back to reducing after backward",
           "[train][overlap]") {
   const comm_test::TempDir temp;
@@ -372,7 +395,7 @@ TEST_CASE("overlap without the mesh's background groups falls back to reducing a
     comm_test::expect(mesh.dp_bg() == nullptr && mesh.dp_ep_bg() == nullptr, "no _bg groups");
     auto backend = backend::make_cpu_backend();
     model::Transformer m(small_gpt(), *backend, 1);
-    train::GradSync sync(mesh, *backend, m, 2048, false, true);
+    train::GradSync sync(mesh, *backend, m, 2048, 0, true);
     comm_test::expect(!sync.overlaps(), "no overlap without background groups");
     return 0;
   });
@@ -407,7 +430,7 @@ std::vector<int> provoke_background_failure(bool silent_peer, std::chrono::milli
         const model::ModelConfig config = small_gpt();
         model::Transformer m(config, *backend, 1);
         m.params().initialize(1);
-        train::GradSync sync(mesh, *backend, m, 2048, false, true);
+        train::GradSync sync(mesh, *backend, m, 2048, 0, true);
         comm_test::expect(sync.overlaps(), "overlap on");
         std::vector<int32_t> tokens(static_cast<size_t>(config.seq_len), 1);
         m.forward(tokens.data(), tokens.data());

@@ -505,8 +505,10 @@ ParamStore::Bytes ParamStore::bytes() const {
   if (shard_grads_) {
     const size_t item = tensor::dtype_size(grad_dtype());
     b.grads = (part + static_cast<size_t>(front_end_ + table_.numel() - back_begin_)) * item;
-    for (const backend::Allocation& slot : slots_)
-      b.grads += slot.bytes();
+    int64_t largest = 0;
+    for (const BlockUnit& unit : blocks_)
+      largest = std::max(largest, unit.numel());
+    b.grads += static_cast<size_t>(kGradSlots * largest) * item;
   }
   b.optimizer = (has_master() ? part * sizeof(float) : 0) +
                 2 * part * tensor::dtype_size(moment_dtype(storage_));

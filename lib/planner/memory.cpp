@@ -1,10 +1,12 @@
 // The memory model: bytes per rank by category, for one rank (estimate_rank_memory) or the worst
 // rank of a layout (estimate_memory). It follows what lib/model and lib/train allocate, tensor by
 // tensor, so each figure can be held to the engine exactly (tests/unit/planner_memory_test.cpp
-// builds the engine for every rank of tp, pp, dp/ZeRO-1 and ep layouts and compares):
+// builds the engine for every rank of tp, pp, dp/ZeRO-1/ZeRO-2 and ep layouts and compares):
 //   params/grads  the rank's ParamTable (build_param_table): its stage's layers, tp shards of the
 //                 column/row-parallel matrices and the vocabulary, its ep share of the experts;
-//   optimizer     its part of the ZeRO-1 partition (model::zero_partition, the engine's own
+//                 ZeRO-2's grads: the rank's part, the embedding/final norm/head whole and two
+//                 slots of the largest block (ParamStore's sharded gradients);
+//   optimizer     its part of the ZeRO partition (model::zero_partition, the engine's own
 //                 function: dp parts cut at row boundaries of the flat buffer), all of it
 //                 without ZeRO;
 //   activations   Transformer::assign(): every tensor of every activation slot (1F1B micro-
@@ -29,6 +31,8 @@ double round64(double bytes) {
 }
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+// model::ParamStore::kGradSlots (the planner does not link the model): ZeRO-2's block slots.
+constexpr int64_t kGradSlots = 2;
 
 struct StageShape {
   int first_layer = 0, layers = 0, moe_layers = 0;
@@ -57,12 +61,17 @@ StageShape stage_shape(const recipe::Recipe& r, int stage, int pp) {
 
 // The rank's parameter tensors in build_param_table's order (tp and ep shards local), as elements
 // and rows: ZeRO cuts the flat buffer at their row boundaries.
+// `blocks` (when given) receives [begin, end) of each block of the stage in the flat buffer.
+using ElementRange = std::pair<int64_t, int64_t>;
 std::vector<model::TensorRows> local_params(const recipe::Recipe& r, const ModelShape& s,
-                                            const StageShape& st, const Variant& lay) {
+                                            const StageShape& st, const Variant& lay,
+                                            std::vector<ElementRange>* blocks = nullptr) {
+  int64_t offset = 0;  // of the next tensor
   const int64_t t = lay.tp, C = s.C, b = s.bias ? 1 : 0;
   std::vector<model::TensorRows> out;
   auto add = [&](int64_t rows, int64_t row_elements) {
     out.push_back({rows * row_elements, rows});
+    offset += rows * row_elements;
   };
   auto norm = [&] {
     add(C, 1);
@@ -73,6 +82,7 @@ std::vector<model::TensorRows> local_params(const recipe::Recipe& r, const Model
     if (s.learned_positions) add(s.T, C);
   }
   for (int i = st.first_layer; i < st.first_layer + st.layers; ++i) {
+    const int64_t block_begin = offset;
     norm();
     add(s.W / t, C);
     if (b) add(s.W / t, 1);
@@ -92,6 +102,7 @@ std::vector<model::TensorRows> local_params(const recipe::Recipe& r, const Model
       add(C, s.F / t);
       if (b) add(C, 1);
     }
+    if (blocks) blocks->emplace_back(block_begin, offset);
   }
   if (st.last) {
     norm();
@@ -206,7 +217,8 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   m.worst_stage = stage;
 
   // ---- parameters, gradients, optimizer state ----
-  const std::vector<model::TensorRows> tensors = local_params(r, s, st, lay);
+  std::vector<ElementRange> blocks;
+  const std::vector<model::TensorRows> tensors = local_params(r, s, st, lay, &blocks);
   int64_t elements = 0, tied_elements = 0;
   for (const model::TensorRows& x : tensors)
     elements += x.numel;
@@ -214,15 +226,38 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   m.params = static_cast<double>(elements) * z.storage;
   m.grads = static_cast<double>(elements) * z.grad;
   int64_t part = elements;
+  // ZeRO-2: the largest share of one block the rank receives (each gradient slot holds one).
+  int64_t block_share = 0;
   if (lay.zero && lay.dp > 1) {
-    const std::vector<size_t> parts =
-        model::zero_shares(model::zero_partition(tensors, lay.dp), 0, elements);
+    const std::vector<int64_t> bounds = model::zero_partition(tensors, lay.dp);
+    const std::vector<size_t> parts = model::zero_shares(bounds, 0, elements);
     part = 0;
     for (int k = 0; k < lay.dp; ++k)
       if (zero_rank < 0 || k == zero_rank)
         part = std::max(part, static_cast<int64_t>(parts[static_cast<size_t>(k)]));
+    // The ranks a block overlaps are consecutive: from the part holding its first element on.
+    for (const auto& [begin, end] : blocks) {
+      size_t k = static_cast<size_t>(std::upper_bound(bounds.begin(), bounds.end(), begin) -
+                                     bounds.begin()) -
+                 1;
+      for (; k + 1 < bounds.size() && bounds[k] < end; ++k)
+        if (zero_rank < 0 || static_cast<int>(k) == zero_rank)
+          block_share =
+              std::max(block_share, std::min(end, bounds[k + 1]) - std::max(begin, bounds[k]));
+    }
   }
   m.optimizer = static_cast<double>(part) * (z.master + 2 * z.moment);
+  if (lay.zero >= 2) {
+    // ParamStore's sharded gradients: the reduced part, the embedding, final norm and head whole
+    // (before the first and after the last block), and kGradSlots slots of the largest block.
+    int64_t block_elements = 0, largest = 0;
+    for (const auto& [begin, end] : blocks) {
+      block_elements += end - begin;
+      largest = std::max(largest, end - begin);
+    }
+    m.grads = static_cast<double>(part + (elements - block_elements) + kGradSlots * largest) *
+              z.grad;
+  }
 
   // ---- activations: activation_slots copies of the kept set, one shared set, the scratch ----
   const int64_t N = int64_t{lay.micro_batch} * s.T;
@@ -256,7 +291,9 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   // into and another for the tied embedding's peer gradient (first and last stage): the peer
   // arrives while background reduce-scatters still write the part.
   const bool zero = lay.zero && lay.dp > 1;
-  const int64_t grad_scratch = (zero ? part : 0) + tied_elements;
+  // ZeRO-2 adds a received share of a block per gradient slot.
+  const int64_t grad_scratch = (zero ? part : 0) + tied_elements +
+                               (zero && lay.zero >= 2 ? kGradSlots * block_share : 0);
   m.comm_buffers += static_cast<double>(grad_scratch) * z.grad;
   // Gloo has no reduce-scatter: ours receives every rank's copy of its part and sums locally
   // (NCCL reduces in place). An upper bound with overlap_grad_sync, whose reduce-scatters receive

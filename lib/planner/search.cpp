@@ -131,10 +131,10 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
         for (int mb : divisors(per_replica)) {
           if (mb > options.max_micro_batch) break;
           for (int zero : options.zero) {
-            if (zero && dp == 1) continue;  // ZeRO-1 shards over dp: nothing to shard
+            if (zero && dp == 1) continue;  // ZeRO shards over dp: nothing to shard
             for (trainctl::Recompute mode : options.recompute) {
               Variant l{tp, pp, dp, ep, mb, zero, mode};
-              if (!l.unsupported().empty()) continue;  // what the engine refuses (ZeRO-1 with ep)
+              if (!l.unsupported().empty()) continue;  // what the engine refuses (ZeRO with ep)
               ++plan.variants_evaluated;
               ++tried;
               const MemoryEstimate mem = estimate_memory(r, cluster, l, options.memory);
@@ -158,8 +158,8 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
           plan.ranked.push_back(best);
         else if (tried == 0)
           plan.rejected.push_back(
-              {degrees, fmt::format("no variant allowed: ZeRO-1 needs dp > 1 and ep = 1 (dp = {}, "
-                                    "ep = {}) and the search options allow only zero 1",
+              {degrees, fmt::format("no variant allowed: ZeRO needs dp > 1 and ep = 1 (dp = {}, "
+                                    "ep = {}) and the search options allow only zero > 0",
                                     dp, ep)});
         else
           plan.rejected.push_back(
@@ -228,7 +228,8 @@ std::string explain_loss(const Candidate& best, const Candidate& other,
                    100 * b.bubble_share(), 100 * a.bubble_share(), y.pp, b.micro_batches)},
       {b.dp_exposed_s - a.dp_exposed_s,
        fmt::format("exposed gradient sync {} vs {} (dp={}{})", seconds(b.dp_exposed_s),
-                   seconds(a.dp_exposed_s), y.dp, y.zero ? ", ZeRO-1" : "")},
+                   seconds(a.dp_exposed_s), y.dp,
+                   y.zero ? fmt::format(", ZeRO-{}", y.zero) : std::string())},
       {b.compute_s - a.compute_s,
        fmt::format("compute {} vs {}{}", seconds(b.compute_s), seconds(a.compute_s),
                    y.recompute == trainctl::Recompute::full && x.recompute != y.recompute

@@ -144,15 +144,24 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   const double per_gpu = 1.0 / (static_cast<double>(lay.tp) * lay.pp);
   const double shared_bytes = shared_elements * per_gpu;
   const double expert_bytes = expert_elements * per_gpu;
-  // The gradients' all-reduce, or ZeRO-1's reduce-scatter of them (half the ring traffic) ...
+  // The gradients' all-reduce, or ZeRO's reduce-scatter of them (half the ring traffic) ...
   auto reduce = [&](double elements, int group) {
     return ring_seconds(elements * z.grad, group, dp_link, lay.zero ? 1.0 : 2.0);
   };
-  // ... followed by ZeRO-1's all-gather of the updated parameters.
+  // ... followed by ZeRO's all-gather of the updated parameters.
   auto gather = [&](double elements, int group) {
     return lay.zero ? ring_seconds(elements * z.storage, group, dp_link, 1.0) : 0.0;
   };
-  const double reduce_s = reduce(shared_bytes, lay.dp * lay.ep) + reduce(expert_bytes, lay.dp);
+  double reduce_s = reduce(shared_bytes, lay.dp * lay.ep) + reduce(expert_bytes, lay.dp);
+  // ZeRO-2 reduce-scatters each micro-batch's block gradients as its backward ends; the embedding,
+  // final norm and head (kept whole) once per step.
+  double reduce_hidden_by = 2.0 * (worst_compute / passes);
+  if (lay.zero >= 2 && lay.dp > 1) {
+    const double outer = static_cast<double>(s.embedding + s.final_norm + s.head) * per_gpu;
+    const double outer_s = reduce(outer, lay.dp * lay.ep);
+    reduce_s = outer_s + m * std::max(0.0, reduce_s - outer_s);
+    reduce_hidden_by *= m;  // each micro-batch's reduce-scatters behind its own backward
+  }
   const double gather_s = gather(shared_bytes, lay.dp * lay.ep) + gather(expert_bytes, lay.dp);
   t.dp_comm_s = reduce_s + gather_s;
   // With parallel.overlap_grad_sync the bucketed reduction (all-reduce, or ZeRO-1's
@@ -162,9 +171,9 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   // them): that forward waits for each bucket only as it reaches it.
   const double one_pass = worst_compute / passes;
   const bool overlapped = r.parallel.overlap_grad_sync;
-  t.dp_exposed_s =
-      overlapped ? std::max(0.0, reduce_s - 2.0 * one_pass) + std::max(0.0, gather_s - one_pass)
-                 : reduce_s + gather_s;
+  t.dp_exposed_s = overlapped ? std::max(0.0, reduce_s - reduce_hidden_by) +
+                                     std::max(0.0, gather_s - one_pass)
+                               : reduce_s + gather_s;
 
   t.step_s = m * worst_stage + t.bubble_s + t.dp_exposed_s;
   const double tokens = static_cast<double>(r.training.global_batch) * s.T;

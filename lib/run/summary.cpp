@@ -74,6 +74,7 @@ telemetry::MemoryReport memory_report(RunContext& run) {
   memory.grads = pb.grads;
   memory.optimizer = pb.optimizer;
   memory.activations = run.model().activation_bytes().total();
+  memory.comm = run.trainer().comm_buffer_bytes();
   return memory;
 }
 

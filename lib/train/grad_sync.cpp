@@ -107,8 +107,10 @@ GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Tra
           "): build the model with ModelParallel zero_parts = dp and zero_rank = the dp rank");
     owner.zero_begin = begin;
     owner.zero_end = end;
-    if (end > begin) zero_part_ = be_.allocate(static_cast<size_t>(end - begin) * grad_bytes);
-    if (shard_grads_) {
+    // With one dp rank nothing is reduced or gathered: no buffers.
+    if (end > begin && dp > 1)
+      zero_part_ = be_.allocate(static_cast<size_t>(end - begin) * grad_bytes);
+    if (shard_grads_ && dp > 1) {
       // Each slot receives this rank's share of one block: at most the largest such share.
       size_t largest = 1;
       for (const model::BlockUnit& unit : params.block_units())
@@ -334,6 +336,13 @@ void GradSync::take_reduced_part() {
   if (mine.numel() > 0) be_.cast(mine, zero_part_.view(mine.dtype, {mine.numel()}));
 }
 
+size_t GradSync::buffer_bytes() const {
+  size_t bytes = zero_part_.bytes() + tied_peer_.bytes();
+  for (const SlotReduce& slot : slots_)
+    bytes += slot.received.bytes();
+  return bytes;
+}
+
 model::IndexRange GradSync::part_range_of(int64_t begin, int64_t end) const {
   const model::ParamStore& params = model_.params();
   const int64_t first = params.optimizer_begin(), last = params.optimizer_end();
@@ -341,6 +350,7 @@ model::IndexRange GradSync::part_range_of(int64_t begin, int64_t end) const {
 }
 
 void GradSync::slot_wanted(int slot) {
+  if (slots_.empty()) return;  // one dp rank: block_done folded it already
   if (slots_.at(static_cast<size_t>(slot)).layer >= 0) fold_slot(slot);
 }
 

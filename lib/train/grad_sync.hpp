@@ -134,6 +134,9 @@ class GradSync : public model::BlockGradSink {
   // Seconds the calling thread spent waiting for background reductions (the exposed part of
   // their time), summed since construction.
   double wait_seconds() const { return wait_seconds_; }
+  // The buffers it holds for its collectives: the ZeRO part it reduces into and gathers from, the
+  // tied embedding's peer gradient, ZeRO-2's per-slot received shares.
+  size_t buffer_bytes() const;
   // Buckets the last reduce_gradients() found already started by grads_ready (overlap at work);
   // ZeRO-2: the block reduce-scatters its backward started in the background.
   size_t started_during_backward() const { return started_early_; }

@@ -117,6 +117,8 @@ class Trainer {
   // ZeRO-1's parameter gather the next forward: asked for (overlap_grad_sync) and the mesh was
   // created with MeshOptions::background_groups.
   bool overlaps_grad_sync() const { return sync_ && sync_->overlaps(); }
+  // The gradient sync's buffers for its collectives (GradSync::buffer_bytes); 0 on one rank.
+  size_t comm_buffer_bytes() const { return sync_ ? sync_->buffer_bytes() : 0; }
 
  private:
   // Splits `rows` window rows into inputs_ and targets_ (T tokens each).

@@ -175,6 +175,28 @@ TEST_CASE("memory model matches the engine on every dp rank's ZeRO-1 part") {
   check_every_rank(recipe_for(kDense[1]), layout(1, 2, 2, 1, kDense[1], 1));
 }
 
+// ZeRO-2: the gradients are the rank's part, the embedding, final norm and head whole, and two
+// slots of the largest block; a model of many blocks keeps far fewer gradient bytes than ZeRO-1.
+TEST_CASE("memory model matches the engine on every dp rank's ZeRO-2 gradients") {
+  for (const ModelCase& k : kDense) {
+    check_every_rank(recipe_for(k), layout(1, 1, 2, 1, k, 2));
+    check_every_rank(recipe_for(k), layout(1, 1, 3, 1, k, 2));  // uneven parts
+  }
+  check_every_rank(recipe_for(kDense[1]), layout(1, 2, 2, 1, kDense[1], 2));  // per stage
+  check_every_rank(recipe_for(kDense[2]), layout(2, 1, 2, 1, kDense[2], 2));  // tp shards
+  check_every_rank(recipe_for(kDense[0]), layout(1, 1, 1, 1, kDense[0], 2));  // one rank
+  recipe::Recipe deep = recipe_for(kDense[0]);
+  deep.model.layers = 16;
+  const topology::ClusterSpec machine = planner::cpu_machine();
+  const planner::MemoryEstimate one = planner::estimate_memory(deep, machine,
+                                                               layout(1, 1, 4, 1, kDense[0], 1));
+  const planner::MemoryEstimate two = planner::estimate_memory(deep, machine,
+                                                               layout(1, 1, 4, 1, kDense[0], 2));
+  CHECK(two.grads < 0.5 * one.grads);
+  CHECK(two.optimizer == one.optimizer);
+  CHECK(two.comm_buffers > one.comm_buffers);  // plus a received block share per slot
+}
+
 TEST_CASE("memory model matches the engine on every rank of tp2 x pp2") {
   for (const ModelCase& k : kDense)
     check_every_rank(recipe_for(k), layout(2, 2, 1, 1, k));

@@ -48,7 +48,9 @@ Param Transformer::Impl::expert_slice(const Param& stacked, int64_t e) {
   if (stacked.value.empty()) return {};
   const Shape& s = stacked.value.shape;
   Shape one = s.rank == 3 ? Shape{s[1], s[2]} : Shape{s[1]};
-  return Param{stacked.value.rows(e, 1).reshaped(one), stacked.grad.rows(e, 1).reshaped(one)};
+  // Sharded gradients: no grad until the block's backward binds one.
+  return Param{stacked.value.rows(e, 1).reshaped(one),
+               stacked.grad.empty() ? Tensor{} : stacked.grad.rows(e, 1).reshaped(one)};
 }
 
 void Transformer::Impl::build_layers() {

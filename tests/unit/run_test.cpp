@@ -139,6 +139,7 @@ TEST_CASE(
       {"pp2", {"parallel.pp=2"}},
       {"ep2", {"parallel.ep=2"}},
       {"dp2 zero1", {"parallel.dp=2", "parallel.zero=1"}},
+      {"dp2 zero2", {"parallel.dp=2", "parallel.zero=2"}},
       {"tp2 pp2", {"parallel.tp=2", "parallel.pp=2"}},
   };
   for (const auto& [name, overrides] : layouts) {

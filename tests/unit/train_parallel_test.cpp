@@ -644,6 +644,8 @@ TEST_CASE("a MoE model with ep2 (and with dp2) trains like one rank, expert metr
   dp2.use_mesh = true;
   dp2.layout.dp = 2;
   check_matches(run_job(dp2), reference);
+  dp2.zero = 2;  // ZeRO-2: the stacked experts' gradients are block slots too
+  check_matches(run_job(dp2), reference);
 }
 
 TEST_CASE("ZeRO-1 with expert parallel is refused with what to change", "[train][parallel]") {

@@ -475,3 +475,61 @@ TEST_CASE("a job saved at dp2 x tp2 with ZeRO-1 resumes bit-identically at pp2 a
   }
   CHECK(compared == static_cast<size_t>(3 * m.params().values().numel()));
 }
+
+namespace {
+
+// Every element of `saved` is in `loaded` with the same bits (and nothing else is).
+void check_same_elements(const Elements& saved, const Elements& loaded) {
+  CHECK(loaded.size() == saved.size());
+  for (const auto& [name, values] : saved) {
+    INFO(name);
+    REQUIRE(loaded.count(name));
+    CHECK(loaded.at(name).size() == values.size());
+    size_t differ = 0;
+    for (const auto& [index, value] : values) {
+      const auto it = loaded.at(name).find(index);
+      if (it == loaded.at(name).end() || std::memcmp(&it->second, &value, sizeof value) != 0)
+        ++differ;
+    }
+    CHECK(differ == 0);
+  }
+}
+
+}  // namespace
+
+// ZeRO-2's checkpoints are layout-free like the others: the optimizer part is saved as ZeRO-1's
+// (gradients are never saved), so a dp2 ZeRO-2 job resumes at dp4 with ZeRO-1 and at pp2 without
+// ZeRO, and a ZeRO-1 job resumes at dp4 with ZeRO-2.
+TEST_CASE("a job saved at dp2 with ZeRO-2 resumes bit-identically at dp4 ZeRO-1 and pp2, and back",
+          "[train]") {
+  const comm_test::TempDir tmp;
+  comm::Layout dp2, dp4, pp2;
+  dp2.dp = 2;
+  dp4.dp = 4;
+  pp2.pp = 2;
+  const std::string zero2_dir = tmp.path + "/zero2", zero1_dir = tmp.path + "/zero1";
+  const Elements saved = run_job(dp2, 2, zero2_dir, "save", true);
+  const fs::path step_dir = fs::path(zero2_dir) / "checkpoints" / "step_00000002";
+  ckpt::CheckpointReader::open(step_dir).verify();
+  CHECK(saved.at("state/step").at(0) == 2.0f);
+  {
+    INFO("dp2 ZeRO-2 -> dp4 ZeRO-1");
+    check_same_elements(saved, run_job(dp4, 1, zero2_dir, "load_dp4", false, step_dir));
+  }
+  {
+    INFO("dp2 ZeRO-2 -> pp2");
+    check_same_elements(saved, run_job(pp2, 0, zero2_dir, "load_pp2", false, step_dir));
+  }
+  const Elements saved_zero1 = run_job(dp2, 1, zero1_dir, "save", true);
+  {
+    INFO("dp2 ZeRO-1 -> dp4 ZeRO-2");
+    check_same_elements(saved_zero1,
+                        run_job(dp4, 2, zero1_dir, "load_dp4", false,
+                                fs::path(zero1_dir) / "checkpoints" / "step_00000002"));
+  }
+  // Both jobs trained the same model on the same data: ZeRO-2 and ZeRO-1 equal to rounding.
+  for (const auto& [name, values] : saved_zero1)
+    if (name.starts_with("model/"))
+      for (const auto& [index, value] : values)
+        CHECK(saved.at(name).at(index) == Approx(value).margin(1e-5));
+}

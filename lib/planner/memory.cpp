@@ -255,8 +255,8 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
       block_elements += end - begin;
       largest = std::max(largest, end - begin);
     }
-    m.grads = static_cast<double>(part + (elements - block_elements) + kGradSlots * largest) *
-              z.grad;
+    m.grads =
+        static_cast<double>(part + (elements - block_elements) + kGradSlots * largest) * z.grad;
   }
 
   // ---- activations: activation_slots copies of the kept set, one shared set, the scratch ----
@@ -292,8 +292,8 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   // arrives while background reduce-scatters still write the part.
   const bool zero = lay.zero && lay.dp > 1;
   // ZeRO-2 adds a received share of a block per gradient slot.
-  const int64_t grad_scratch = (zero ? part : 0) + tied_elements +
-                               (zero && lay.zero >= 2 ? kGradSlots * block_share : 0);
+  const int64_t grad_scratch =
+      (zero ? part : 0) + tied_elements + (zero && lay.zero >= 2 ? kGradSlots * block_share : 0);
   m.comm_buffers += static_cast<double>(grad_scratch) * z.grad;
   // Gloo has no reduce-scatter: ours receives every rank's copy of its part and sums locally
   // (NCCL reduces in place). An upper bound with overlap_grad_sync, whose reduce-scatters receive

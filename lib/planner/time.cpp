@@ -171,9 +171,9 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   // them): that forward waits for each bucket only as it reaches it.
   const double one_pass = worst_compute / passes;
   const bool overlapped = r.parallel.overlap_grad_sync;
-  t.dp_exposed_s = overlapped ? std::max(0.0, reduce_s - reduce_hidden_by) +
-                                     std::max(0.0, gather_s - one_pass)
-                               : reduce_s + gather_s;
+  t.dp_exposed_s =
+      overlapped ? std::max(0.0, reduce_s - reduce_hidden_by) + std::max(0.0, gather_s - one_pass)
+                 : reduce_s + gather_s;
 
   t.step_s = m * worst_stage + t.bubble_s + t.dp_exposed_s;
   const double tokens = static_cast<double>(r.training.global_batch) * s.T;

@@ -86,6 +86,8 @@ class RunContext {
   // per node, its ranks share the node's cores).
   const Peak& peak() const { return peak_; }
   int peak_devices() const { return peak_devices_; }
+  bool on_cuda() const { return on_cuda_; }
+  int local_world_size() const { return rank_.local_world_size; }
   // The step training starts after: 0, or the step of the checkpoint it resumed from.
   int64_t start_step() const { return resumed ? resumed->step : 0; }
 

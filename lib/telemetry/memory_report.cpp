@@ -44,6 +44,26 @@ std::string MemoryReport::to_string() const {
   return out;
 }
 
+std::string MemoryReport::to_string(const MemoryReport& planned) const {
+  const std::uint64_t sum = total();
+  const auto line = [sum](std::string_view name, std::uint64_t bytes, std::uint64_t plan) {
+    const double percent = sum == 0 ? 0.0 : 100.0 * static_cast<double>(bytes) / sum;
+    const std::string ratio =
+        plan == 0 ? std::string("-")
+                  : fmt::format("{:.3f}", static_cast<double>(bytes) / static_cast<double>(plan));
+    return fmt::format("{:<12}{:>12}{:>8.1f}%{:>12}{:>8}\n", name, format_bytes(bytes), percent,
+                       format_bytes(plan), ratio);
+  };
+  std::string out =
+      fmt::format("{:<12}{:>12}{:>9}{:>12}{:>8}\n", "", "used", "", "planned", "ratio");
+  const auto plans = planned.categories();
+  size_t i = 0;
+  for (const auto& [name, bytes] : categories())
+    out += line(name, bytes, plans[i++].second);
+  out += line("total", sum, planned.total());
+  return out;
+}
+
 nlohmann::json MemoryReport::to_json() const {
   nlohmann::json out = nlohmann::json::object();
   for (const auto& [name, bytes] : categories())

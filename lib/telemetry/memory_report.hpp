@@ -31,6 +31,9 @@ struct MemoryReport {
   //   ...
   //   total           30.0 MiB  100.0%
   std::string to_string() const;
+  // The same table with two more columns: `planned` (the planner's figure for this rank) and
+  // used / planned ("-" where nothing was planned), under a header line.
+  std::string to_string(const MemoryReport& planned) const;
 
   // {"params": <bytes>, "grads": ..., "optimizer": ..., "activations": ..., "comm": ...,
   //  "other": ..., "total": ...}, all exact byte counts.

@@ -63,9 +63,14 @@ def main(binary, root):
 
         summary = cli_util.read_summary(run_dir)
         memory = summary.get("memory_bytes", {})
+        planned = summary.get("memory_planned_bytes") or {}
         for category in ("params", "grads", "optimizer", "activations"):
             check(memory.get(category, 0) > 0, f"summary memory_bytes.{category} is not > 0: "
                   f"{memory}")
+            # trainctl plan's memory model of this rank: the engine's bytes exactly.
+            check(planned.get(category) == memory[category],
+                  f"memory_planned_bytes.{category} {planned.get(category)} != the run's "
+                  f"{memory[category]}")
         check(summary["steps"] == STEPS and summary["final_loss"] == last["loss"],
               f"summary disagrees with metrics.jsonl: {summary}")
 

@@ -188,10 +188,10 @@ TEST_CASE("memory model matches the engine on every dp rank's ZeRO-2 gradients")
   recipe::Recipe deep = recipe_for(kDense[0]);
   deep.model.layers = 16;
   const topology::ClusterSpec machine = planner::cpu_machine();
-  const planner::MemoryEstimate one = planner::estimate_memory(deep, machine,
-                                                               layout(1, 1, 4, 1, kDense[0], 1));
-  const planner::MemoryEstimate two = planner::estimate_memory(deep, machine,
-                                                               layout(1, 1, 4, 1, kDense[0], 2));
+  const planner::MemoryEstimate one =
+      planner::estimate_memory(deep, machine, layout(1, 1, 4, 1, kDense[0], 1));
+  const planner::MemoryEstimate two =
+      planner::estimate_memory(deep, machine, layout(1, 1, 4, 1, kDense[0], 2));
   CHECK(two.grads < 0.5 * one.grads);
   CHECK(two.optimizer == one.optimizer);
   CHECK(two.comm_buffers > one.comm_buffers);  // plus a received block share per slot

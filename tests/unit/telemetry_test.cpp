@@ -67,6 +67,22 @@ TEST_CASE("MemoryReport totals, tabulates and serializes its categories") {
         std::string::npos);
 }
 
+TEST_CASE("MemoryReport beside a planned one: both columns and their ratio") {
+  MemoryReport used, planned;
+  used.params = 1024;
+  used.grads = 3072;
+  planned.params = 1024;
+  planned.grads = 2048;
+  planned.other = 512;
+  const std::string table = used.to_string(planned);
+  CHECK(table.find("used") != std::string::npos);
+  CHECK(table.find("planned") != std::string::npos);
+  CHECK(table.find("params           1.0 KiB    25.0%     1.0 KiB   1.000\n") != std::string::npos);
+  CHECK(table.find("grads            3.0 KiB    75.0%     2.0 KiB   1.500\n") != std::string::npos);
+  CHECK(table.find("optimizer            0 B     0.0%         0 B       -\n") != std::string::npos);
+  CHECK(table.find("total            4.0 KiB   100.0%     3.5 KiB   1.143\n") != std::string::npos);
+}
+
 TEST_CASE("MemoryReport total refuses to overflow") {
   MemoryReport report;
   report.params = std::numeric_limits<std::uint64_t>::max();

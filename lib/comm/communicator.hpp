@@ -86,6 +86,9 @@ class Communicator {
   virtual void broadcast(void* data, size_t bytes, int root,
                          std::chrono::milliseconds timeout = kGroupTimeout) = 0;
   virtual void barrier(std::chrono::milliseconds timeout = kGroupTimeout) = 0;
+  // Host memory the communicator keeps between calls for its own staging (Gloo's receive buffer
+  // of reduce-scatters, its f32 copy of 16-bit all-reduces); 0 when it keeps none. Thread-safe.
+  virtual size_t buffer_bytes() const { return 0; }
 
   // Typed conveniences over the calls above.
   void all_reduce_sum(std::span<float> data) {

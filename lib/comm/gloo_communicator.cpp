@@ -18,6 +18,7 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -369,10 +370,15 @@ class GlooCommunicator final : public Communicator {
       scratch_.clear();
       scratch_.shrink_to_fit();
       scratch_.resize(bytes);
+      scratch_bytes_ = bytes;
     }
     return scratch_.data();
   }
 
+ public:
+  size_t buffer_bytes() const override { return scratch_bytes_; }
+
+ private:
   using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
   // data[count] (f32 or f64) <- the ranks' values folded with f32_fn / f64_fn, on Gloo's ring.
@@ -492,6 +498,7 @@ class GlooCommunicator final : public Communicator {
   bool broken_ = false;
   std::string broken_reason_;
   std::vector<char> scratch_;
+  std::atomic<size_t> scratch_bytes_{0};  // scratch_.size(), for buffer_bytes on any thread
 };
 
 // Names the members that never published their peer key: the ranks that "have not arrived".

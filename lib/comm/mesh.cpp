@@ -75,6 +75,15 @@ double Mesh::comm_seconds() const {
   return clock_ ? clock_->seconds() : 0.0;
 }
 
+size_t Mesh::buffer_bytes() const {
+  size_t bytes = world_ ? world_->buffer_bytes() : 0;
+  for (const std::unique_ptr<Communicator>& group : axes_)
+    if (group) bytes += group->buffer_bytes();
+  for (const Communicator* group : {dp_ep_.get(), dp_bg_.get(), dp_ep_bg_.get()})
+    if (group) bytes += group->buffer_bytes();
+  return bytes;
+}
+
 double Mesh::background_comm_seconds() const {
   return background_clock_ ? background_clock_->seconds() : 0.0;
 }

@@ -75,6 +75,8 @@ class Mesh {
   // The same for the background groups alone (busy time of the reducers' workers, which overlaps
   // the training thread's work and is therefore not part of comm_seconds).
   double background_comm_seconds() const;
+  // The staging memory its communicators keep (Communicator::buffer_bytes), all groups together.
+  size_t buffer_bytes() const;
 
  private:
   Layout layout_;

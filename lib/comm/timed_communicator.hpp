@@ -37,6 +37,7 @@ class TimedCommunicator final : public Communicator {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  size_t buffer_bytes() const override { return inner_->buffer_bytes(); }
 
   void all_reduce_sum(void* data, size_t count, DType dtype,
                       std::chrono::milliseconds timeout) override;

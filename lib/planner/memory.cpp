@@ -226,28 +226,51 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   m.params = static_cast<double>(elements) * z.storage;
   m.grads = static_cast<double>(elements) * z.grad;
   int64_t part = elements;
-  // ZeRO-2: the largest share of one block the rank receives (each gradient slot holds one).
-  int64_t block_share = 0;
+  // ZeRO-2: the largest share of one block the rank receives (each gradient slot holds one), and
+  // of an outer region (embedding before the blocks, final norm and head after them).
+  int64_t block_share = 0, outer_share = 0;
+  const bool zero2 = lay.zero >= 2, cpu = cluster.gpus_per_node == 0;
   if (lay.zero && lay.dp > 1) {
     const std::vector<int64_t> bounds = model::zero_partition(tensors, lay.dp);
     const std::vector<size_t> parts = model::zero_shares(bounds, 0, elements);
-    part = 0;
-    for (int k = 0; k < lay.dp; ++k)
-      if (zero_rank < 0 || k == zero_rank)
-        part = std::max(part, static_cast<int64_t>(parts[static_cast<size_t>(k)]));
-    // The ranks a block overlaps are consecutive: from the part holding its first element on.
-    for (const auto& [begin, end] : blocks) {
+    std::vector<int64_t> block_shares(static_cast<size_t>(lay.dp)), outer_shares(block_shares);
+    // The ranks a range overlaps are consecutive: from the part holding its first element on.
+    auto largest_share = [&](int64_t begin, int64_t end, std::vector<int64_t>& shares) {
+      if (end <= begin) return;
       size_t k = static_cast<size_t>(std::upper_bound(bounds.begin(), bounds.end(), begin) -
                                      bounds.begin()) -
                  1;
       for (; k + 1 < bounds.size() && bounds[k] < end; ++k)
-        if (zero_rank < 0 || static_cast<int>(k) == zero_rank)
-          block_share =
-              std::max(block_share, std::min(end, bounds[k + 1]) - std::max(begin, bounds[k]));
+        shares[k] = std::max(shares[k], std::min(end, bounds[k + 1]) - std::max(begin, bounds[k]));
+    };
+    for (const auto& [begin, end] : blocks)
+      largest_share(begin, end, block_shares);
+    largest_share(0, blocks.empty() ? elements : blocks.front().first, outer_shares);
+    largest_share(blocks.empty() ? elements : blocks.back().second, elements, outer_shares);
+    // The dp ranks of a stage differ only in these three shares: the rank asked for, or the one
+    // whose bytes (optimizer, ZeRO-2 part, GradSync's buffers, Gloo's staging below) add up most.
+    int rank = zero_rank;
+    if (rank < 0) {
+      double most = -1;
+      for (int k = 0; k < lay.dp; ++k) {
+        const double p = static_cast<double>(parts[static_cast<size_t>(k)]);
+        const double b = static_cast<double>(block_shares[static_cast<size_t>(k)]);
+        const double o = static_cast<double>(outer_shares[static_cast<size_t>(k)]);
+        double bytes = p * (z.master + 2 * z.moment + z.grad);
+        if (zero2) bytes += p * z.grad + kGradSlots * b * z.grad;
+        if (cpu) bytes += (zero2 ? b + o : p) * lay.dp * z.grad;
+        if (bytes > most) {
+          most = bytes;
+          rank = k;
+        }
+      }
     }
+    part = static_cast<int64_t>(parts[static_cast<size_t>(rank)]);
+    block_share = block_shares[static_cast<size_t>(rank)];
+    outer_share = outer_shares[static_cast<size_t>(rank)];
   }
   m.optimizer = static_cast<double>(part) * (z.master + 2 * z.moment);
-  if (lay.zero >= 2) {
+  if (zero2) {
     // ParamStore's sharded gradients: the reduced part, the embedding, final norm and head whole
     // (before the first and after the last block), and kGradSlots slots of the largest block.
     int64_t block_elements = 0, largest = 0;
@@ -298,8 +321,17 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   // Gloo has no reduce-scatter: ours receives every rank's copy of its part and sums locally
   // (NCCL reduces in place). An upper bound with overlap_grad_sync, whose reduce-scatters receive
   // one bucket's share of the part at a time.
-  if (zero && cluster.gpus_per_node == 0)
-    m.comm_buffers += static_cast<double>(part) * lay.dp * z.grad;
+  // ZeRO-2 reduce-scatters a block at a time (on the background group with overlap) and the outer
+  // regions after backward (on dp): the largest share of each, dp copies.
+  if (zero && cpu)
+    m.comm_buffers +=
+        static_cast<double>(zero2 ? block_share + outer_share : part) * lay.dp * z.grad;
+  // Gloo all-reduces 16-bit tensors through an f32 copy it keeps: over tp the largest is an
+  // [N, C] activation or gradient, or on a MoE stage the [E * capacity, C] expert outputs.
+  if (cpu && lay.tp > 1 && z.storage == 2) {
+    const int64_t rows = std::max<int64_t>(N, st.moe_layers > 0 ? s.E * s.capacity(N) : 0);
+    m.comm_buffers += static_cast<double>(rows * s.C) * 4;
+  }
   // The vocab-parallel loss combines the shards' log-sum-exp on the host: int32 local targets,
   // four f64 [N] vectors, the gathered [tp, N] and a float copy. An upper bound (not all live at
   // once); host memory on a GPU machine too.

@@ -75,7 +75,7 @@ telemetry::MemoryReport memory_report(RunContext& run) {
   memory.grads = pb.grads;
   memory.optimizer = pb.optimizer;
   memory.activations = run.model().activation_bytes().total();
-  memory.comm = run.trainer().comm_buffer_bytes();
+  memory.comm = run.trainer().comm_buffer_bytes() + (run.mesh() ? run.mesh()->buffer_bytes() : 0);
   return memory;
 }
 

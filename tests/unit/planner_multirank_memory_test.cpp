@@ -193,8 +193,11 @@ TEST_CASE("memory model matches the engine on every dp rank's ZeRO-2 gradients")
   const planner::MemoryEstimate two =
       planner::estimate_memory(deep, machine, layout(1, 1, 4, 1, kDense[0], 2));
   CHECK(two.grads < 0.5 * one.grads);
-  CHECK(two.optimizer == one.optimizer);
-  CHECK(two.comm_buffers > one.comm_buffers);  // plus a received block share per slot
+  // The worst dp rank may differ (by a row of its part): the same optimizer state to 1%.
+  CHECK(two.optimizer == Approx(one.optimizer).epsilon(0.01));
+  // Gloo stages dp copies of one block's share (and of an outer region's), not of the whole part.
+  CHECK(two.comm_buffers < one.comm_buffers);
+  CHECK(two.total() < one.total());
 }
 
 TEST_CASE("memory model matches the engine on every rank of tp2 x pp2") {

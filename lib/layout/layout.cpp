@@ -104,14 +104,6 @@ std::vector<std::string> Layout::problems() const {
   return found;
 }
 
-std::string Layout::unsupported() const {
-  if (zero >= 1 && ep > 1)
-    return "parallel.zero: " + std::to_string(zero) + " with parallel.ep = " + std::to_string(ep) +
-           " is not supported yet (expert weights would need their own optimizer partition); use "
-           "parallel.zero: 0 or parallel.ep: 1";
-  return "";
-}
-
 std::vector<Axis> rank_order(const Layout& layout) {
   std::vector<Axis> axes;
   if (std::string why = order_problem(layout.order, &axes); !why.empty())

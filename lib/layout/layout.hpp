@@ -47,12 +47,8 @@ struct Layout {
   // The world size as a formula: "tp*ep*dp*pp = 2*1*2*1 = 4".
   std::string world_formula() const;
   // What makes this layout impossible by itself, one message per problem (a degree below 1, zero
-  // outside 0..1, an order that is not a permutation of the axes); empty when valid.
+  // outside 0..2, an order that is not a permutation of the axes); empty when valid.
   std::vector<std::string> problems() const;
-  // What the engine cannot run in this layout although it is valid, or empty: ZeRO-1 with expert
-  // parallelism (expert weights would need their own optimizer partition). The recipe refuses it
-  // at its keys, the planner never proposes it.
-  std::string unsupported() const;
   bool operator==(const Layout&) const = default;
 
   struct AxisInfo {

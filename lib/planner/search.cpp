@@ -134,7 +134,6 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
             if (zero && dp == 1) continue;  // ZeRO shards over dp: nothing to shard
             for (trainctl::Recompute mode : options.recompute) {
               Variant l{tp, pp, dp, ep, mb, zero, mode};
-              if (!l.unsupported().empty()) continue;  // what the engine refuses (ZeRO with ep)
               ++plan.variants_evaluated;
               ++tried;
               const MemoryEstimate mem = estimate_memory(r, cluster, l, options.memory);
@@ -158,9 +157,9 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
           plan.ranked.push_back(best);
         else if (tried == 0)
           plan.rejected.push_back(
-              {degrees, fmt::format("no variant allowed: ZeRO needs dp > 1 and ep = 1 (dp = {}, "
-                                    "ep = {}) and the search options allow only zero > 0",
-                                    dp, ep)});
+              {degrees, fmt::format("no variant allowed: ZeRO needs dp > 1 (dp = {}) and the "
+                                    "search options allow only zero > 0",
+                                    dp)});
         else
           plan.rejected.push_back(
               {closest_layout,

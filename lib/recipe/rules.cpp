@@ -104,9 +104,6 @@ void check_parallel(const Recipe& r, RuleChecker& c) {
     c.divisible("moe.expert_ffn_hidden", r.model.moe.expert_ffn_hidden, "parallel.tp", p.tp,
                 {"moe.expert_ffn_hidden", "parallel.tp"},
                 "each expert MLP is split over the tensor-parallel ranks");
-  if (c.usable({"parallel.zero", "parallel.ep"}))
-    if (const std::string why = p.unsupported(); !why.empty())
-      c.fail({"parallel.zero", "parallel.ep"}, why);
   if (c.usable({"training.global_batch", "training.micro_batch", "parallel.dp", "parallel.ep"})) {
     int64_t per_pass = static_cast<int64_t>(r.training.micro_batch) * p.dp * p.ep;
     if (r.training.global_batch % per_pass != 0) {

@@ -83,10 +83,6 @@ GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Tra
   buckets_ = plan_grad_buckets(params.table(), bucket_bytes, grad_bytes);
   if (zero < 0 || zero > 2)
     throw std::invalid_argument("ZeRO stage " + std::to_string(zero) + ": use 0, 1 or 2");
-  if (zero_ && mesh.ep().size() > 1)
-    throw std::invalid_argument("ZeRO-" + std::to_string(zero) + " with expert parallel (ep " +
-                                std::to_string(mesh.ep().size()) +
-                                ") is not supported: set parallel.zero: 0 or parallel.ep: 1");
   if (shard_grads_ != params.grads_sharded())
     throw std::invalid_argument(
         std::string("ZeRO-") + std::to_string(zero) + ": the model keeps its gradients " +
@@ -122,6 +118,16 @@ GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Tra
     }
   }
   counted_ = norm_ranges(params.table(), owner);
+  if (zero_ && mesh.ep().size() > 1) {
+    // ZeRO with expert parallelism: the non-expert elements of the part, within the part.
+    const int64_t first = params.optimizer_begin(), last = params.optimizer_end();
+    for (const ParamSpec* spec : in_buffer_order(params.table())) {
+      if (spec->expert) continue;
+      const int64_t begin = std::clamp(spec->offset, first, last);
+      const int64_t end = std::clamp(spec->offset + spec->shape.numel(), first, last);
+      model::append_joined(shared_in_part_, IndexRange{begin - first, end - first});
+    }
+  }
   const model::ModelParallel& parallel = model.parallel();
   int64_t tied_elements = 0;
   if (parallel.pp_size() > 1 && model.config().tied_embeddings)
@@ -151,7 +157,9 @@ void GradSync::plan_overlap() {
       if (spec.tied_copy || (spec.role == ParamRole::embedding && parallel.first_stage()))
         tied.push_back({spec.offset, spec.offset + spec.shape.numel()});
   for (const GradBucket& bucket : buckets_) {
-    if (bucket.expert)
+    // ZeRO reduce-scatters every bucket over dp into the parts (the ep sum of the non-expert
+    // elements follows on the part: reduce_part_over_ep).
+    if (bucket.expert || zero_)
       reducer_of_.push_back(dp.size() > 1 ? dp_reducer_.get() : nullptr);
     else
       reducer_of_.push_back(dp_ep.size() > 1 ? non_expert : nullptr);
@@ -299,6 +307,7 @@ void GradSync::reduce_gradients() {
       fold_slot(slot);
     exchange_tied_embedding();
     reduce_outer_regions();
+    reduce_part_over_ep();
     return;
   }
   exchange_tied_embedding();
@@ -309,7 +318,10 @@ void GradSync::reduce_gradients() {
     for (size_t b = 0; b < buckets_.size(); ++b)
       if (reducer_of_[b] && !work_[b]) start(b);
     wait_all();
-    if (zero_) take_reduced_part();
+    if (zero_) {
+      take_reduced_part();
+      reduce_part_over_ep();
+    }
     return;
   }
   if (!zero_) {
@@ -324,13 +336,30 @@ void GradSync::reduce_gradients() {
     return;
   }
   comm::Communicator& dp = mesh_.dp();
-  if (dp.size() < 2) return;
-  const std::vector<size_t> counts = model::zero_shares(zero_bounds_, 0, grads.numel());
-  dp.reduce_scatter_sum_v(grads.data, zero_part_.data(), counts, grads.dtype);
-  take_reduced_part();
+  if (dp.size() > 1) {
+    const std::vector<size_t> counts = model::zero_shares(zero_bounds_, 0, grads.numel());
+    dp.reduce_scatter_sum_v(grads.data, zero_part_.data(), counts, grads.dtype);
+    take_reduced_part();
+  }
+  reduce_part_over_ep();
+}
+
+// ZeRO with expert parallelism: the part holds each non-expert element summed over dp; the ep
+// ranks of the same dp rank hold the same part of other micro-batches (and other experts), so the
+// non-expert elements are summed over ep too, completing the sum over dp_ep. Sum is linear: the
+// same as summing over dp_ep first, up to rounding.
+void GradSync::reduce_part_over_ep() {
+  comm::Communicator& ep = mesh_.ep();
+  if (shared_in_part_.empty() || ep.size() < 2) return;
+  const Tensor part = model_.params().grad_part();
+  for (const IndexRange& r : shared_in_part_) {
+    const Tensor t = range_of(part, r.begin, r.end);
+    ep.all_reduce_sum(t.data, static_cast<size_t>(t.numel()), t.dtype);
+  }
 }
 
 void GradSync::take_reduced_part() {
+  if (mesh_.dp().size() < 2) return;  // nothing was reduce-scattered: the part is the buffer
   const model::ParamStore& params = model_.params();
   const Tensor mine = range_of(params.grads(), params.optimizer_begin(), params.optimizer_end());
   if (mine.numel() > 0) be_.cast(mine, zero_part_.view(mine.dtype, {mine.numel()}));

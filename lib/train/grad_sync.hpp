@@ -4,7 +4,11 @@
 // expert gradients (ParamSpec::expert) over dp only (each ep rank holds other experts). With tied
 // embeddings on pp > 1 stages the first and last stage add each other's embed.wte gradient.
 // ZeRO-1 replaces the dp all-reduce by a reduce-scatter into this rank's optimizer part and an
-// all-gather of the updated values.
+// all-gather of the updated values. With ep > 1 the parts are cut over dp as always (each ep
+// rank's table holds its own experts, in the same shape): every element is reduce-scattered over
+// dp, then the part's non-expert elements are all-reduced over ep (together: over dp_ep). The
+// non-expert optimizer state is the same on the ep ranks of a dp rank (replicated over ep, as
+// the values are), the expert state is each ep rank's own.
 //
 // Buckets: the all-reduce runs over consecutive ranges of the contiguous gradient buffer of about
 // bucket_bytes each. Backward runs last layer first, so buckets complete from the end of the
@@ -94,8 +98,8 @@ std::vector<model::IndexRange> norm_ranges(const model::ParamTable& table,
 
 class GradSync : public model::BlockGradSink {
  public:
-  // `model` must be built with this rank's ModelParallel; zero: the ZeRO stage, 0, 1 or 2 (with
-  // 1 and 2, ep must be 1). overlap: reduce buckets during backward (see the top of this file); it
+  // `model` must be built with this rank's ModelParallel; zero: the ZeRO stage, 0, 1 or 2.
+  // overlap: reduce buckets during backward (see the top of this file); it
   // needs the Mesh's background groups (MeshOptions::background_groups) for each data-parallel
   // group of more than one rank, and is off without them (overlaps() says which).
   GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Transformer& model,
@@ -154,6 +158,7 @@ class GradSync : public model::BlockGradSink {
   // ZeRO-2: the reduced share of the block in `slot` added to the part; the slot released.
   void fold_slot(int slot);
   void reduce_outer_regions();
+  void reduce_part_over_ep();
   model::IndexRange part_range_of(int64_t begin, int64_t end) const;  // within grad_part()
   size_t first_bucket_after(int64_t at) const;  // the first bucket ending after element `at`
   // ZeRO-1: how many elements of `bucket` each dp rank's part holds, and where the bucket's
@@ -177,7 +182,9 @@ class GradSync : public model::BlockGradSink {
   };
   std::vector<SlotReduce> slots_;
   std::vector<int> slot_order_;  // slots with a running reduce-scatter, in start order
-  size_t block_reduces_ = 0;     // started in the background since the last reduce_gradients
+  // ZeRO with ep > 1: the non-expert ranges of the part (offsets within it), summed over ep.
+  std::vector<model::IndexRange> shared_in_part_;
+  size_t block_reduces_ = 0;  // started in the background since the last reduce_gradients
   bool overlap_ = false;
   std::vector<GradBucket> buckets_;
   std::vector<model::IndexRange> counted_;

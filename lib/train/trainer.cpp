@@ -50,10 +50,6 @@ void check_parallel(const TrainConfig& config, const model::Transformer& model,
                                 " is not a multiple of data ranks (dp*ep = " + str(data_ranks) +
                                 ") * micro_batch " + str(config.micro_batch) + " = " +
                                 str(int64_t{data_ranks} * config.micro_batch));
-  if (config.zero >= 1 && mesh->ep().size() > 1)
-    throw std::invalid_argument("ZeRO-" + str(config.zero) + " with expert parallel (ep " +
-                                str(mesh->ep().size()) +
-                                ") is not supported: set parallel.zero: 0 or parallel.ep: 1");
   if (parallel.tp_size() != mesh->tp().size() || parallel.ep_size() != mesh->ep().size() ||
       parallel.pp_size() != mesh->pp().size() || parallel.pp_rank() != mesh->pp().rank())
     throw std::invalid_argument(

@@ -9,7 +9,8 @@ tied embedding's exchange beside the overlapped reduce-scatters and parameter ga
 two with ZeRO-2 (a reduce-scatter per block and micro-batch, no whole gradient buffer), tp2 x pp2,
 dp2 x tp2 x pp2 (8 ranks), a MoE model with ep2, tp2 (tensor-parallel experts) and ep2 x tp2
 (tokens are dropped at capacity: the test checks that dropping really happens, and happens alike),
-and a Llama model with grouped-query attention at tp2. Then the same layout run twice is
+ep2 x dp2 with ZeRO-2 (each ep rank's part holds its own experts), and a Llama model with
+grouped-query attention at tp2. Then the same layout run twice is
 bit-identical (losses, and the checkpoint's bytes of every tensor).
 
 The layouts above use powers of two throughout, so gradient buckets, ZeRO-1 parts, tp shards and
@@ -37,6 +38,7 @@ LAYOUTS = [
     ("moe", "ep2"),
     ("moe", "tp2"),
     ("moe", "ep2-tp2"),
+    ("moe", "ep2-dp2-zero2"),
     ("llama", "tp2"),
 ]
 REPEAT = ("gpt", "tp2-pp2")

@@ -185,6 +185,8 @@ TEST_CASE("memory model matches the engine on every dp rank's ZeRO-2 gradients")
   check_every_rank(recipe_for(kDense[1]), layout(1, 2, 2, 1, kDense[1], 2));  // per stage
   check_every_rank(recipe_for(kDense[2]), layout(2, 1, 2, 1, kDense[2], 2));  // tp shards
   check_every_rank(recipe_for(kDense[0]), layout(1, 1, 1, 1, kDense[0], 2));  // one rank
+  for (const int zero : {1, 2})  // ep2 x dp2: each ep rank partitions its own experts
+    check_every_rank(recipe_for(kMoe[0]), layout(1, 1, 2, 2, kMoe[0], zero));
   recipe::Recipe deep = recipe_for(kDense[0]);
   deep.model.layers = 16;
   const topology::ClusterSpec machine = planner::cpu_machine();

@@ -264,11 +264,6 @@ const std::vector<BadCase> kBadCases = {
      {},
      {"3:38: moe.expert_ffn_hidden % parallel.tp == 0 fails: 101 % 2 = 1 (each expert MLP is split "
       "over the tensor-parallel ranks)"}},
-    {"zero 1 with ep",
-     kOk + "moe: {experts: 4}\nparallel: {ep: 2, zero: 1}\ntraining: {global_batch: 16}\n",
-     {},
-     {"4:25: parallel.zero: 1 with parallel.ep = 2 is not supported yet (expert weights would "
-      "need their own optimizer partition); use parallel.zero: 0 or parallel.ep: 1"}},
     {"experts % ep",
      kOk + "moe: {experts: 6}\nparallel: {ep: 4, dp: 1}\ntraining: {global_batch: 16}\n",
      {},

@@ -383,6 +383,23 @@ TEST_CASE("overlap: ZeRO-2 dp2 x pp2 with tied embeddings and a slow device is b
   check_gathered_during_forward(on);
 }
 
+// ZeRO with expert parallelism: every bucket or block reduce-scattered over dp in the background,
+// then the part's non-expert elements all-reduced over ep.
+TEST_CASE("overlap: ZeRO-1 and ZeRO-2 on a dp2 x ep2 MoE are bit-identical", "[train][overlap]") {
+  for (const int zero : {1, 2}) {
+    INFO("ZeRO-" << zero);
+    Setup s;
+    s.layout.dp = 2;
+    s.layout.ep = 2;
+    s.model = small_moe();
+    s.global_batch = 16;  // 2 micro-batches of 2 per data rank (dp * ep = 4)
+    s.zero = zero;
+    const std::vector<RankResult> on = compare_overlap(s);
+    check_overlapped(on, zero == 2 ? 4 * 2 : 2);  // ZeRO-2: 4 blocks x 2 micro-batches
+    check_gathered_during_forward(on);
+  }
+}
+
 TEST_CASE("overlap without the mesh's background groups falls back to reducing after backward",
           "[train][overlap]") {
   const comm_test::TempDir temp;

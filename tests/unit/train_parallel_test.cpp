@@ -622,7 +622,7 @@ TEST_CASE("dp2 x pp2 with ZeRO-1 trains like one rank", "[train][parallel]") {
   check_matches(run_job(layout_setup(1, 2, 2, 1)), reference_run());
 }
 
-TEST_CASE("a MoE model with ep2 (and with dp2) trains like one rank, expert metrics included",
+TEST_CASE("a MoE model with ep2, dp2 and ep2 x dp2 (ZeRO 0, 1, 2) trains like one rank",
           "[train][parallel][moe]") {
   Setup one;
   one.use_mesh = false;
@@ -646,39 +646,17 @@ TEST_CASE("a MoE model with ep2 (and with dp2) trains like one rank, expert metr
   check_matches(run_job(dp2), reference);
   dp2.zero = 2;  // ZeRO-2: the stacked experts' gradients are block slots too
   check_matches(run_job(dp2), reference);
-}
-
-TEST_CASE("ZeRO-1 with expert parallel is refused with what to change", "[train][parallel]") {
-  const comm_test::TempDir temp;
-  std::filesystem::create_directories(temp.path + "/store");
-  const auto status = comm_test::run_ranks(2, [&](int rank) {
-    comm::FileStore base(temp.path + "/store");
-    comm::PrefixStore store = comm::job_store(base, "refuse_zero", 0);
-    comm::Layout layout;
-    layout.ep = 2;
-    comm::Mesh mesh = comm::Mesh::create(store, 2, rank, layout);
-    auto backend = backend::make_cpu_backend();
-    const data::SyntheticSource source(11, 32, 1 << 14);
-    data::Sampler sampler(source, 16, 3, true, 32);
-    Setup s;
-    s.model.moe.experts = 4;
-    train::TrainConfig tc = train_config(s);
-    tc.zero = 1;
-    model::ModelParallel parallel;
-    parallel.ep = &mesh.ep();
-    model::Transformer m(s.model, *backend, tc.micro_batch, parallel);
-    try {
-      train::Trainer trainer(tc, m, *backend, sampler, nullptr, &mesh);
-    } catch (const std::invalid_argument& e) {
-      const std::string what = e.what();
-      comm_test::expect(what.find("ZeRO-1 with expert parallel (ep 2)") != std::string::npos &&
-                            what.find("parallel.zero: 0") != std::string::npos,
-                        "message: " + what);
-      return 0;
-    }
-    return 1;
-  });
-  CHECK(status == std::vector<int>{0, 0});
+  // ZeRO with expert parallelism: parts over dp, each ep rank's holding its own experts; the
+  // non-expert elements summed over ep on the part.
+  Setup ep2_dp2 = one;
+  ep2_dp2.use_mesh = true;
+  ep2_dp2.layout.ep = 2;
+  ep2_dp2.layout.dp = 2;
+  for (const int zero : {1, 2}) {
+    INFO("ep2 x dp2 ZeRO-" << zero);
+    ep2_dp2.zero = zero;
+    check_matches(run_job(ep2_dp2), reference);
+  }
 }
 
 // ---- sizes that are not powers of two ----

@@ -381,6 +381,7 @@ TEST_CASE("a checkpoint saved on any layout loads bit-identically into any other
       {2, 2, 1, 1, false},  // ep2 x tp2
       {1, 1, 4, 1, true},   // dp4 zero1: parts of unequal size
       {2, 1, 2, 2, true},   // dp2 x tp2 x pp2 zero1
+      {1, 2, 2, 1, true},   // ep2 x dp2 zero1: each ep rank's part holds its own experts
   };
   const auto single = model::build_param_table(config);
   for (const LayoutCase& from : layouts) {

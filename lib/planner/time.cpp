@@ -152,18 +152,24 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   auto gather = [&](double elements, int group) {
     return lay.zero ? ring_seconds(elements * z.storage, group, dp_link, 1.0) : 0.0;
   };
-  double reduce_s = reduce(shared_bytes, lay.dp * lay.ep) + reduce(expert_bytes, lay.dp);
+  // ZeRO shards over dp only: with ep > 1 everything is reduce-scattered over dp and the part's
+  // non-expert share all-reduced over ep (after the wait, exposed); the gather is over dp.
+  const int shared_group = lay.zero ? lay.dp : lay.dp * lay.ep;
+  double reduce_s = reduce(shared_bytes, shared_group) + reduce(expert_bytes, lay.dp);
+  const double ep_part_s = lay.zero && lay.ep > 1
+                               ? ring_seconds(shared_bytes / lay.dp * z.grad, lay.ep, ep_link, 2.0)
+                               : 0.0;
   // ZeRO-2 reduce-scatters each micro-batch's block gradients as its backward ends; the embedding,
   // final norm and head (kept whole) once per step.
   double reduce_hidden_by = 2.0 * (worst_compute / passes);
   if (lay.zero >= 2 && lay.dp > 1) {
     const double outer = static_cast<double>(s.embedding + s.final_norm + s.head) * per_gpu;
-    const double outer_s = reduce(outer, lay.dp * lay.ep);
+    const double outer_s = reduce(outer, shared_group);
     reduce_s = outer_s + m * std::max(0.0, reduce_s - outer_s);
     reduce_hidden_by *= m;  // each micro-batch's reduce-scatters behind its own backward
   }
-  const double gather_s = gather(shared_bytes, lay.dp * lay.ep) + gather(expert_bytes, lay.dp);
-  t.dp_comm_s = reduce_s + gather_s;
+  const double gather_s = gather(shared_bytes, shared_group) + gather(expert_bytes, lay.dp);
+  t.dp_comm_s = reduce_s + gather_s + ep_part_s;
   // With parallel.overlap_grad_sync the bucketed reduction (all-reduce, or ZeRO-1's
   // reduce-scatter) starts as the last micro-batch's backward produces gradients, so it hides
   // behind that backward (2 of the `passes` forward-equivalents of one stage time), and ZeRO-1's
@@ -171,9 +177,9 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   // them): that forward waits for each bucket only as it reaches it.
   const double one_pass = worst_compute / passes;
   const bool overlapped = r.parallel.overlap_grad_sync;
-  t.dp_exposed_s =
-      overlapped ? std::max(0.0, reduce_s - reduce_hidden_by) + std::max(0.0, gather_s - one_pass)
-                 : reduce_s + gather_s;
+  t.dp_exposed_s = ep_part_s + (overlapped ? std::max(0.0, reduce_s - reduce_hidden_by) +
+                                                 std::max(0.0, gather_s - one_pass)
+                                           : reduce_s + gather_s);
 
   t.step_s = m * worst_stage + t.bubble_s + t.dp_exposed_s;
   const double tokens = static_cast<double>(r.training.global_batch) * s.T;

@@ -322,6 +322,23 @@ Elements run_job(const comm::Layout& layout, int zero, const std::string& dir,
   return merge_dumps(dir, layout.world_size());
 }
 
+// Every element of `saved` is in `loaded` with the same bits (and nothing else is).
+void check_same_elements(const Elements& saved, const Elements& loaded) {
+  CHECK(loaded.size() == saved.size());
+  for (const auto& [name, values] : saved) {
+    INFO(name);
+    REQUIRE(loaded.count(name));
+    CHECK(loaded.at(name).size() == values.size());
+    size_t differ = 0;
+    for (const auto& [index, value] : values) {
+      const auto it = loaded.at(name).find(index);
+      if (it == loaded.at(name).end() || std::memcmp(&it->second, &value, sizeof value) != 0)
+        ++differ;
+    }
+    CHECK(differ == 0);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("param_boxes maps local rows through the pieces to global boxes", "[train]") {
@@ -435,20 +452,7 @@ TEST_CASE("a job saved at dp2 x tp2 with ZeRO-1 resumes bit-identically at pp2 a
 
   comm::Layout pp2;
   pp2.pp = 2;
-  const Elements at_pp2 = run_job(pp2, 0, tmp.path, "load", false, step_dir);
-  CHECK(at_pp2.size() == saved.size());
-  for (const auto& [name, values] : saved) {
-    INFO(name);
-    REQUIRE(at_pp2.count(name));
-    CHECK(at_pp2.at(name).size() == values.size());
-    size_t differ = 0;
-    for (const auto& [index, value] : values) {
-      const auto it = at_pp2.at(name).find(index);
-      if (it == at_pp2.at(name).end() || std::memcmp(&it->second, &value, sizeof value) != 0)
-        ++differ;
-    }
-    CHECK(differ == 0);
-  }
+  check_same_elements(saved, run_job(pp2, 0, tmp.path, "load", false, step_dir));
 
   // One rank, no mesh.
   auto be = backend::make_cpu_backend();
@@ -476,27 +480,6 @@ TEST_CASE("a job saved at dp2 x tp2 with ZeRO-1 resumes bit-identically at pp2 a
   }
   CHECK(compared == static_cast<size_t>(3 * m.params().values().numel()));
 }
-
-namespace {
-
-// Every element of `saved` is in `loaded` with the same bits (and nothing else is).
-void check_same_elements(const Elements& saved, const Elements& loaded) {
-  CHECK(loaded.size() == saved.size());
-  for (const auto& [name, values] : saved) {
-    INFO(name);
-    REQUIRE(loaded.count(name));
-    CHECK(loaded.at(name).size() == values.size());
-    size_t differ = 0;
-    for (const auto& [index, value] : values) {
-      const auto it = loaded.at(name).find(index);
-      if (it == loaded.at(name).end() || std::memcmp(&it->second, &value, sizeof value) != 0)
-        ++differ;
-    }
-    CHECK(differ == 0);
-  }
-}
-
-}  // namespace
 
 // ZeRO-2's checkpoints are layout-free like the others: the optimizer part is saved as ZeRO-1's
 // (gradients are never saved), so a dp2 ZeRO-2 job resumes at dp4 with ZeRO-1 and at pp2 without

@@ -76,39 +76,37 @@ void Transformer::Impl::build_block(size_t index) {
   Block& b = blocks[index];
   b = Block{};
   b.layer = i;
-  {
-    const std::string l = "layers." + std::to_string(i);
-    b.ln1 = norm(l + ".attn_norm");
-    b.ln2 = norm(l + ".mlp_norm");
-    b.attn = Attention{linear(l + ".attn.qkv"), linear(l + ".attn.proj"),
-                       cfg.heads / tps,         cfg.kv_heads / tps,
-                       cfg.head_dim(),          cfg.position == PositionKind::rope,
-                       cfg.rope_theta,          &tp};
-    if (cfg.is_moe_layer(i)) {
-      Moe moe;
-      moe.router = Linear{param(l + ".moe.router.weight"), Param{}};
-      const Linear fc1 = linear(l + ".moe.fc1"), fc2 = linear(l + ".moe.fc2");
-      const int64_t local_experts = fc1.weight.value.shape[0];
-      for (int64_t e = 0; e < local_experts; ++e) {
-        // Under tp the fc2 bias is added by the Moe after the reduce over tp, not by the expert.
-        const Param fc2_bias = expert_slice(fc2.bias, e);
-        moe.experts.push_back(
-            Mlp{Linear{expert_slice(fc1.weight, e), expert_slice(fc1.bias, e), cfg.fp8, &tp},
-                Linear{expert_slice(fc2.weight, e), tp_on() ? Param{} : fc2_bias, cfg.fp8, &tp},
-                cfg.activation, nullptr});
-        moe.fc2_bias.push_back(fc2_bias);
-      }
-      moe.total_experts = cfg.moe.experts;
-      moe.top_k = cfg.moe.top_k;
-      moe.capacity_factor = cfg.moe.capacity_factor;
-      moe.aux_loss_coef = cfg.moe.aux_loss_coef;
-      moe.z_loss_coef = cfg.moe.z_loss_coef;
-      moe.tp = &tp;
-      moe.ep = par.ep && par.ep->size() > 1 ? par.ep : nullptr;
-      b.moe = std::move(moe);
-    } else {
-      b.mlp = Mlp{linear(l + ".mlp.fc1"), linear(l + ".mlp.fc2"), cfg.activation, &tp};
+  const std::string l = "layers." + std::to_string(i);
+  b.ln1 = norm(l + ".attn_norm");
+  b.ln2 = norm(l + ".mlp_norm");
+  b.attn = Attention{linear(l + ".attn.qkv"), linear(l + ".attn.proj"),
+                     cfg.heads / tps,         cfg.kv_heads / tps,
+                     cfg.head_dim(),          cfg.position == PositionKind::rope,
+                     cfg.rope_theta,          &tp};
+  if (cfg.is_moe_layer(i)) {
+    Moe moe;
+    moe.router = Linear{param(l + ".moe.router.weight"), Param{}};
+    const Linear fc1 = linear(l + ".moe.fc1"), fc2 = linear(l + ".moe.fc2");
+    const int64_t local_experts = fc1.weight.value.shape[0];
+    for (int64_t e = 0; e < local_experts; ++e) {
+      // Under tp the fc2 bias is added by the Moe after the reduce over tp, not by the expert.
+      const Param fc2_bias = expert_slice(fc2.bias, e);
+      moe.experts.push_back(
+          Mlp{Linear{expert_slice(fc1.weight, e), expert_slice(fc1.bias, e), cfg.fp8, &tp},
+              Linear{expert_slice(fc2.weight, e), tp_on() ? Param{} : fc2_bias, cfg.fp8, &tp},
+              cfg.activation, nullptr});
+      moe.fc2_bias.push_back(fc2_bias);
     }
+    moe.total_experts = cfg.moe.experts;
+    moe.top_k = cfg.moe.top_k;
+    moe.capacity_factor = cfg.moe.capacity_factor;
+    moe.aux_loss_coef = cfg.moe.aux_loss_coef;
+    moe.z_loss_coef = cfg.moe.z_loss_coef;
+    moe.tp = &tp;
+    moe.ep = par.ep && par.ep->size() > 1 ? par.ep : nullptr;
+    b.moe = std::move(moe);
+  } else {
+    b.mlp = Mlp{linear(l + ".mlp.fc1"), linear(l + ".mlp.fc2"), cfg.activation, &tp};
   }
 }
 

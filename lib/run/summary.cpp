@@ -79,7 +79,7 @@ telemetry::MemoryReport memory_report(RunContext& run) {
   return memory;
 }
 
-std::optional<telemetry::MemoryReport> planned_memory(RunContext& run) {
+telemetry::MemoryReport planned_memory(RunContext& run) {
   const recipe::Recipe& r = run.recipe();
   planner::Variant layout;
   static_cast<Layout&>(layout) = r.parallel;
@@ -88,21 +88,17 @@ std::optional<telemetry::MemoryReport> planned_memory(RunContext& run) {
   // CUDA context's overhead on a GPU).
   topology::ClusterSpec cluster = planner::cpu_machine();
   if (run.on_cuda()) cluster.gpus_per_node = std::max(1, run.local_world_size());
-  try {
-    const planner::MemoryEstimate m =
-        planner::estimate_rank_memory(r, cluster, layout, run.model().parallel().at);
-    auto bytes = [](double b) { return static_cast<uint64_t>(std::llround(b)); };
-    telemetry::MemoryReport planned;
-    planned.params = bytes(m.params);
-    planned.grads = bytes(m.grads);
-    planned.optimizer = bytes(m.optimizer);
-    planned.activations = bytes(m.activations);
-    planned.comm = bytes(m.comm_buffers);
-    planned.other = bytes(m.overhead);
-    return planned;
-  } catch (const std::exception&) {
-    return std::nullopt;  // a layout the planner does not model: the table without the column
-  }
+  const planner::MemoryEstimate m =
+      planner::estimate_rank_memory(r, cluster, layout, run.model().parallel().at);
+  auto bytes = [](double b) { return static_cast<uint64_t>(std::llround(b)); };
+  telemetry::MemoryReport planned;
+  planned.params = bytes(m.params);
+  planned.grads = bytes(m.grads);
+  planned.optimizer = bytes(m.optimizer);
+  planned.activations = bytes(m.activations);
+  planned.comm = bytes(m.comm_buffers);
+  planned.other = bytes(m.overhead);
+  return planned;
 }
 
 void write_summary(const SessionInput& input, RunContext& run, StepReporter& report,
@@ -111,25 +107,24 @@ void write_summary(const SessionInput& input, RunContext& run, StepReporter& rep
   const StepTotals& totals = report.totals();
   const train::StepMetrics& last = totals.last;
   const telemetry::MemoryReport memory = memory_report(run);
-  const std::optional<telemetry::MemoryReport> planned = planned_memory(run);
+  const telemetry::MemoryReport planned = planned_memory(run);
   const int64_t start_step = run.start_step();
   const double tokens_per_s = static_cast<double>(int64_t{r.training.global_batch} *
                                                   r.model.seq_len * (last.step - start_step)) /
                               seconds;
   const std::string fingerprint = weights_fingerprint(run);
   if (run.leader()) {
-    nlohmann::json summary{
-        {"steps", last.step},
-        {"final_loss", last.loss},
-        {"tokens", last.tokens},
-        {"seconds", seconds},
-        {"tokens_per_s", tokens_per_s},
-        {"skipped_steps", totals.skipped},
-        {"resumed_from_step", start_step},
-        {"weights_fingerprint", fingerprint},
-        {"memory_bytes", memory.to_json()},
-        {"memory_planned_bytes", planned ? planned->to_json() : nlohmann::json(nullptr)},
-        {"forward_flops_per_token", run.model().forward_flops_per_token()}};
+    nlohmann::json summary{{"steps", last.step},
+                           {"final_loss", last.loss},
+                           {"tokens", last.tokens},
+                           {"seconds", seconds},
+                           {"tokens_per_s", tokens_per_s},
+                           {"skipped_steps", totals.skipped},
+                           {"resumed_from_step", start_step},
+                           {"weights_fingerprint", fingerprint},
+                           {"memory_bytes", memory.to_json()},
+                           {"memory_planned_bytes", planned.to_json()},
+                           {"forward_flops_per_token", run.model().forward_flops_per_token()}};
     if (run.multi()) summary["layout"] = layout_json(r);
     if (totals.last_val) summary["final_val_loss"] = *totals.last_val;
     files::write_file_atomically(input.run_dir / "summary.json", summary.dump(2) + "\n");
@@ -141,9 +136,8 @@ void write_summary(const SessionInput& input, RunContext& run, StepReporter& rep
       telemetry::format_count(static_cast<uint64_t>(tokens_per_s)), fingerprint));
   report.say(std::string(run.multi() ? "peak memory of this rank by category"
                                      : "peak memory by category") +
-             (planned ? " (planned: trainctl plan's memory model of this rank):\n" +
-                            memory.to_string(*planned)
-                      : std::string(":\n") + memory.to_string()));
+             " (planned: trainctl plan's memory model of this rank):\n" +
+             memory.to_string(planned));
 }
 
 }  // namespace trainctl::run

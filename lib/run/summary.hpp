@@ -30,8 +30,8 @@ std::string weights_fingerprint(RunContext& run);
 // its activation arena, planned up front, so the peak from the first step on.
 telemetry::MemoryReport memory_report(RunContext& run);
 // What `trainctl plan`'s memory model predicts for this rank of this layout (planner::
-// estimate_rank_memory), in the same categories; nullopt when the planner cannot model it.
-std::optional<telemetry::MemoryReport> planned_memory(RunContext& run);
+// estimate_rank_memory), in the same categories.
+telemetry::MemoryReport planned_memory(RunContext& run);
 
 // What a finished run reports: summary.json (rank 0, atomically), the "done: ..." line and the
 // memory by category, through `report`. `seconds` is the training time.

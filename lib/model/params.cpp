@@ -318,11 +318,20 @@ void ParamStore::plan_block_units() {
   bound_slot_.assign(blocks_.size(), -1);
 }
 
+size_t ParamStore::block_index(int layer) const {
+  const int64_t index = blocks_.empty() ? -1 : int64_t{layer} - blocks_.front().layer;
+  if (index < 0 || index >= static_cast<int64_t>(blocks_.size()))
+    throw std::out_of_range("ParamStore: no block of layer " + std::to_string(layer) +
+                            " (sharded gradients: blocks of this stage only)");
+  return static_cast<size_t>(index);
+}
+
 const BlockUnit& ParamStore::block_unit(int layer) const {
-  for (const BlockUnit& unit : blocks_)
-    if (unit.layer == layer) return unit;
-  throw std::out_of_range("ParamStore: no block of layer " + std::to_string(layer) +
-                          " (sharded gradients: blocks of this stage only)");
+  return blocks_[block_index(layer)];
+}
+
+std::array<IndexRange, 2> ParamStore::outer_regions() const {
+  return {IndexRange{0, front_end_}, IndexRange{back_begin_, table_.numel()}};
 }
 
 Tensor ParamStore::grad_part() const {
@@ -345,13 +354,15 @@ Tensor ParamStore::unreduced_grads(int64_t begin, int64_t end) const {
   if (begin >= back_begin_)
     return back_grads_.view(grad_dtype(), {table_.numel() - back_begin_})
         .rows(begin - back_begin_, end - begin);
-  for (size_t b = 0; b < blocks_.size(); ++b) {
-    const BlockUnit& unit = blocks_[b];
-    if (begin < unit.begin || end > unit.end) continue;
-    if (bound_slot_[b] < 0)
-      throw std::logic_error("ParamStore: the gradients of layer " + std::to_string(unit.layer) +
+  // The block holding `begin`: blocks are sorted and back to back.
+  const auto it = std::upper_bound(blocks_.begin(), blocks_.end(), begin,
+                                   [](int64_t at, const BlockUnit& unit) { return at < unit.end; });
+  if (it != blocks_.end() && it->begin <= begin && end <= it->end) {
+    const int slot = bound_slot_[static_cast<size_t>(it - blocks_.begin())];
+    if (slot < 0)
+      throw std::logic_error("ParamStore: the gradients of layer " + std::to_string(it->layer) +
                              " are not bound to a slot (only during its backward)");
-    return slot_grads(bound_slot_[b], unit).rows(begin - unit.begin, end - begin);
+    return slot_grads(slot, *it).rows(begin - it->begin, end - begin);
   }
   throw std::out_of_range("ParamStore: gradient range [" + std::to_string(begin) + ", " +
                           std::to_string(end) + ") spans more than one block or region");
@@ -369,14 +380,14 @@ Tensor ParamStore::bind_block_grads(int layer, int slot) {
     throw std::out_of_range("ParamStore: gradient slot " + std::to_string(slot));
   for (size_t b = 0; b < blocks_.size(); ++b)
     if (bound_slot_[b] == slot) bound_slot_[b] = -1;  // a slot holds one block
-  bound_slot_[static_cast<size_t>(&unit - blocks_.data())] = slot;
+  bound_slot_[block_index(layer)] = slot;
   const Tensor grads = slot_grads(slot, unit);
   backend_.fill(grads, 0.0);
   return grads;
 }
 
 void ParamStore::release_block_grads(int layer) {
-  bound_slot_[static_cast<size_t>(&block_unit(layer) - blocks_.data())] = -1;
+  bound_slot_[block_index(layer)] = -1;
 }
 
 void ParamStore::fold_block_grads(int layer) {
@@ -397,19 +408,17 @@ void ParamStore::fold_outer_grads() {
         "ParamStore::fold_outer_grads: the optimizer part does not cover the whole buffer: "
         "reduce the outer regions over the data-parallel ranks instead");
   const Tensor part = grad_part();
-  if (front_end_ > 0) backend_.accumulate(part.rows(0, front_end_), unreduced_grads(0, front_end_));
-  if (back_begin_ < table_.numel())
-    backend_.accumulate(part.rows(back_begin_, table_.numel() - back_begin_),
-                        unreduced_grads(back_begin_, table_.numel()));
+  for (const IndexRange& region : outer_regions())
+    if (region.size() > 0)
+      backend_.accumulate(part.rows(region.begin, region.size()),
+                          unreduced_grads(region.begin, region.end));
 }
 
 Tensor ParamStore::grad_of(const ParamSpec& spec) const {
   if (!shard_grads_) return slice(grads(), spec);
   const int64_t end = spec.offset + spec.shape.numel();
-  if (spec.layer >= 0) {
-    const size_t b = static_cast<size_t>(&block_unit(spec.layer) - blocks_.data());
-    if (bound_slot_[b] < 0) return {};  // not during this block's backward: no gradient
-  }
+  if (spec.layer >= 0 && bound_slot_[block_index(spec.layer)] < 0)
+    return {};  // not during this block's backward: no gradient
   Tensor t = unreduced_grads(spec.offset, end);
   t.shape = spec.shape;
   return t;

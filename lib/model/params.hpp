@@ -7,6 +7,7 @@
 // Code that needs to know what a tensor is reads its typed `layer` and `role`, never its name.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -178,6 +179,9 @@ class ParamStore {
   // Sharded gradients only. The blocks of this stage in buffer order, and the one of `layer`.
   const std::vector<BlockUnit>& block_units() const { return blocks_; }
   const BlockUnit& block_unit(int layer) const;
+  // The outer regions: [0, first block) (the embedding) and [after the last block, numel) (the
+  // final norm and head); either may be empty.
+  std::array<IndexRange, 2> outer_regions() const;
   // The slot the next block's backward takes (they take turns).
   int next_grad_slot();
   // Binds `layer`'s gradients to `slot`, zeroed: param() of its parameters returns grads there
@@ -207,6 +211,7 @@ class ParamStore {
 
  private:
   void plan_block_units();
+  size_t block_index(int layer) const;  // of `layer` in blocks_ (consecutive layers)
   Tensor slot_grads(int slot, const BlockUnit& unit) const;
   Tensor grad_of(const ParamSpec& spec) const;
 

@@ -120,13 +120,10 @@ GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Tra
   counted_ = norm_ranges(params.table(), owner);
   if (zero_ && mesh.ep().size() > 1) {
     // ZeRO with expert parallelism: the non-expert elements of the part, within the part.
-    const int64_t first = params.optimizer_begin(), last = params.optimizer_end();
-    for (const ParamSpec* spec : in_buffer_order(params.table())) {
-      if (spec->expert) continue;
-      const int64_t begin = std::clamp(spec->offset, first, last);
-      const int64_t end = std::clamp(spec->offset + spec->shape.numel(), first, last);
-      model::append_joined(shared_in_part_, IndexRange{begin - first, end - first});
-    }
+    for (const ParamSpec* spec : in_buffer_order(params.table()))
+      if (!spec->expert)
+        model::append_joined(shared_in_part_,
+                             part_range_of(spec->offset, spec->offset + spec->shape.numel()));
   }
   const model::ModelParallel& parallel = model.parallel();
   int64_t tied_elements = 0;
@@ -233,9 +230,7 @@ std::vector<size_t> GradSync::zero_shares(const GradBucket& b) const {
 }
 
 int64_t GradSync::zero_offset(const GradBucket& b) const {
-  const model::ParamStore& params = model_.params();
-  return std::clamp(b.begin, params.optimizer_begin(), params.optimizer_end()) -
-         params.optimizer_begin();
+  return part_range_of(b.begin, b.end).begin;
 }
 
 void GradSync::timed(const std::function<void()>& wait) {
@@ -432,17 +427,13 @@ void GradSync::fold_slot(int slot) {
 // whole for the step, reduce-scattered once into the part, whose elements there are still zero.
 void GradSync::reduce_outer_regions() {
   model::ParamStore& params = model_.params();
-  const std::vector<model::BlockUnit>& blocks = params.block_units();
-  const int64_t total = params.table().numel();
-  const int64_t front_end = blocks.empty() ? total : blocks.front().begin;
-  const int64_t back_begin = blocks.empty() ? total : blocks.back().end;
   const Tensor part = params.grad_part();
   comm::Communicator& dp = mesh_.dp();
   if (dp.size() < 2) {  // the part is the whole buffer
     params.fold_outer_grads();
     return;
   }
-  for (const IndexRange region : {IndexRange{0, front_end}, IndexRange{back_begin, total}}) {
+  for (const IndexRange& region : params.outer_regions()) {
     if (region.size() <= 0) continue;
     const Tensor input = params.unreduced_grads(region.begin, region.end);
     const IndexRange mine = part_range_of(region.begin, region.end);

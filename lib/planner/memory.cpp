@@ -224,13 +224,41 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
     elements += x.numel;
   if (s.tied && lay.pp > 1 && (st.first || st.last)) tied_elements = s.V / lay.tp * s.C;
   m.params = static_cast<double>(elements) * z.storage;
-  m.grads = static_cast<double>(elements) * z.grad;
-  int64_t part = elements;
-  // ZeRO-2: the largest share of one block the rank receives (each gradient slot holds one), and
-  // of an outer region (embedding before the blocks, final norm and head after them).
-  int64_t block_share = 0, outer_share = 0;
-  const bool zero2 = lay.zero >= 2, cpu = cluster.gpus_per_node == 0;
-  if (lay.zero && lay.dp > 1) {
+  int64_t block_elements = 0, largest_block = 0;
+  for (const auto& [begin, end] : blocks) {
+    block_elements += end - begin;
+    largest_block = std::max(largest_block, end - begin);
+  }
+  const bool zero = lay.zero && lay.dp > 1, zero2 = lay.zero >= 2, cpu = cluster.gpus_per_node == 0;
+  // What depends on the rank's dp coordinate: its part `p` of the ZeRO partition and, for
+  // ZeRO-2, the largest share `b` of one block and `o` of an outer region (embedding before the
+  // blocks, final norm and head after them) that falls in that part.
+  struct Sharded {
+    double optimizer = 0, grads = 0, comm = 0;
+  };
+  auto sharded = [&](int64_t p, int64_t b, int64_t o) {
+    Sharded x;
+    x.optimizer = static_cast<double>(p) * (z.master + 2 * z.moment);
+    // ParamStore's sharded gradients (ZeRO-2): the reduced part, the embedding, final norm and
+    // head whole, and kGradSlots slots of the largest block; else the whole buffer.
+    x.grads = static_cast<double>(
+                  zero2 ? p + (elements - block_elements) + kGradSlots * largest_block : elements) *
+              z.grad;
+    if (zero) {
+      // GradSync's buffer of the part it reduces into and gathers from, and with ZeRO-2 one
+      // received block share per gradient slot.
+      x.comm = static_cast<double>(p + (zero2 ? kGradSlots * b : 0)) * z.grad;
+      // Gloo has no reduce-scatter: ours receives every rank's copy of its share and sums
+      // locally (NCCL reduces in place). ZeRO-1: the part (an upper bound with
+      // overlap_grad_sync, whose reduce-scatters receive one bucket's share at a time); ZeRO-2:
+      // a block at a time (on the background group with overlap) and the outer regions after
+      // backward (on dp).
+      if (cpu) x.comm += static_cast<double>(zero2 ? b + o : p) * lay.dp * z.grad;
+    }
+    return x;
+  };
+  Sharded mine = sharded(elements, 0, 0);
+  if (zero) {
     const std::vector<int64_t> bounds = model::zero_partition(tensors, lay.dp);
     const std::vector<size_t> parts = model::zero_shares(bounds, 0, elements);
     std::vector<int64_t> block_shares(static_cast<size_t>(lay.dp)), outer_shares(block_shares);
@@ -247,40 +275,20 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
       largest_share(begin, end, block_shares);
     largest_share(0, blocks.empty() ? elements : blocks.front().first, outer_shares);
     largest_share(blocks.empty() ? elements : blocks.back().second, elements, outer_shares);
-    // The dp ranks of a stage differ only in these three shares: the rank asked for, or the one
-    // whose bytes (optimizer, ZeRO-2 part, GradSync's buffers, Gloo's staging below) add up most.
-    int rank = zero_rank;
-    if (rank < 0) {
-      double most = -1;
-      for (int k = 0; k < lay.dp; ++k) {
-        const double p = static_cast<double>(parts[static_cast<size_t>(k)]);
-        const double b = static_cast<double>(block_shares[static_cast<size_t>(k)]);
-        const double o = static_cast<double>(outer_shares[static_cast<size_t>(k)]);
-        double bytes = p * (z.master + 2 * z.moment + z.grad);
-        if (zero2) bytes += p * z.grad + kGradSlots * b * z.grad;
-        if (cpu) bytes += (zero2 ? b + o : p) * lay.dp * z.grad;
-        if (bytes > most) {
-          most = bytes;
-          rank = k;
-        }
+    // The rank asked for, or the one whose rank-dependent bytes add up most.
+    double most = -1;
+    for (int k = 0; k < lay.dp; ++k) {
+      if (zero_rank >= 0 && k != zero_rank) continue;
+      const size_t i = static_cast<size_t>(k);
+      const Sharded x = sharded(static_cast<int64_t>(parts[i]), block_shares[i], outer_shares[i]);
+      if (x.optimizer + x.grads + x.comm > most) {
+        most = x.optimizer + x.grads + x.comm;
+        mine = x;
       }
     }
-    part = static_cast<int64_t>(parts[static_cast<size_t>(rank)]);
-    block_share = block_shares[static_cast<size_t>(rank)];
-    outer_share = outer_shares[static_cast<size_t>(rank)];
   }
-  m.optimizer = static_cast<double>(part) * (z.master + 2 * z.moment);
-  if (zero2) {
-    // ParamStore's sharded gradients: the reduced part, the embedding, final norm and head whole
-    // (before the first and after the last block), and kGradSlots slots of the largest block.
-    int64_t block_elements = 0, largest = 0;
-    for (const auto& [begin, end] : blocks) {
-      block_elements += end - begin;
-      largest = std::max(largest, end - begin);
-    }
-    m.grads =
-        static_cast<double>(part + (elements - block_elements) + kGradSlots * largest) * z.grad;
-  }
+  m.optimizer = mine.optimizer;
+  m.grads = mine.grads;
 
   // ---- activations: activation_slots copies of the kept set, one shared set, the scratch ----
   const int64_t N = int64_t{lay.micro_batch} * s.T;
@@ -310,22 +318,10 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   m.activations = m.activations_kept + shared_peak + stage_scratch(s, z, st, lay, N);
 
   // ---- buffers of the collectives (lib/train GradSync, lib/comm, the vocab-parallel loss) ----
-  // Gradients are all-reduced in place; GradSync keeps a buffer for the ZeRO part it reduces
-  // into and another for the tied embedding's peer gradient (first and last stage): the peer
-  // arrives while background reduce-scatters still write the part.
-  const bool zero = lay.zero && lay.dp > 1;
-  // ZeRO-2 adds a received share of a block per gradient slot.
-  const int64_t grad_scratch =
-      (zero ? part : 0) + tied_elements + (zero && lay.zero >= 2 ? kGradSlots * block_share : 0);
-  m.comm_buffers += static_cast<double>(grad_scratch) * z.grad;
-  // Gloo has no reduce-scatter: ours receives every rank's copy of its part and sums locally
-  // (NCCL reduces in place). An upper bound with overlap_grad_sync, whose reduce-scatters receive
-  // one bucket's share of the part at a time.
-  // ZeRO-2 reduce-scatters a block at a time (on the background group with overlap) and the outer
-  // regions after backward (on dp): the largest share of each, dp copies.
-  if (zero && cpu)
-    m.comm_buffers +=
-        static_cast<double>(zero2 ? block_share + outer_share : part) * lay.dp * z.grad;
+  // Gradients are all-reduced in place; GradSync keeps the ZeRO buffers above and one for the
+  // tied embedding's peer gradient (first and last stage): the peer arrives while background
+  // reduce-scatters still write the part.
+  m.comm_buffers += mine.comm + static_cast<double>(tied_elements) * z.grad;
   // Gloo all-reduces 16-bit tensors through an f32 copy it keeps: over tp the largest is an
   // [N, C] activation or gradient, or on a MoE stage the [E * capacity, C] expert outputs.
   if (cpu && lay.tp > 1 && z.storage == 2) {

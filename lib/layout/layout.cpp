@@ -98,8 +98,8 @@ std::vector<std::string> Layout::problems() const {
     if (this->*a.degree < 1)
       found.push_back(std::string(a.name) + " = " + std::to_string(this->*a.degree) +
                       "; every degree must be at least 1");
-  if (zero < 0 || zero > 2)
-    found.push_back("zero = " + std::to_string(zero) + "; the ZeRO stage must be 0, 1 or 2");
+  if (zero < 0 || zero > 3)
+    found.push_back("zero = " + std::to_string(zero) + "; the ZeRO stage must be 0, 1, 2 or 3");
   if (std::string why = order_problem(order, nullptr); !why.empty()) found.push_back(why);
   return found;
 }

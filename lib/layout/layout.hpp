@@ -33,7 +33,8 @@ struct Layout {
   int dp = 1;    // data parallel: the batch split, gradients summed
   int pp = 1;    // pipeline parallel: the layers split into stages
   int zero = 0;  // 1: optimizer state (master weights, moments) sharded over the dp ranks; 2: and
-                 // the gradients (reduce-scattered per block as backward goes)
+                 // the gradients (reduce-scattered per block as backward goes); 3: and the
+                 // parameters (each block's gathered before its forward and its backward)
   Recompute recompute = Recompute::none;
   std::string order = "tp-ep-dp-pp";  // the rank order, fastest axis first
 

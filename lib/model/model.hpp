@@ -52,6 +52,19 @@ class BlockGradSink {
   virtual void block_done(int layer, int slot) = 0;
 };
 
+// ZeRO-3 (sharded values, params.hpp): where a block's values come from. Before each block's
+// forward and backward the model calls values_wanted(layer, next): on return the block's values
+// are in a value slot of the store bound to it (gathered over the data-parallel ranks), and the
+// source may have started gathering `next` (-1: none), the block the model needs after this one
+// in the same pass, into another slot (prefetch). Without a source the model copies the block out
+// of the part itself (one rank). Runs on the calling thread, in the same order on every rank of
+// the same stage.
+class BlockValueSource {
+ public:
+  virtual ~BlockValueSource() = default;
+  virtual void values_wanted(int layer, int next) = 0;
+};
+
 class Transformer {
  public:
   Transformer(const ModelConfig& config, Backend& backend, int64_t micro_batch,
@@ -92,6 +105,8 @@ class Transformer {
 
   // Sharded gradients: the sink of every block's backward (null: fold on this rank).
   void set_block_grad_sink(BlockGradSink* sink);
+  // Sharded values: the source of every block's values (null: copy from this rank's part).
+  void set_block_value_source(BlockValueSource* source);
 
   // Pipeline boundaries, [micro_batch * seq_len, hidden] tensors in the storage type.
   Tensor stage_input(int slot);   // non-first stage: receive the previous stage's output here

@@ -69,6 +69,8 @@ struct ModelParallel {
   int zero_parts() const { return layout.zero >= 1 ? layout.dp : 1; }
   int zero_rank() const { return layout.zero >= 1 ? at.dp : 0; }
   bool shard_grads() const { return layout.zero >= 2; }
+  // ZeRO-3 keeps the values of that part only; each block's are gathered when it runs.
+  bool shard_values() const { return layout.zero >= 3; }
 };
 
 // The layers of every stage: [first, end) of stage s at index s. Throws std::invalid_argument

@@ -252,8 +252,15 @@ backend::Allocation allocate_at_least_one(Backend& be, size_t bytes) {
 }  // namespace
 
 ParamStore::ParamStore(Backend& be, ParamTable table, DType storage, int zero_parts, int zero_rank,
-                       bool shard_grads)
-    : backend_(be), table_(std::move(table)), storage_(storage), shard_grads_(shard_grads) {
+                       bool shard_grads, bool shard_values)
+    : backend_(be),
+      table_(std::move(table)),
+      storage_(storage),
+      shard_grads_(shard_grads),
+      shard_values_(shard_values) {
+  if (shard_values && !shard_grads)
+    throw std::invalid_argument(
+        "ParamStore: sharded values (ZeRO-3) need sharded gradients (ZeRO-2's block slots)");
   if (!be.capabilities().supports(storage))
     throw std::invalid_argument("backend '" + std::string(be.name()) +
                                 "' cannot store parameters in " +
@@ -266,7 +273,6 @@ ParamStore::ParamStore(Backend& be, ParamTable table, DType storage, int zero_pa
   opt_end_ = bounds[static_cast<size_t>(zero_rank) + 1];
   const size_t n = static_cast<size_t>(table_.numel());
   const size_t part = static_cast<size_t>(opt_end_ - opt_begin_);
-  values_ = be.allocate(n * tensor::dtype_size(storage));
   const size_t grad_size = tensor::dtype_size(grad_dtype());
   if (!shard_grads_) {
     grads_ = be.allocate(n * grad_size);
@@ -276,11 +282,22 @@ ParamStore::ParamStore(Backend& be, ParamTable table, DType storage, int zero_pa
     front_grads_ = allocate_at_least_one(be, static_cast<size_t>(front_end_) * grad_size);
     back_grads_ =
         allocate_at_least_one(be, static_cast<size_t>(table_.numel() - back_begin_) * grad_size);
-    int64_t largest = 0;
-    for (const BlockUnit& unit : blocks_)
-      largest = std::max(largest, unit.numel());
     for (int i = 0; i < kGradSlots; ++i)
-      slots_.push_back(allocate_at_least_one(be, static_cast<size_t>(largest) * grad_size));
+      slots_.push_back(allocate_at_least_one(be, static_cast<size_t>(largest_block()) * grad_size));
+  }
+  const size_t value_size = tensor::dtype_size(storage);
+  if (!shard_values_) {
+    values_ = be.allocate(n * value_size);
+  } else {
+    part_values_ = allocate_at_least_one(be, part * value_size);
+    front_values_ = allocate_at_least_one(be, static_cast<size_t>(front_end_) * value_size);
+    back_values_ =
+        allocate_at_least_one(be, static_cast<size_t>(table_.numel() - back_begin_) * value_size);
+    for (int i = 0; i < kValueSlots; ++i)
+      value_slots_.push_back(
+          allocate_at_least_one(be, static_cast<size_t>(largest_block()) * value_size));
+    value_slot_of_block_.assign(blocks_.size(), -1);
+    block_of_value_slot_.assign(kValueSlots, -1);
   }
   if (needs_master(storage)) master_ = allocate_at_least_one(be, part * sizeof(float));
   m_ = allocate_at_least_one(be, part * tensor::dtype_size(moment_dtype(storage)));
@@ -288,7 +305,85 @@ ParamStore::ParamStore(Backend& be, ParamTable table, DType storage, int zero_pa
 }
 
 Tensor ParamStore::values() const {
+  if (shard_values_) return {};
   return values_.view(storage_, {table_.numel()});
+}
+
+Tensor ParamStore::value_part() const {
+  const int64_t n = opt_end_ - opt_begin_;
+  if (shard_values_) return part_values_.view(storage_, {n});
+  return values().rows(opt_begin_, n);
+}
+
+Tensor ParamStore::outer_values(size_t region) const {
+  if (!shard_values_) throw std::logic_error("ParamStore::outer_values: the values are whole");
+  if (region == 0) return front_values_.view(storage_, {front_end_});
+  if (region == 1) return back_values_.view(storage_, {table_.numel() - back_begin_});
+  throw std::out_of_range("ParamStore::outer_values: region " + std::to_string(region));
+}
+
+int ParamStore::value_slot_of(int layer) const {
+  return value_slot_of_block_.at(block_index(layer));
+}
+
+int ParamStore::claim_value_slot(int layer, int keep) {
+  const size_t block = block_index(layer);
+  int slot = next_value_slot_;
+  if (slot == keep) slot = (slot + 1) % kValueSlots;
+  next_value_slot_ = (slot + 1) % kValueSlots;
+  const int previous = block_of_value_slot_[static_cast<size_t>(slot)];
+  if (previous >= 0) value_slot_of_block_[block_index(previous)] = -1;
+  if (value_slot_of_block_[block] >= 0)
+    block_of_value_slot_[static_cast<size_t>(value_slot_of_block_[block])] = -1;
+  value_slot_of_block_[block] = slot;
+  block_of_value_slot_[static_cast<size_t>(slot)] = layer;
+  return slot;
+}
+
+Tensor ParamStore::value_slot(int slot) const {
+  const int layer = block_of_value_slot_.at(static_cast<size_t>(slot));
+  if (layer < 0)
+    throw std::logic_error("ParamStore: value slot " + std::to_string(slot) + " holds no block");
+  return value_slots_[static_cast<size_t>(slot)].view(storage_, {block_unit(layer).numel()});
+}
+
+void ParamStore::check_part_covers(int64_t begin, int64_t end, const char* what) const {
+  if (opt_begin_ > begin || opt_end_ < end)
+    throw std::logic_error(std::string("ParamStore::") + what + ": the optimizer part [" +
+                           std::to_string(opt_begin_) + ", " + std::to_string(opt_end_) +
+                           ") does not cover [" + std::to_string(begin) + ", " +
+                           std::to_string(end) + "): use the data-parallel ranks' collectives");
+}
+
+void ParamStore::load_block_values(int layer) {
+  if (value_slot_of(layer) >= 0) return;
+  const BlockUnit& unit = block_unit(layer);
+  check_part_covers(unit.begin, unit.end, "load_block_values");
+  const int slot = claim_value_slot(layer);
+  backend_.cast(value_slot(slot), value_part().rows(unit.begin - opt_begin_, unit.numel()));
+}
+
+void ParamStore::release_block_values() {
+  std::fill(value_slot_of_block_.begin(), value_slot_of_block_.end(), -1);
+  std::fill(block_of_value_slot_.begin(), block_of_value_slot_.end(), -1);
+}
+
+void ParamStore::refresh_from_part() {
+  if (!shard_values_) return;
+  check_part_covers(0, table_.numel(), "refresh_from_part");
+  release_block_values();
+  const std::array<IndexRange, 2> regions = outer_regions();
+  for (size_t r = 0; r < regions.size(); ++r)
+    if (regions[r].size() > 0)
+      backend_.cast(outer_values(r),
+                    value_part().rows(regions[r].begin - opt_begin_, regions[r].size()));
+}
+
+int64_t ParamStore::largest_block() const {
+  int64_t largest = 0;
+  for (const BlockUnit& unit : blocks_)
+    largest = std::max(largest, unit.numel());
+  return largest;
 }
 Tensor ParamStore::grads() const {
   if (shard_grads_) return {};
@@ -392,21 +487,14 @@ void ParamStore::release_block_grads(int layer) {
 
 void ParamStore::fold_block_grads(int layer) {
   const BlockUnit& unit = block_unit(layer);
-  if (opt_begin_ > unit.begin || opt_end_ < unit.end)
-    throw std::logic_error("ParamStore::fold_block_grads: the optimizer part [" +
-                           std::to_string(opt_begin_) + ", " + std::to_string(opt_end_) +
-                           ") does not cover layer " + std::to_string(layer) +
-                           ": reduce it over the data-parallel ranks instead");
+  check_part_covers(unit.begin, unit.end, "fold_block_grads");
   backend_.accumulate(grad_part().rows(unit.begin - opt_begin_, unit.numel()),
                       unreduced_grads(unit.begin, unit.end));
   release_block_grads(layer);
 }
 
 void ParamStore::fold_outer_grads() {
-  if (opt_begin_ != 0 || opt_end_ != table_.numel())
-    throw std::logic_error(
-        "ParamStore::fold_outer_grads: the optimizer part does not cover the whole buffer: "
-        "reduce the outer regions over the data-parallel ranks instead");
+  check_part_covers(0, table_.numel(), "fold_outer_grads");
   const Tensor part = grad_part();
   for (const IndexRange& region : outer_regions())
     if (region.size() > 0)
@@ -423,6 +511,23 @@ Tensor ParamStore::grad_of(const ParamSpec& spec) const {
   t.shape = spec.shape;
   return t;
 }
+Tensor ParamStore::value_of(const ParamSpec& spec) const {
+  if (!shard_values_) return slice(values(), spec);
+  const int64_t n = spec.shape.numel();
+  Tensor t;
+  if (spec.layer >= 0) {
+    const int slot = value_slot_of(spec.layer);
+    if (slot < 0) return {};  // not gathered: no values
+    t = value_slot(slot).rows(spec.offset - block_unit(spec.layer).begin, n);
+  } else if (spec.offset + n <= front_end_) {
+    t = outer_values(0).rows(spec.offset, n);
+  } else {
+    t = outer_values(1).rows(spec.offset - back_begin_, n);
+  }
+  t.shape = spec.shape;
+  return t;
+}
+
 Tensor ParamStore::master() const {
   return master_.data() ? master_.view(DType::f32, {opt_end_ - opt_begin_}) : Tensor{};
 }
@@ -444,7 +549,7 @@ Tensor ParamStore::slice(const Tensor& whole, const ParamSpec& spec) {
 
 Param ParamStore::param(const std::string& name) const {
   const ParamSpec& spec = table_.find(name);
-  return Param{slice(values(), spec), grad_of(spec)};
+  return Param{value_of(spec), grad_of(spec)};
 }
 
 void ParamStore::initialize(uint64_t seed) {
@@ -463,9 +568,8 @@ void ParamStore::initialize(uint64_t seed) {
       host[static_cast<size_t>(i)] = v;
     }
     // copy_from_host takes the destination dtype's bytes: convert on the host first.
-    const Tensor value = slice(values(), spec);
     if (storage_ == DType::f64) {
-      backend_.copy_from_host(value, host.data());
+      store_values(spec, host.data());
     } else {
       std::vector<float> f32(host.begin(), host.end());
       // The master part of this parameter: its elements inside [opt_begin_, opt_end_).
@@ -481,19 +585,38 @@ void ParamStore::initialize(uint64_t seed) {
       // Storage copy = rounding of the f32 value.
       std::vector<uint16_t> narrow;
       if (storage_ == DType::f32) {
-        backend_.copy_from_host(value, f32.data());
+        store_values(spec, f32.data());
       } else {
         narrow.resize(f32.size());
         for (size_t i = 0; i < f32.size(); ++i)
           narrow[i] =
               storage_ == DType::bf16 ? tensor::to_bf16(f32[i]).bits : tensor::to_f16(f32[i]).bits;
-        backend_.copy_from_host(value, narrow.data());
+        store_values(spec, narrow.data());
       }
     }
   }
+  if (shard_values_) release_block_values();
   zero_grads();
   backend_.fill(moment1(), 0.0);
   backend_.fill(moment2(), 0.0);
+}
+
+void ParamStore::store_values(const ParamSpec& spec, const void* host) {
+  if (!shard_values_) {
+    backend_.copy_from_host(slice(values(), spec), host);
+    return;
+  }
+  const int64_t n = spec.shape.numel();
+  const size_t item = tensor::dtype_size(storage_);
+  if (spec.layer < 0) {  // an outer region holds it whole
+    Tensor outer = value_of(spec);
+    backend_.copy_from_host(outer, host);
+  }
+  const int64_t lo = std::max(spec.offset, opt_begin_), hi = std::min(spec.offset + n, opt_end_);
+  if (lo < hi)
+    backend_.copy_from_host(
+        value_part().rows(lo - opt_begin_, hi - lo),
+        static_cast<const char*>(host) + static_cast<size_t>(lo - spec.offset) * item);
 }
 
 void ParamStore::zero_grads() {
@@ -510,14 +633,15 @@ ParamStore::Bytes ParamStore::bytes() const {
   const size_t part = static_cast<size_t>(opt_end_ - opt_begin_);
   Bytes b;
   b.params = values_.bytes();
+  if (shard_values_)
+    b.params = (part + static_cast<size_t>(front_end_ + table_.numel() - back_begin_) +
+                static_cast<size_t>(kValueSlots * largest_block())) *
+               tensor::dtype_size(storage_);
   b.grads = grads_.bytes();
   if (shard_grads_) {
     const size_t item = tensor::dtype_size(grad_dtype());
     b.grads = (part + static_cast<size_t>(front_end_ + table_.numel() - back_begin_)) * item;
-    int64_t largest = 0;
-    for (const BlockUnit& unit : blocks_)
-      largest = std::max(largest, unit.numel());
-    b.grads += static_cast<size_t>(kGradSlots * largest) * item;
+    b.grads += static_cast<size_t>(kGradSlots * largest_block()) * item;
   }
   b.optimizer = (has_master() ? part * sizeof(float) : 0) +
                 2 * part * tensor::dtype_size(moment_dtype(storage_));

@@ -142,15 +142,27 @@ struct BlockUnit {
 //    embedding's stage exchange needs them whole); a block's gradients live in one of
 //    kGradSlots workspace slots only during its backward (bind_block_grads), after which they are
 //    reduced into the part (by the gradient sync over dp, or fold_block_grads on one rank).
+//
+// Values are kept in one of two ways:
+//  - whole (ZeRO 0 to 2): values() is one buffer of the whole table.
+//  - sharded (ZeRO-3, shard_values, which needs shard_grads): the values of this rank's part
+//    (value_part()) are the only lasting copy of the blocks' values; the outer regions are kept
+//    whole (the embedding's lookup and the head need every row, as FSDP keeps its root module
+//    unsharded through the step); a block's values live in one of kValueSlots slots from the
+//    moment they are gathered (claim_value_slot, filled by the gradient sync's all-gather over
+//    dp, or load_block_values on one rank) until the slot is claimed by another block or the part
+//    changes (release_block_values). After the optimizer writes the part, the outer regions are
+//    refreshed from the parts (gathered over dp, or refresh_from_part on one rank).
 class ParamStore {
  public:
-  static constexpr int kGradSlots = 2;  // one block's backward writes one while the other reduces
+  static constexpr int kGradSlots = 2;   // one block's backward writes one while the other reduces
+  static constexpr int kValueSlots = 2;  // one block computes from one while the next gathers
 
   // zero_parts/zero_rank: the optimizer state (master, moments) covers only part zero_rank of
-  // zero_partition(table, zero_parts); values always cover the whole table, and grads too unless
-  // shard_grads.
+  // zero_partition(table, zero_parts); values cover the whole table unless shard_values, and
+  // grads too unless shard_grads.
   ParamStore(Backend& backend, ParamTable table, DType storage, int zero_parts = 1,
-             int zero_rank = 0, bool shard_grads = false);
+             int zero_rank = 0, bool shard_grads = false, bool shard_values = false);
 
   // Fills every parameter from the counter RNG keyed by (seed, name, element index): identical
   // values whatever the layout or backend. Master weights get the f32 value, the storage copy its
@@ -164,9 +176,31 @@ class ParamStore {
   bool has_master() const { return master_.data() != nullptr; }
 
   // Whole buffers (for the optimizer, gradient norms, checkpoints). grads() is empty when the
-  // gradients are sharded.
+  // gradients are sharded, values() when the values are.
   Tensor values() const;
   Tensor grads() const;
+  bool values_sharded() const { return shard_values_; }
+  // The values of the optimizer part [optimizer_begin(), optimizer_end()): what the optimizer
+  // writes and a checkpoint of sharded values saves. Whole: a view into values().
+  Tensor value_part() const;
+  // Sharded values only. The values of outer_regions()[i], whole for the step.
+  Tensor outer_values(size_t region) const;
+  // The slot holding `layer`'s values (-1: none holds them).
+  int value_slot_of(int layer) const;
+  // Binds `layer` to a value slot other than `keep` (-1: any; the one claimed longest ago) and
+  // returns it; the block it held loses it. The caller fills it (value_slot) before the block
+  // reads its parameters; param() of its parameters returns values there until it is released.
+  int claim_value_slot(int layer, int keep = -1);
+  // The values of the block bound to `slot` (its numel elements).
+  Tensor value_slot(int slot) const;
+  // One rank (the part covers the whole table): makes `layer`'s values available, copied from the
+  // part into a claimed slot unless a slot still holds them.
+  void load_block_values(int layer);
+  // Every block loses its slot (the part changed: a slot would hold stale values).
+  void release_block_values();
+  // One rank, after the part changed: the outer regions copied from the part, every slot
+  // released.
+  void refresh_from_part();
   DType grad_dtype() const { return backend::grad_dtype(storage_); }
   bool grads_sharded() const { return shard_grads_; }
   // The gradients of the optimizer part [optimizer_begin(), optimizer_end()): what the optimizer
@@ -214,6 +248,11 @@ class ParamStore {
   size_t block_index(int layer) const;  // of `layer` in blocks_ (consecutive layers)
   Tensor slot_grads(int slot, const BlockUnit& unit) const;
   Tensor grad_of(const ParamSpec& spec) const;
+  Tensor value_of(const ParamSpec& spec) const;
+  // Host bytes of `spec` (storage type) into every buffer that holds its values.
+  void store_values(const ParamSpec& spec, const void* host);
+  void check_part_covers(int64_t begin, int64_t end, const char* what) const;
+  int64_t largest_block() const;
 
   Backend& backend_;
   ParamTable table_;
@@ -229,6 +268,13 @@ class ParamStore {
   std::vector<int> bound_slot_;
   int64_t front_end_ = 0, back_begin_ = 0;
   int next_slot_ = 0;
+  // Sharded values: the part, the outer regions, the block slots, which slot each block is bound
+  // to (-1: none) and which block each slot holds (-1: none).
+  bool shard_values_ = false;
+  backend::Allocation part_values_, front_values_, back_values_;
+  std::vector<backend::Allocation> value_slots_;
+  std::vector<int> value_slot_of_block_, block_of_value_slot_;
+  int next_value_slot_ = 0;
 };
 
 }  // namespace trainctl::model

@@ -15,7 +15,7 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
       N(micro_batch * config.seq_len),
       stage(checked_stage(config, parallel)),
       store(backend, build_param_table(config, parallel), config.storage, parallel.zero_parts(),
-            parallel.zero_rank(), parallel.shard_grads()) {
+            parallel.zero_rank(), parallel.shard_grads(), parallel.shard_values()) {
   if (B < 1) throw std::invalid_argument("micro_batch must be >= 1");
   if (par.activation_slots < 1)
     throw std::invalid_argument("activation_slots = " + std::to_string(par.activation_slots) +
@@ -190,6 +190,10 @@ ForwardResult Transformer::Impl::forward(const int32_t* host_tokens, const int32
     const Block& b = blocks[i];
     BlockActs& a = s.acts[i];
     announce(block_ranges[i]);
+    if (store.values_sharded()) {
+      want_block_values(i, +1);
+      build_block(i);  // its Params now see the slot
+    }
     const backend::RouterLosses l = block_forward(b, a);
     if (b.moe) {
       result.aux_loss += l.aux_loss;
@@ -247,6 +251,8 @@ void Transformer::Impl::backward(double grad_scale, int slot_index) {
   const bool sharded = store.grads_sharded();
   for (size_t i = blocks.size(); i-- > 0;) {
     const int grad_slot = sharded ? bind_block_grads(i) : -1;
+    if (store.values_sharded()) want_block_values(i, -1);
+    if (sharded) build_block(i);  // its Params now see the slots
     block_recompute(blocks[i], s.acts[i]);
     block_backward(blocks[i], s.acts[i], grad_scale);
     report_ready(block_ranges[i]);
@@ -267,8 +273,18 @@ int Transformer::Impl::bind_block_grads(size_t index) {
   const int slot = store.next_grad_slot();
   if (grad_sink) grad_sink->slot_wanted(slot);
   store.bind_block_grads(blocks[index].layer, slot);
-  build_block(index);  // its Params now see the slot
   return slot;
+}
+
+void Transformer::Impl::want_block_values(size_t index, int direction) {
+  const int layer = blocks[index].layer;
+  const int64_t next = static_cast<int64_t>(index) + direction;
+  const int next_layer =
+      next >= 0 && next < static_cast<int64_t>(blocks.size()) ? layer + direction : -1;
+  if (value_source)
+    value_source->values_wanted(layer, next_layer);
+  else
+    store.load_block_values(layer);
 }
 
 void Transformer::Impl::block_grads_done(size_t index, int slot) {
@@ -339,6 +355,10 @@ void Transformer::set_grads_ready_hook(GradsReadyHook hook) {
 
 void Transformer::set_block_grad_sink(BlockGradSink* sink) {
   impl_->grad_sink = sink;
+}
+
+void Transformer::set_block_value_source(BlockValueSource* source) {
+  impl_->value_source = source;
 }
 
 void Transformer::set_params_needed_hook(ParamsNeededHook hook) {

@@ -119,6 +119,10 @@ struct Transformer::Impl {
   BlockGradSink* grad_sink = nullptr;
   int bind_block_grads(size_t index);
   void block_grads_done(size_t index, int slot);
+  // Sharded values: blocks[index]'s values made available before its forward (direction +1) or
+  // backward (-1), the next block in that direction announced for prefetch.
+  BlockValueSource* value_source = nullptr;
+  void want_block_values(size_t index, int direction);
 
   // activations.cpp
   void assign(Arena& kept, Arena& shared, Arena& scratch);

@@ -199,9 +199,9 @@ std::vector<KeySpec> build_schema() {
   t.push_back(row<B(parallel, pp)>("parallel.pp", 1, at_least(1), "pipeline-parallel degree"));
   t.push_back(row<B(parallel, ep)>("parallel.ep", 1, at_least(1), "expert-parallel degree"));
   t.push_back(
-      row<B(parallel, zero)>("parallel.zero", 0, closed(0, 2),
+      row<B(parallel, zero)>("parallel.zero", 0, closed(0, 3),
                              "ZeRO stage: 1 shards optimizer state over data-parallel ranks, 2 "
-                             "gradients too"));
+                             "gradients too, 3 parameters too (gathered per block as it runs)"));
   t.push_back(row<B(parallel, recompute)>("parallel.recompute", Recompute::none, none(),
                                           "activation recomputation"));
   t.push_back(row<B(parallel, pp_layers)>(
@@ -212,8 +212,9 @@ std::vector<KeySpec> build_schema() {
       "seconds a collective or the rendezvous waits for a peer before the job fails"));
   t.push_back(row<B(parallel, overlap_grad_sync)>(
       "parallel.overlap_grad_sync", true, none(),
-      "reduce each gradient bucket (zero 2: each block) while backward still runs, and with zero "
-      "1 or 2 gather the updated parameters while the next forward runs (results are identical)"));
+      "reduce each gradient bucket (zero 2 and 3: each block) while backward still runs, with "
+      "zero 1 or 2 gather the updated parameters while the next forward runs, and with zero 3 "
+      "gather the next block's parameters while a block computes (results are identical)"));
   // precision
   t.push_back(row<B(model, storage)>("precision.compute", DType::bf16, none(),
                                      "compute dtype (fp64: CPU reference only)"));

@@ -2,6 +2,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -40,19 +41,23 @@ nlohmann::json layout_json(const recipe::Recipe& r) {
 
 std::string weights_fingerprint(RunContext& run) {
   const model::ParamStore& params = run.model().params();
-  const tensor::Tensor values = params.values();
+  // The elements this rank saves (SaveRole): of the whole values, or of its part (ZeRO-3).
+  const bool sharded = params.values_sharded();
+  const tensor::Tensor values = sharded ? params.value_part() : params.values();
+  const int64_t begin = sharded ? params.optimizer_begin() : 0, end = begin + values.numel();
   std::vector<unsigned char> host(values.bytes());
   run.backend().copy_to_host(host.data(), values);
   const size_t width = tensor::dtype_size(params.storage());
   const train::SaveRole role = train::save_role(run.model(), run.trainer());
   uint64_t sum = 0;
   for (const model::ParamSpec& spec : params.table().specs()) {
-    if (!role.writes_values(spec)) continue;
+    if (!(sharded ? role.writes_part(spec) : role.writes_values(spec))) continue;
     const uint64_t name = fnv1a64(spec.name);
-    const unsigned char* first = host.data() + static_cast<size_t>(spec.offset) * width;
-    for (int64_t i = 0; i < spec.shape.numel(); ++i) {
+    const int64_t lo = std::max(spec.offset, begin);
+    const int64_t hi = std::min(spec.offset + spec.shape.numel(), end);
+    for (int64_t i = lo - spec.offset; i < hi - spec.offset; ++i) {
       uint64_t bits = 0;
-      std::memcpy(&bits, first + static_cast<size_t>(i) * width, width);
+      std::memcpy(&bits, host.data() + static_cast<size_t>(spec.offset + i - begin) * width, width);
       const uint64_t index = static_cast<uint64_t>(spec.global_index(i));
       sum += mix64(name ^ mix64(index) ^ mix64(bits ^ 0x9e3779b97f4a7c15ull));
     }

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
@@ -30,18 +31,29 @@ int64_t rows_of(const model::ParamSpec& spec) {
   return spec.shape.rank > 0 ? spec.shape[0] : 1;
 }
 
-// One checkpointed buffer of a ParamStore: values cover the whole flat buffer, the optimizer
-// state [optimizer_begin, optimizer_end) of it.
+// One checkpointed buffer of a ParamStore: whole values cover the whole flat buffer, the
+// optimizer state and sharded values (ZeRO-3) the part [optimizer_begin, optimizer_end) of it.
+// ZeRO-3's outer regions are read on restore (they are whole for the step) but never written:
+// the parts write those elements.
 struct Buffer {
   std::string prefix;
   tensor::Tensor whole;
-  int64_t begin = 0;  // flat element index of whole's first element
-  bool optimizer = false;
+  int64_t begin = 0;         // flat element index of whole's first element
+  bool partitioned = false;  // the ZeRO part: written by every dp rank (SaveRole::writes_part)
+  bool written = true;
 };
 
 std::vector<Buffer> buffers(const model::ParamStore& p) {
-  std::vector<Buffer> out{{"model/", p.values(), 0, false}};
   const int64_t b = p.optimizer_begin();
+  std::vector<Buffer> out;
+  if (!p.values_sharded()) {
+    out.push_back({"model/", p.values(), 0, false});
+  } else {
+    out.push_back({"model/", p.value_part(), b, true});
+    const std::array<model::IndexRange, 2> regions = p.outer_regions();
+    for (size_t r = 0; r < regions.size(); ++r)
+      out.push_back({"model/", p.outer_values(r), regions[r].begin, false, false});
+  }
   if (p.has_master()) out.push_back({"master/", p.master(), b, true});
   out.push_back({"adam_m/", p.moment1(), b, true});
   out.push_back({"adam_v/", p.moment2(), b, true});
@@ -140,10 +152,11 @@ class CaptureTarget {
 void capture_params(CaptureTarget& target, const model::ParamStore& params, const SaveRole& role,
                     backend::Backend* be) {
   for (const Buffer& buffer : buffers(params)) {
+    if (!buffer.written) continue;
     const auto writes = [&](const model::ParamSpec& spec) {
       const auto [first, last] = rows_in(spec, buffer);
       return first < last &&
-             (buffer.optimizer ? role.writes_optimizer(spec) : role.writes_values(spec));
+             (buffer.partitioned ? role.writes_part(spec) : role.writes_values(spec));
     };
     const auto& specs = params.table().specs();
     if (std::none_of(specs.begin(), specs.end(), writes)) continue;
@@ -278,7 +291,7 @@ bool SaveRole::writes_values(const model::ParamSpec& spec) const {
   return dp == 0 && !spec.tied_copy && (spec.tp_sharded || tp == 0) && (spec.expert || ep == 0);
 }
 
-bool SaveRole::writes_optimizer(const model::ParamSpec& spec) const {
+bool SaveRole::writes_part(const model::ParamSpec& spec) const {
   return (zero || dp == 0) && !spec.tied_copy && (spec.tp_sharded || tp == 0) &&
          (spec.expert || ep == 0);
 }
@@ -358,6 +371,8 @@ void restore_checkpoint(const ckpt::CheckpointReader& reader, model::Transformer
           reader.dir().string(), key, it == saved.end() ? "missing" : it->dump(), value.dump()));
   }
   read_param_tensors(reader, model.params(), be);
+  // ZeRO-3: a block slot would hold the values from before.
+  if (model.params().values_sharded()) model.params().release_block_values();
   TrainerState state;
   try {
     state = trainer_state_from_json(reader.manifest().header.state);

@@ -54,15 +54,16 @@ std::vector<ParamBox> param_boxes(const model::ParamSpec& spec, int64_t row_begi
 // Which copies of replicated state this rank writes, by its mesh coordinates. The designated
 // writer of a parameter's values has dp coordinate 0, tp coordinate 0 unless the parameter is
 // split over tp, ep coordinate 0 unless it is an expert's; the last pipeline stage's copy of a
-// tied embedding is never written (the first stage's is). The optimizer state follows the same
-// rule, except that with ZeRO-1 every dp coordinate writes its own part.
+// tied embedding is never written (the first stage's is). What a ZeRO part holds (the optimizer
+// state, and ZeRO-3's values) follows the same rule, except that with ZeRO every dp coordinate
+// writes its own part.
 struct SaveRole {
   int tp = 0;
   int ep = 0;
   int dp = 0;
-  bool zero = false;  // the optimizer state is partitioned over dp (ZeRO-1)
-  bool writes_values(const model::ParamSpec& spec) const;
-  bool writes_optimizer(const model::ParamSpec& spec) const;
+  bool zero = false;  // the optimizer state is partitioned over dp (ZeRO-1 to 3)
+  bool writes_values(const model::ParamSpec& spec) const;  // of whole values
+  bool writes_part(const model::ParamSpec& spec) const;    // of the part's rows of `spec`
 };
 // The role of this rank: its coordinates on trainer.mesh() (all 0 on one rank) and whether the
 // model's optimizer state is partitioned (model.parallel().zero_parts() > 1).

@@ -81,12 +81,13 @@ GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Tra
   const model::ParamStore& params = model.params();
   const size_t grad_bytes = tensor::dtype_size(params.grad_dtype());
   buckets_ = plan_grad_buckets(params.table(), bucket_bytes, grad_bytes);
-  if (zero < 0 || zero > 2)
-    throw std::invalid_argument("ZeRO stage " + std::to_string(zero) + ": use 0, 1 or 2");
-  if (shard_grads_ != params.grads_sharded())
+  if (zero < 0 || zero > 3)
+    throw std::invalid_argument("ZeRO stage " + std::to_string(zero) + ": use 0, 1, 2 or 3");
+  if (shard_grads_ != params.grads_sharded() || (zero >= 3) != params.values_sharded())
     throw std::invalid_argument(
         std::string("ZeRO-") + std::to_string(zero) + ": the model keeps its gradients " +
-        (params.grads_sharded() ? "sharded" : "whole") +
+        (params.grads_sharded() ? "sharded" : "whole") + " and its values " +
+        (params.values_sharded() ? "sharded" : "whole") +
         ": build it with ModelParallel layout.zero = the trainer's ZeRO stage");
   NormOwnership owner{mesh.tp().rank(), mesh.ep().rank(), mesh.dp().rank(), zero_, 0, 0};
   if (zero_) {
@@ -103,8 +104,9 @@ GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Tra
           "): build the model with ModelParallel zero_parts = dp and zero_rank = the dp rank");
     owner.zero_begin = begin;
     owner.zero_end = end;
-    // With one dp rank nothing is reduced or gathered: no buffers.
-    if (end > begin && dp > 1)
+    // With one dp rank nothing is reduced or gathered: no buffers. ZeRO-3 gathers from the
+    // store's own part.
+    if (end > begin && dp > 1 && !params.values_sharded())
       zero_part_ = be_.allocate(static_cast<size_t>(end - begin) * grad_bytes);
     if (shard_grads_ && dp > 1) {
       // Each slot receives this rank's share of one block: at most the largest such share.
@@ -133,6 +135,9 @@ GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Tra
         tied_elements = std::max(tied_elements, spec.shape.numel());
   if (tied_elements > 0) tied_peer_ = be_.allocate(static_cast<size_t>(tied_elements) * grad_bytes);
   if (overlap) plan_overlap();
+  if (zero >= 3)
+    param_gather_ =
+        std::make_unique<ParamGather>(mesh, be_, model, overlap_ ? dp_reducer_.get() : nullptr);
 }
 
 GradSync::~GradSync() = default;
@@ -291,6 +296,7 @@ void GradSync::exchange_tied_embedding() {
 }
 
 void GradSync::reduce_gradients() {
+  if (param_gather_) param_gather_->wait_all();  // none should run: nothing may write the part
   gathered_early_ = gathered_in_forward_;
   gathered_in_forward_ = 0;
   finish_gather();
@@ -457,6 +463,10 @@ double GradSync::global_sum_squares() {
 }
 
 void GradSync::gather_parameters() {
+  if (param_gather_) {
+    param_gather_->part_updated();
+    return;
+  }
   if (!zero_ || mesh_.dp().size() < 2) return;
   finish_gather();
   const model::ParamStore& params = model_.params();

@@ -63,6 +63,7 @@
 #include "comm/background_reducer.hpp"
 #include "comm/mesh.hpp"
 #include "model/model.hpp"
+#include "train/param_gather.hpp"
 
 namespace trainctl::train {
 
@@ -98,7 +99,7 @@ std::vector<model::IndexRange> norm_ranges(const model::ParamTable& table,
 
 class GradSync : public model::BlockGradSink {
  public:
-  // `model` must be built with this rank's ModelParallel; zero: the ZeRO stage, 0, 1 or 2.
+  // `model` must be built with this rank's ModelParallel; zero: the ZeRO stage, 0 to 3.
   // overlap: reduce buckets during backward (see the top of this file); it
   // needs the Mesh's background groups (MeshOptions::background_groups) for each data-parallel
   // group of more than one rank, and is off without them (overlaps() says which).
@@ -124,9 +125,12 @@ class GradSync : public model::BlockGradSink {
   // Sum of squares of every gradient element of the job, counted once; identical on every rank
   // (all-reduced over the world). Not finite when any gradient is not.
   double global_sum_squares();
-  // ZeRO-1, after the optimizer updated this rank's part of values(): every dp rank gets all parts.
-  // With overlap it only starts the gathers (see the top of this file).
+  // ZeRO-1 and 2, after the optimizer updated this rank's part of values(): every dp rank gets all
+  // parts. With overlap it only starts the gathers (see the top of this file). ZeRO-3: the block
+  // slots are released and the outer regions gathered (ParamGather::part_updated).
   void gather_parameters();
+  // ZeRO-3: the source of the model's block values (null for other stages).
+  ParamGather* param_gather() { return param_gather_.get(); }
   // Overlap: waits for the gathers of the buckets touching `ranges` of values() (the model's
   // params-needed reports). Nothing to do when no gather is running.
   void params_needed(const std::vector<model::IndexRange>& ranges);
@@ -135,9 +139,11 @@ class GradSync : public model::BlockGradSink {
   bool gathering() const { return gathering_; }
 
   const std::vector<GradBucket>& buckets() const { return buckets_; }
-  // Seconds the calling thread spent waiting for background reductions (the exposed part of
-  // their time), summed since construction.
-  double wait_seconds() const { return wait_seconds_; }
+  // Seconds the calling thread spent waiting for background reductions and (ZeRO-3) gathers (the
+  // exposed part of their time), summed since construction.
+  double wait_seconds() const {
+    return wait_seconds_ + (param_gather_ ? param_gather_->wait_seconds() : 0.0);
+  }
   // The buffers it holds for its collectives: the ZeRO part it reduces into and gathers from, the
   // tied embedding's peer gradient, ZeRO-2's per-slot received shares.
   size_t buffer_bytes() const;
@@ -171,8 +177,8 @@ class GradSync : public model::BlockGradSink {
   const comm::Mesh& mesh_;
   backend::Backend& be_;
   model::Transformer& model_;
-  bool zero_;         // ZeRO-1 or 2: the optimizer state is partitioned over dp
-  bool shard_grads_;  // ZeRO-2
+  bool zero_;         // ZeRO-1 to 3: the optimizer state is partitioned over dp
+  bool shard_grads_;  // ZeRO-2 and 3
   // ZeRO-2, per gradient slot: the block whose reduce-scatter reads it (-1: none), the running
   // operation (null when blocking), and where this rank's share of the sum arrives.
   struct SlotReduce {
@@ -208,6 +214,8 @@ class GradSync : public model::BlockGradSink {
   bool armed_ = false;
   size_t started_early_ = 0;
   double wait_seconds_ = 0;
+  // ZeRO-3 (declared last: destroyed first, while the reducer its gathers run on still exists).
+  std::unique_ptr<ParamGather> param_gather_;
 };
 
 }  // namespace trainctl::train

@@ -23,8 +23,8 @@ void AdamW::step(backend::Backend& be, model::ParamStore& params, double lr, dou
   const backend::Backend::AdamW hyper{lr,          config_.betas[0],     config_.betas[1],
                                       config_.eps, config_.weight_decay, grad_scale,
                                       updates_};
-  be.adamw(params.values().rows(first, last - first), params.master(), params.grad_part(),
-           params.moment1(), params.moment2(), ranges, hyper);
+  be.adamw(params.value_part(), params.master(), params.grad_part(), params.moment1(),
+           params.moment2(), ranges, hyper);
 }
 
 }  // namespace trainctl::train

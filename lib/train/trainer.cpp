@@ -27,12 +27,14 @@ std::string str(int64_t v) {
 void check_parallel(const TrainConfig& config, const model::Transformer& model,
                     const comm::Mesh* mesh) {
   const model::ModelParallel& parallel = model.parallel();
-  if (config.zero < 0 || config.zero > 2)
-    throw std::invalid_argument("zero stage " + str(config.zero) + ": use 0, 1 or 2");
-  if ((config.zero >= 2) != model.params().grads_sharded())
+  if (config.zero < 0 || config.zero > 3)
+    throw std::invalid_argument("zero stage " + str(config.zero) + ": use 0, 1, 2 or 3");
+  const model::ParamStore& params = model.params();
+  if ((config.zero >= 2) != params.grads_sharded() || (config.zero >= 3) != params.values_sharded())
     throw std::invalid_argument(
-        "zero stage " + str(config.zero) + " but the model keeps its " +
-        (model.params().grads_sharded() ? "gradients sharded" : "gradients whole") +
+        "zero stage " + str(config.zero) + " but the model keeps its gradients " +
+        (params.grads_sharded() ? "sharded" : "whole") + " and its values " +
+        (params.values_sharded() ? "sharded" : "whole") +
         ": build the model with ModelParallel layout.zero = " + str(config.zero));
   if (config.bucket_bytes < 1)
     throw std::invalid_argument("bucket_bytes " + str(config.bucket_bytes) + ": must be positive");
@@ -92,6 +94,8 @@ Trainer::Trainer(const TrainConfig& config, model::Transformer& model, backend::
     data_ranks_ = mesh->dp_ep().size();
     sync_ = std::make_unique<GradSync>(*mesh, backend, model, config.bucket_bytes, config.zero,
                                        config.overlap_grad_sync);
+    // ZeRO-3: every forward gathers its blocks, evaluation's too, for the trainer's lifetime.
+    model.set_block_value_source(sync_->param_gather());
   }
   const model::ModelParallel& parallel = model.parallel();
   const int accum = config.accum_steps(data_ranks_);
@@ -104,6 +108,10 @@ Trainer::Trainer(const TrainConfig& config, model::Transformer& model, backend::
   window_.resize(rows * (T + 1));
   inputs_.resize(rows * T);
   targets_.resize(rows * T);
+}
+
+Trainer::~Trainer() {
+  model_.set_block_value_source(nullptr);
 }
 
 // A window row holds T + 1 tokens: inputs are the first T, targets the last T.
@@ -279,6 +287,9 @@ StepMetrics Trainer::step_leaving_gather() {
   const double comm_start = mesh_ ? mesh_->comm_seconds() : 0.0;
   const double wait_start = sync_ ? sync_->wait_seconds() : 0.0;
   const double background_start = mesh_ ? mesh_->background_comm_seconds() : 0.0;
+  const ParamGather* gather = sync_ ? sync_->param_gather() : nullptr;
+  const size_t gathers_start = gather ? gather->gathers() : 0;
+  const size_t prefetched_start = gather ? gather->prefetched() : 0;
   const int accum = config_.accum_steps(data_ranks_);
   const size_t experts = static_cast<size_t>(model_.config().moe.experts);
   StepMetrics m;
@@ -326,7 +337,10 @@ StepMetrics Trainer::step_leaving_gather() {
                             ? config_.optimizer.grad_clip / (m.grad_norm + 1e-6)
                             : 1.0;
     optimizer_.step(be_, model_.params(), m.lr, clip / scale);
-    if (sync_) sync_->gather_parameters();
+    if (sync_)
+      sync_->gather_parameters();
+    else
+      model_.params().refresh_from_part();  // ZeRO-3 on one rank: the outer regions, the slots
   }
   ++step_;
   tokens_ += int64_t{config_.global_batch} * model_.config().seq_len;
@@ -339,6 +353,10 @@ StepMetrics Trainer::step_leaving_gather() {
     m.comm_background_ms = 1000.0 * (mesh_->background_comm_seconds() - background_start);
     m.buckets_started_during_backward = sync_->started_during_backward();
     m.buckets_gathered_during_forward = sync_->gathered_during_forward();
+    if (gather) {
+      m.block_gathers = gather->gathers() - gathers_start;
+      m.blocks_prefetched = gather->prefetched() - prefetched_start;
+    }
   }
   m.step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -358,9 +376,11 @@ double Trainer::evaluate() {
   const int64_t batches = std::min<int64_t>(config_.eval_batches, available);
   const model::ModelParallel& parallel = model_.parallel();
   // Data rank d evaluates batches d, d + D, ...: the same micro-batches as one rank, so the mean
-  // is the same. Expert-parallel ranks exchange tokens in every forward, so there all data ranks
-  // run the same number of forwards (a rank without a batch left repeats one and ignores it).
-  const bool lockstep = mesh_ && mesh_->ep().size() > 1;
+  // is the same. Expert-parallel ranks exchange tokens in every forward, and ZeRO-3's dp ranks
+  // gather every block's values, so there all data ranks run the same number of forwards (a rank
+  // without a batch left repeats one and ignores it).
+  const bool lockstep = mesh_ && (mesh_->ep().size() > 1 ||
+                                  (model_.params().values_sharded() && mesh_->dp().size() > 1));
   const int64_t rounds = lockstep ? (batches + data_ranks_ - 1) / data_ranks_ : batches;
   double total = 0;
   for (int64_t round = 0; round < rounds; ++round) {

@@ -64,10 +64,13 @@ struct StepMetrics {
   // Busy time of the background reductions (overlap_grad_sync), which runs beside compute.
   double comm_background_ms = 0;
   // What the overlap achieved (0 without it): gradient buckets whose reduction started during the
-  // step's backward, and (ZeRO-1) buckets of the previous step's parameter gather that the step's
-  // first forward waited for as it reached them.
+  // step's backward (ZeRO-2 and 3: block reduce-scatters), and (ZeRO-1 and 2) buckets of the
+  // previous step's parameter gather that the step's first forward waited for as it reached them.
   size_t buckets_started_during_backward = 0;
   size_t buckets_gathered_during_forward = 0;
+  // ZeRO-3: block gathers during the step, and those a block found already started (prefetched
+  // while the block before computed).
+  size_t block_gathers = 0, blocks_prefetched = 0;
 };
 
 // Everything besides the parameter buffers (values, master weights, Adam moments in the
@@ -91,6 +94,9 @@ class Trainer {
   Trainer(const TrainConfig& config, model::Transformer& model, backend::Backend& backend,
           data::Sampler& train_data, const data::ValidationSet* val,
           const comm::Mesh* mesh = nullptr);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   StepMetrics step();  // one optimizer step (accum_steps micro-batches)
   double evaluate();   // mean loss over eval_batches validation micro-batches

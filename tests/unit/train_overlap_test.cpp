@@ -89,7 +89,8 @@ class FenceCountingBackend final : public backend::cpu::CpuBackend {
 // buffer as raw bytes.
 struct RankResult {
   bool overlapped = false;
-  std::vector<uint64_t> started, gathered, value_hashes;  // per step
+  // per step; ZeRO-3's block gathers and those found prefetched
+  std::vector<uint64_t> started, gathered, value_hashes, block_gathers, prefetched;
   uint64_t buckets = 0;
   uint64_t fences = 0, fences_waited_elsewhere = 0;
   std::vector<char> values;
@@ -107,8 +108,9 @@ void write_result(const std::string& path, const RankResult& r) {
             static_cast<std::streamsize>(steps * sizeof(uint64_t)));
   out.write(reinterpret_cast<const char*>(r.gathered.data()),
             static_cast<std::streamsize>(steps * sizeof(uint64_t)));
-  out.write(reinterpret_cast<const char*>(r.value_hashes.data()),
-            static_cast<std::streamsize>(steps * sizeof(uint64_t)));
+  for (const auto* v : {&r.value_hashes, &r.block_gathers, &r.prefetched})
+    out.write(reinterpret_cast<const char*>(v->data()),
+              static_cast<std::streamsize>(steps * sizeof(uint64_t)));
   out.write(reinterpret_cast<const char*>(&r.buckets), sizeof r.buckets);
   out.write(reinterpret_cast<const char*>(&bytes), sizeof bytes);
   out.write(r.values.data(), static_cast<std::streamsize>(bytes));
@@ -129,9 +131,11 @@ RankResult read_result(const std::string& path) {
   r.gathered.resize(steps);
   in.read(reinterpret_cast<char*>(r.gathered.data()),
           static_cast<std::streamsize>(steps * sizeof(uint64_t)));
-  r.value_hashes.resize(steps);
-  in.read(reinterpret_cast<char*>(r.value_hashes.data()),
-          static_cast<std::streamsize>(steps * sizeof(uint64_t)));
+  for (auto* v : {&r.value_hashes, &r.block_gathers, &r.prefetched}) {
+    v->resize(steps);
+    in.read(reinterpret_cast<char*>(v->data()),
+            static_cast<std::streamsize>(steps * sizeof(uint64_t)));
+  }
   in.read(reinterpret_cast<char*>(&r.buckets), sizeof r.buckets);
   in.read(reinterpret_cast<char*>(&bytes), sizeof bytes);
   r.values.resize(bytes);
@@ -152,6 +156,11 @@ train::TrainConfig train_config(const Setup& s) {
   t.zero = s.zero;
   t.overlap_grad_sync = s.overlap;
   return t;
+}
+
+// What the rank keeps of the parameter values: all of them, or with ZeRO-3 its part.
+tensor::Tensor kept_values(const model::ParamStore& params) {
+  return params.values_sharded() ? params.value_part() : params.values();
 }
 
 int train_rank(const Setup& s, const std::string& dir, int rank) {
@@ -175,11 +184,13 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
   auto on_step = [&](const train::StepMetrics& metrics) {
     result.started.push_back(metrics.buckets_started_during_backward);
     result.gathered.push_back(metrics.buckets_gathered_during_forward);
+    result.block_gathers.push_back(metrics.block_gathers);
+    result.prefetched.push_back(metrics.blocks_prefetched);
     if (s.capture_each_step) {
       const ckpt::SaveRequest request =
           train::capture_checkpoint(m, trainer, *backend, "recipe", nlohmann::json::object());
       // The step's parameters, read right after the capture (which waits for the gather).
-      const tensor::Tensor values = m.params().values();
+      const tensor::Tensor values = kept_values(m.params());
       uint64_t hash = 1469598103934665603ull;  // FNV-1a
       for (size_t i = 0; i < values.bytes(); ++i)
         hash = (hash ^ static_cast<const unsigned char*>(values.data)[i]) * 1099511628211ull;
@@ -199,7 +210,7 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
   result.buckets = train::plan_grad_buckets(m.params().table(), tc.bucket_bytes,
                                             tensor::dtype_size(m.params().grad_dtype()))
                        .size();
-  const tensor::Tensor values = m.params().values();
+  const tensor::Tensor values = kept_values(m.params());
   result.values.resize(values.bytes());
   backend->copy_to_host(result.values.data(), values);
   result.fences = backend->taken;
@@ -383,10 +394,59 @@ TEST_CASE("overlap: ZeRO-2 dp2 x pp2 with tied embeddings and a slow device is b
   check_gathered_during_forward(on);
 }
 
+// ZeRO-3: `micro_batches` forwards and backwards of `blocks` blocks per step on one stage. Each
+// block is gathered before its forward and before its backward unless a value slot still holds it
+// (the last two blocks of a forward serve the backward after it, the first two of a backward the
+// next forward). Every gather but the step's first was started while the block before computed
+// (the backward's first by the second-to-last block, which a slot still held), so the block found
+// it prefetched. The blocking run gathers the same blocks and prefetches none.
+void check_prefetched(const std::vector<RankResult>& on, Setup s, int blocks, int micro_batches) {
+  // First micro-batch of a step: every block in forward, all but the last two in backward; each
+  // later one: all but the two the previous backward left, in forward and in backward.
+  const uint64_t gathers =
+      static_cast<uint64_t>(blocks + (blocks - 2) + (micro_batches - 1) * 2 * (blocks - 2));
+  for (size_t r = 0; r < on.size(); ++r) {
+    INFO("rank " << r);
+    for (size_t step = 0; step < on[r].prefetched.size(); ++step) {
+      INFO("step " << step + 1);
+      CHECK(on[r].block_gathers[step] == gathers);
+      CHECK(on[r].prefetched[step] == gathers - 1);
+    }
+  }
+  s.overlap = false;
+  for (const RankResult& rank : run_job(s))
+    CHECK(rank.prefetched == std::vector<uint64_t>(rank.prefetched.size(), 0));
+}
+
+// ZeRO-3: each block's values gathered from the dp ranks' parts into a value slot, the next
+// block's while one computes; the gradients as ZeRO-2. Bit-identical to the blocking run.
+TEST_CASE("overlap: ZeRO-3 dp2 (the next block gathered while one computes) is bit-identical",
+          "[train][overlap]") {
+  Setup s = zero1_dp2();
+  s.zero = 3;
+  const std::vector<RankResult> on = compare_overlap(s);
+  check_overlapped(on, 4 * 3);  // the block reduce-scatters, as ZeRO-2
+  check_prefetched(on, s, 4, 3);
+}
+
+TEST_CASE(
+    "overlap: ZeRO-3 dp2 x pp2 with tied embeddings, a slow device and a checkpoint each "
+    "step is bit-identical",
+    "[train][overlap]") {
+  Setup s = zero1_dp2();
+  s.zero = 3;
+  s.layout.pp = 2;
+  s.global_batch = 16;
+  s.fence_delay_ms = 5;
+  s.capture_each_step = true;
+  const std::vector<RankResult> on = compare_overlap(s);
+  check_overlapped(on, 2 * 4);  // 2 blocks per stage x 4 micro-batches
+}
+
 // ZeRO with expert parallelism: every bucket or block reduce-scattered over dp in the background,
 // then the part's non-expert elements all-reduced over ep.
-TEST_CASE("overlap: ZeRO-1 and ZeRO-2 on a dp2 x ep2 MoE are bit-identical", "[train][overlap]") {
-  for (const int zero : {1, 2}) {
+TEST_CASE("overlap: ZeRO-1, 2 and 3 on a dp2 x ep2 MoE are bit-identical", "[train][overlap]") {
+  for (const int zero : {1, 2, 3}) {
     INFO("ZeRO-" << zero);
     Setup s;
     s.layout.dp = 2;
@@ -395,8 +455,11 @@ TEST_CASE("overlap: ZeRO-1 and ZeRO-2 on a dp2 x ep2 MoE are bit-identical", "[t
     s.global_batch = 16;  // 2 micro-batches of 2 per data rank (dp * ep = 4)
     s.zero = zero;
     const std::vector<RankResult> on = compare_overlap(s);
-    check_overlapped(on, zero == 2 ? 4 * 2 : 2);  // ZeRO-2: 4 blocks x 2 micro-batches
-    check_gathered_during_forward(on);
+    check_overlapped(on, zero >= 2 ? 4 * 2 : 2);  // ZeRO-2 and 3: 4 blocks x 2 micro-batches
+    if (zero < 3)
+      check_gathered_during_forward(on);
+    else
+      check_prefetched(on, s, 4, 2);
   }
 }
 

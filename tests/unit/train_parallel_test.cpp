@@ -343,11 +343,14 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
   m.params().initialize(1234);
   if (s.zero >= 1 && s.layout.dp > 1)  // the optimizer state really is this rank's part only
     comm_test::expect(
-        m.params().optimizer_end() - m.params().optimizer_begin() < m.params().values().numel(),
+        m.params().optimizer_end() - m.params().optimizer_begin() < m.params().table().numel(),
         "ZeRO optimizer part smaller than the buffer");
-  if (s.zero == 2)  // and no whole gradient buffer exists
+  if (s.zero >= 2)  // and no whole gradient buffer exists
     comm_test::expect(m.params().grads_sharded() && m.params().grads().empty(),
-                      "ZeRO-2 keeps no whole gradient buffer");
+                      "ZeRO-2 and 3 keep no whole gradient buffer");
+  if (s.zero == 3)  // nor a whole value buffer
+    comm_test::expect(m.params().values_sharded() && m.params().values().empty(),
+                      "ZeRO-3 keeps no whole value buffer");
   train::Trainer trainer(tc, m, *backend, sampler, &val, mesh ? &*mesh : nullptr);
   RankReport report;
   trainer.run([&](const train::StepMetrics& step) {
@@ -365,11 +368,16 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
   });
   // Every rank ends at the same place in the global sample order.
   comm_test::expect(sampler.position() == int64_t{s.steps} * s.global_batch, "sampler position");
-  // f32 or f64 storage, reported as f64.
-  const tensor::Tensor stored = m.params().values();
+  // f32 or f64 storage, reported as f64: all values, or with ZeRO-3 the part's (the parent
+  // merges the ranks' parts).
+  const bool sharded = m.params().values_sharded();
+  const tensor::Tensor stored = sharded ? m.params().value_part() : m.params().values();
+  const int64_t begin = sharded ? m.params().optimizer_begin() : 0;
+  const int64_t end = begin + stored.numel();
   std::vector<unsigned char> raw(stored.bytes());
   backend->copy_to_host(raw.data(), stored);
-  const auto value_at = [&](int64_t i) {
+  const auto value_at = [&](int64_t flat) {
+    const int64_t i = flat - begin;
     if (stored.dtype == tensor::DType::f64) {
       double v = 0;
       std::memcpy(&v, raw.data() + static_cast<size_t>(i) * sizeof v, sizeof v);
@@ -383,7 +391,8 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
     if (spec.tied_copy) continue;
     auto& out = report.params[spec.name];
     for (int64_t i = 0; i < spec.shape.numel(); ++i)
-      out.emplace_back(spec.global_index(i), value_at(spec.offset + i));
+      if (spec.offset + i >= begin && spec.offset + i < end)
+        out.emplace_back(spec.global_index(i), value_at(spec.offset + i));
   }
   write_report(dir + "/rank_" + std::to_string(rank) + ".bin", report);
   if (mesh) mesh->world().barrier();
@@ -535,9 +544,10 @@ TEST_CASE("dp2 trains like one rank (losses and weights within 1e-5) and repeats
 
 // ZeRO-2: each micro-batch's block gradients (2 micro-batches per rank here) are reduce-scattered
 // as the block's backward ends, into each rank's part; the embedding and head after the backward.
-TEST_CASE("dp2 with ZeRO-1 and with ZeRO-2 trains like one rank and repeats bit for bit",
+// ZeRO-3 also gathers each block's values from the parts before its forward and its backward.
+TEST_CASE("dp2 with ZeRO-1, 2 and 3 trains like one rank and repeats bit for bit",
           "[train][parallel]") {
-  for (const int stage : {1, 2}) {
+  for (const int stage : {1, 2, 3}) {
     INFO("ZeRO-" << stage);
     const Setup zero = layout_setup(1, 2, 1, stage);
     const JobResult a = run_job(zero);
@@ -548,20 +558,28 @@ TEST_CASE("dp2 with ZeRO-1 and with ZeRO-2 trains like one rank and repeats bit 
   }
 }
 
-TEST_CASE("ZeRO-2 on one rank (each block folded into the part) trains like one rank",
-          "[train][parallel]") {
-  Setup one;
-  one.use_mesh = false;
-  one.zero = 2;
-  check_matches(run_job(one), reference_run());
+TEST_CASE(
+    "ZeRO-2 and 3 on one rank (blocks folded into and copied out of the part) train like "
+    "one rank",
+    "[train][parallel]") {
+  for (const int stage : {2, 3}) {
+    INFO("ZeRO-" << stage);
+    Setup one;
+    one.use_mesh = false;
+    one.zero = stage;
+    check_matches(run_job(one), reference_run());
+  }
 }
 
-TEST_CASE("ZeRO-2 with dp2 x tp2 and dp2 x pp2 (tied embedding exchanged) trains like one rank",
-          "[train][parallel]") {
-  for (const auto& [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}}) {
-    INFO("tp " << tp << ", pp " << pp);
-    check_matches(run_job(layout_setup(tp, 2, pp, 2)), reference_run());
-  }
+TEST_CASE(
+    "ZeRO-2 and 3 with dp2 x tp2 and dp2 x pp2 (tied embedding exchanged) train like one "
+    "rank",
+    "[train][parallel]") {
+  for (const int stage : {2, 3})
+    for (const auto& [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}}) {
+      INFO("ZeRO-" << stage << ", tp " << tp << ", pp " << pp);
+      check_matches(run_job(layout_setup(tp, 2, pp, stage)), reference_run());
+    }
 }
 
 TEST_CASE("a layout the trainer cannot run is refused with the formula", "[train][parallel]") {
@@ -617,7 +635,7 @@ TEST_CASE("dp2 x pp2 with ZeRO-1 trains like one rank", "[train][parallel]") {
   check_matches(run_job(layout_setup(1, 2, 2, 1)), reference_run());
 }
 
-TEST_CASE("a MoE model with ep2, dp2 and ep2 x dp2 (ZeRO 0, 1, 2) trains like one rank",
+TEST_CASE("a MoE model with ep2, dp2 and ep2 x dp2 (ZeRO 0 to 3) trains like one rank",
           "[train][parallel][moe]") {
   Setup one;
   one.use_mesh = false;
@@ -639,15 +657,18 @@ TEST_CASE("a MoE model with ep2, dp2 and ep2 x dp2 (ZeRO 0, 1, 2) trains like on
   dp2.use_mesh = true;
   dp2.layout.dp = 2;
   check_matches(run_job(dp2), reference);
-  dp2.zero = 2;  // ZeRO-2: the stacked experts' gradients are block slots too
-  check_matches(run_job(dp2), reference);
+  for (const int zero : {2, 3}) {  // the stacked experts' gradients (and values) are block slots
+    INFO("dp2 ZeRO-" << zero);
+    dp2.zero = zero;
+    check_matches(run_job(dp2), reference);
+  }
   // ZeRO with expert parallelism: parts over dp, each ep rank's holding its own experts; the
   // non-expert elements summed over ep on the part.
   Setup ep2_dp2 = one;
   ep2_dp2.use_mesh = true;
   ep2_dp2.layout.ep = 2;
   ep2_dp2.layout.dp = 2;
-  for (const int zero : {1, 2}) {
+  for (const int zero : {1, 2, 3}) {
     INFO("ep2 x dp2 ZeRO-" << zero);
     ep2_dp2.zero = zero;
     check_matches(run_job(ep2_dp2), reference);
@@ -736,10 +757,13 @@ TEST_CASE("odd sizes: dp3 with ZeRO-1 and 1000-byte buckets trains like one rank
   check_matches(run_job(s), odd_reference(false, 263), s.model, kOddTolerance);
 }
 
-TEST_CASE("odd sizes: dp3 with ZeRO-2 (block parts of unequal size) trains like one rank",
+TEST_CASE("odd sizes: dp3 with ZeRO-2 and 3 (block parts of unequal size) trains like one rank",
           "[train][parallel]") {
-  const Setup s = odd_layout(false, 263, 1, 3, 1, 2);
-  check_matches(run_job(s), odd_reference(false, 263), s.model, kOddTolerance);
+  for (const int zero : {2, 3}) {
+    INFO("ZeRO-" << zero);
+    const Setup s = odd_layout(false, 263, 1, 3, 1, zero);
+    check_matches(run_job(s), odd_reference(false, 263), s.model, kOddTolerance);
+  }
 }
 
 TEST_CASE("odd sizes: pp2 with 2 + 1 layers trains like one rank", "[train][parallel]") {

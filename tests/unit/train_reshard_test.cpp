@@ -378,11 +378,11 @@ TEST_CASE("the save roles write each replicated box once", "[train]") {
   CHECK_FALSE(ep1.writes_values(replicated));
   CHECK(ep1.writes_values(expert));
   CHECK_FALSE(dp1.writes_values(expert));
-  CHECK_FALSE(dp1.writes_optimizer(replicated));
+  CHECK_FALSE(dp1.writes_part(replicated));
   CHECK_FALSE(dp1_zero.writes_values(replicated));
-  CHECK(dp1_zero.writes_optimizer(replicated));
+  CHECK(dp1_zero.writes_part(replicated));
   CHECK_FALSE(first.writes_values(tied));
-  CHECK_FALSE(first.writes_optimizer(tied));
+  CHECK_FALSE(first.writes_part(tied));
 }
 
 TEST_CASE("a checkpoint saved on any layout loads bit-identically into any other", "[train]") {

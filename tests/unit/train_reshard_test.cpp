@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <memory>
 #include <optional>
@@ -37,11 +38,11 @@ using test_util::ShapeOnlyCommunicator;
 
 struct LayoutCase {
   int tp = 1, ep = 1, dp = 1, pp = 1;
-  bool zero = false;
+  int zero = 0;
   int world() const { return tp * ep * dp * pp; }
   std::string name() const {
     return "tp" + std::to_string(tp) + " ep" + std::to_string(ep) + " dp" + std::to_string(dp) +
-           " pp" + std::to_string(pp) + (zero ? " zero1" : "");
+           " pp" + std::to_string(pp) + " zero" + std::to_string(zero);
   }
 };
 
@@ -107,11 +108,12 @@ RankModel build_rank(backend::Backend& be, const model::ModelConfig& config, con
   if (l.ep > 1) r.ep = std::make_unique<ShapeOnlyCommunicator>("ep", e, l.ep);
   par.tp = r.tp.get();
   par.ep = r.ep.get();
-  par.layout = {.tp = l.tp, .ep = l.ep, .dp = l.dp, .pp = l.pp, .zero = l.zero ? 1 : 0};
+  par.layout = {.tp = l.tp, .ep = l.ep, .dp = l.dp, .pp = l.pp, .zero = l.zero};
   par.at = {.tp = t, .ep = e, .dp = d, .pp = p};
-  r.role = {t, e, d, l.zero};
+  r.role = {t, e, d, l.zero >= 1};
   r.params = std::make_unique<model::ParamStore>(be, model::build_param_table(config, par),
-                                                 config.storage, par.zero_parts(), par.zero_rank());
+                                                 config.storage, par.zero_parts(), par.zero_rank(),
+                                                 par.shard_grads(), par.shard_values());
   return r;
 }
 
@@ -121,8 +123,16 @@ struct NamedBuffer {
   tensor::Tensor tensor;
   int64_t begin;
 };
+// ZeRO-3: the part's values and the outer regions (a load must fill both).
 std::vector<NamedBuffer> named_buffers(const model::ParamStore& p) {
-  std::vector<NamedBuffer> out{{"model/", p.values(), 0}};
+  std::vector<NamedBuffer> out;
+  if (!p.values_sharded()) {
+    out.push_back({"model/", p.values(), 0});
+  } else {
+    out.push_back({"model/", p.value_part(), p.optimizer_begin()});
+    for (size_t r = 0; r < p.outer_regions().size(); ++r)
+      out.push_back({"model/", p.outer_values(r), p.outer_regions()[r].begin});
+  }
   if (p.has_master()) out.push_back({"master/", p.master(), p.optimizer_begin()});
   out.push_back({"adam_m/", p.moment1(), p.optimizer_begin()});
   out.push_back({"adam_v/", p.moment2(), p.optimizer_begin()});
@@ -203,14 +213,27 @@ model::ModelConfig job_model() {
   return c;
 }
 
-train::TrainConfig job_train_config(int zero) {
+// A job of the tests below: trains on `layout` with ZeRO stage `zero`, then saves, or loads a
+// checkpoint and optionally trains on to the end.
+struct Job {
+  comm::Layout layout;  // world size 1: one rank without a mesh
+  int zero = 0;
+  int global_batch = 4;
+  int steps = 2;      // the run's length (its LR schedule)
+  bool save = false;  // train to `stop_after` (0: the end), then save that step
+  int stop_after = 0;
+  fs::path load_dir;         // else load this checkpoint
+  bool train_after = false;  // and train to the end
+};
+
+train::TrainConfig job_train_config(const Job& job) {
   train::TrainConfig t;
-  t.steps = 2;
-  t.global_batch = 4;
+  t.steps = job.steps;
+  t.global_batch = job.global_batch;
   t.micro_batch = 1;
   t.optimizer = {train::OptimizerName::adamw, 3e-3, {0.9, 0.95}, 1e-8, 0.1, 1.0};
-  t.schedule = {1, train::DecayKind::cosine, 3e-4, 0.2, 2};
-  t.zero = zero;
+  t.schedule = {1, train::DecayKind::cosine, 3e-4, 0.2, job.steps};
+  t.zero = job.zero;
   return t;
 }
 
@@ -240,11 +263,11 @@ void write_elements(const std::string& path, const Elements& e) {
   if (!out) throw std::runtime_error("cannot write " + path);
 }
 
-// Merges the ranks' dumps; replicas of one element must agree bit for bit.
-Elements merge_dumps(const std::string& dir, int world) {
+// Merges the ranks' dumps named `kind`; replicas of one element must agree bit for bit.
+Elements merge_dumps(const std::string& dir, int world, const std::string& kind = "dump") {
   Elements all;
   for (int r = 0; r < world; ++r) {
-    std::ifstream in(dir + "/dump_" + std::to_string(r) + ".bin", std::ios::binary);
+    std::ifstream in(dir + "/" + kind + "_" + std::to_string(r) + ".bin", std::ios::binary);
     uint32_t length = 0;
     while (in.read(reinterpret_cast<char*>(&length), sizeof length)) {
       std::string name(length, '\0');
@@ -261,65 +284,112 @@ Elements merge_dumps(const std::string& dir, int world) {
   return all;
 }
 
-// One rank of a job on `layout`: trains `steps` (then saves step `steps`) or loads the checkpoint
-// in `load_dir`, then dumps every element it holds and its trainer state.
-int job_rank(const comm::Layout& layout, int zero, const std::string& dir, int rank,
-             const std::string& job, bool save, const fs::path& load_dir) {
-  comm::FileStore base(dir + "/store");
-  comm::PrefixStore store = comm::job_store(base, job, 0);
-  const comm::Mesh mesh =
-      comm::Mesh::create(store, layout.world_size(), rank, layout,
-                         comm::MeshOptions{.timeout = std::chrono::seconds(30)});
-  const model::ModelConfig config = job_model();
-  const train::TrainConfig tc = job_train_config(zero);
-  model::ModelParallel parallel = model::ModelParallel::from_mesh(mesh, zero);
-  parallel.activation_slots = train::pipeline_slots(parallel.pp_size(), parallel.pp_rank(),
-                                                    tc.accum_steps(mesh.dp_ep().size()));
-  auto be = backend::make_cpu_backend();
-  const data::SyntheticSource source(11, config.vocab, 1 << 14);
-  data::Sampler sampler(source, config.seq_len, 3, true, config.vocab);
-  model::Transformer m(config, *be, tc.micro_batch, parallel);
-  m.params().initialize(1234);
-  train::Trainer trainer(tc, m, *be, sampler, nullptr, &mesh);
-  if (save) {
-    trainer.run([](const train::StepMetrics&) { return true; });
-    ckpt::CheckpointWriter::Options o;
-    o.rank = rank;
-    o.world_size = layout.world_size();
-    o.save_id = job;
-    o.timeout = std::chrono::seconds(30);
-    ckpt::CheckpointWriter writer(dir + "/checkpoints", o);
-    writer.reserve(train::capture_bytes(m, trainer));
-    writer.save(train::capture_checkpoint(writer.new_request(), m, trainer, *be, "hash",
-                                          {{"world_size", layout.world_size()}}));
-    writer.wait();
-  } else {
-    train::restore_checkpoint(ckpt::CheckpointReader::open(load_dir), m, trainer, *be);
-  }
+Elements with_state(const model::Transformer& m, const train::Trainer& trainer) {
   Elements mine;
   collect(m.params(), mine);
   const train::TrainerState state = trainer.state();
   mine["state/step"][0] = static_cast<float>(state.step);
   mine["state/sampler_position"][0] = static_cast<float>(state.sampler.position);
   mine["state/optimizer_updates"][0] = static_cast<float>(state.optimizer_updates);
-  write_elements(dir + "/dump_" + std::to_string(rank) + ".bin", mine);
-  mesh.world().barrier();
+  return mine;
+}
+
+// One rank of `job`: dumps every element it holds and its trainer state after saving or loading
+// (dump_<rank>.bin), and when it trains after loading, again at the end (final_<rank>.bin) and
+// the losses of the steps it trained (rank 0: losses.txt, one per line).
+int job_rank(const Job& job, const std::string& dir, int rank, const std::string& name) {
+  std::unique_ptr<comm::FileStore> base;
+  std::unique_ptr<comm::PrefixStore> store;
+  std::optional<comm::Mesh> mesh;
+  const train::TrainConfig tc = job_train_config(job);
+  model::ModelParallel parallel;
+  parallel.layout.zero = job.zero;
+  if (job.layout.world_size() > 1) {
+    base = std::make_unique<comm::FileStore>(dir + "/store");
+    store = std::make_unique<comm::PrefixStore>(comm::job_store(*base, name, 0));
+    mesh.emplace(comm::Mesh::create(*store, job.layout.world_size(), rank, job.layout,
+                                    comm::MeshOptions{.timeout = std::chrono::seconds(30)}));
+    parallel = model::ModelParallel::from_mesh(*mesh, job.zero);
+    parallel.activation_slots = train::pipeline_slots(parallel.pp_size(), parallel.pp_rank(),
+                                                      tc.accum_steps(mesh->dp_ep().size()));
+  }
+  const model::ModelConfig config = job_model();
+  auto be = backend::make_cpu_backend();
+  const data::SyntheticSource source(11, config.vocab, 1 << 14);
+  data::Sampler sampler(source, config.seq_len, 3, true, config.vocab);
+  model::Transformer m(config, *be, tc.micro_batch, parallel);
+  m.params().initialize(1234);
+  train::Trainer trainer(tc, m, *be, sampler, nullptr, mesh ? &*mesh : nullptr);
+  std::vector<double> losses;
+  const auto train_to = [&](int last) {
+    trainer.run([&](const train::StepMetrics& step) {
+      losses.push_back(step.loss);
+      return step.step < last;
+    });
+  };
+  if (job.save) {
+    train_to(job.stop_after > 0 ? job.stop_after : job.steps);
+    ckpt::CheckpointWriter::Options o;
+    o.rank = rank;
+    o.world_size = job.layout.world_size();
+    o.save_id = name;
+    o.timeout = std::chrono::seconds(30);
+    ckpt::CheckpointWriter writer(dir + "/checkpoints", o);
+    writer.reserve(train::capture_bytes(m, trainer));
+    writer.save(train::capture_checkpoint(writer.new_request(), m, trainer, *be, "hash",
+                                          {{"world_size", job.layout.world_size()}}));
+    writer.wait();
+  } else {
+    train::restore_checkpoint(ckpt::CheckpointReader::open(job.load_dir), m, trainer, *be);
+  }
+  write_elements(dir + "/dump_" + std::to_string(rank) + ".bin", with_state(m, trainer));
+  if (job.train_after) {
+    train_to(job.steps);
+    write_elements(dir + "/final_" + std::to_string(rank) + ".bin", with_state(m, trainer));
+  }
+  if (rank == 0) {
+    std::ofstream out(dir + "/losses.txt");
+    for (double loss : losses)
+      out << std::setprecision(17) << loss << '\n';
+  }
+  if (mesh) mesh->world().barrier();
   return 0;
 }
 
-Elements run_job(const comm::Layout& layout, int zero, const std::string& dir,
-                 const std::string& job, bool save, const fs::path& load_dir = {}) {
+struct JobOutput {
+  Elements elements;  // after saving or loading
+  Elements final;     // after training on (train_after)
+  std::vector<double> losses;
+};
+
+JobOutput run(const Job& job, const std::string& dir, const std::string& name) {
   fs::create_directories(dir + "/store");
-  for (int r = 0; r < layout.world_size(); ++r)
-    fs::remove(dir + "/dump_" + std::to_string(r) + ".bin");
+  const int world = job.layout.world_size();
+  for (int r = 0; r < world; ++r)
+    for (const char* kind : {"dump_", "final_"})
+      fs::remove(dir + "/" + kind + std::to_string(r) + ".bin");
   comm_test::RunOptions options;
   options.deadline = std::chrono::seconds(120);
   const auto status = comm_test::run_ranks(
-      layout.world_size(),
-      [&](int rank) { return job_rank(layout, zero, dir, rank, job, save, load_dir); }, options);
-  if (status != std::vector<int>(static_cast<size_t>(layout.world_size()), 0))
-    throw std::runtime_error("job " + job + " on " + layout.to_string() + " failed");
-  return merge_dumps(dir, layout.world_size());
+      world, [&](int rank) { return job_rank(job, dir, rank, name); }, options);
+  if (status != std::vector<int>(static_cast<size_t>(world), 0))
+    throw std::runtime_error("job " + name + " on " + job.layout.to_string() + " failed");
+  JobOutput out{merge_dumps(dir, world), {}, {}};
+  if (job.train_after) out.final = merge_dumps(dir, world, "final");
+  std::ifstream in(dir + "/losses.txt");
+  for (double loss = 0; in >> loss;)
+    out.losses.push_back(loss);
+  return out;
+}
+
+Elements run_job(const comm::Layout& layout, int zero, const std::string& dir,
+                 const std::string& name, bool save, const fs::path& load_dir = {}) {
+  Job job;
+  job.layout = layout;
+  job.zero = zero;
+  job.save = save;
+  job.load_dir = load_dir;
+  return run(job, dir, name).elements;
 }
 
 // Every element of `saved` is in `loaded` with the same bits (and nothing else is).
@@ -390,15 +460,18 @@ TEST_CASE("a checkpoint saved on any layout loads bit-identically into any other
   const model::ModelConfig config = test_model(storage);
   auto be = backend::make_cpu_backend();
   const std::vector<LayoutCase> layouts{
-      {},                   // one rank
-      {2, 1, 1, 1, false},  // tp2
-      {1, 1, 2, 1, true},   // dp2 zero1
-      {2, 1, 2, 1, true},   // dp2 x tp2 zero1
-      {1, 2, 1, 2, false},  // ep2 x pp2 (tied copy on the last stage)
-      {2, 2, 1, 1, false},  // ep2 x tp2
-      {1, 1, 4, 1, true},   // dp4 zero1: parts of unequal size
-      {2, 1, 2, 2, true},   // dp2 x tp2 x pp2 zero1
-      {1, 2, 2, 1, true},   // ep2 x dp2 zero1: each ep rank's part holds its own experts
+      {},               // one rank
+      {2, 1, 1, 1, 0},  // tp2
+      {1, 1, 2, 1, 1},  // dp2 zero1
+      {2, 1, 2, 1, 1},  // dp2 x tp2 zero1
+      {1, 2, 1, 2, 0},  // ep2 x pp2 (tied copy on the last stage)
+      {2, 2, 1, 1, 0},  // ep2 x tp2
+      {1, 1, 4, 1, 1},  // dp4 zero1: parts of unequal size
+      {2, 1, 2, 2, 1},  // dp2 x tp2 x pp2 zero1
+      {1, 2, 2, 1, 1},  // ep2 x dp2 zero1: each ep rank's part holds its own experts
+      {1, 1, 3, 1, 3},  // dp3 zero3: the values are the parts (and the outer regions, whole)
+      {2, 1, 2, 2, 3},  // dp2 x tp2 x pp2 zero3 (the tied copy in the last stage's outer region)
+      {1, 2, 2, 1, 3},  // ep2 x dp2 zero3
   };
   const auto single = model::build_param_table(config);
   for (const LayoutCase& from : layouts) {
@@ -425,7 +498,7 @@ TEST_CASE("a checkpoint of another global shape is refused naming the tensor", "
   auto be = backend::make_cpu_backend();
   model::ModelConfig config = test_model(DType::f32);
   TempDir tmp;
-  save_layout(*be, config, {2, 1, 1, 1, false}, tmp.path, 3);
+  save_layout(*be, config, {2, 1, 1, 1, 0}, tmp.path, 3);
   config.ffn_hidden = 64;
   const fs::path step_dir = tmp.path / "step_00000003";
   CHECK_THROWS_AS(mismatches_after_load(*be, config, {}, step_dir), train::CheckpointMismatch);
@@ -457,7 +530,7 @@ TEST_CASE("a job saved at dp2 x tp2 with ZeRO-1 resumes bit-identically at pp2 a
   // One rank, no mesh.
   auto be = backend::make_cpu_backend();
   const model::ModelConfig config = job_model();
-  const train::TrainConfig tc = job_train_config(0);
+  const train::TrainConfig tc = job_train_config(Job{});
   const data::SyntheticSource source(11, config.vocab, 1 << 14);
   data::Sampler sampler(source, config.seq_len, 3, true, config.vocab);
   model::Transformer m(config, *be, tc.micro_batch);
@@ -516,4 +589,78 @@ TEST_CASE("a job saved at dp2 with ZeRO-2 resumes bit-identically at dp4 ZeRO-1 
     if (name.starts_with("model/"))
       for (const auto& [index, value] : values)
         CHECK(saved.at(name).at(index) == Approx(value).margin(1e-5));
+}
+
+// ZeRO-3 saves each dp rank's part of the values (nothing else writes them): a dp2 ZeRO-3 job
+// stopped after step 2 of 4 loads bit for bit at dp3 with ZeRO-1 and on one rank without ZeRO, and
+// both train on like the job that never stopped (losses within 1e-5, weights within 1e-5 of
+// each tensor's largest magnitude: other layouts add in another order). And back: a dp3 ZeRO-1
+// job stopped the same way resumes at dp2 with ZeRO-3.
+TEST_CASE(
+    "a job saved at dp2 with ZeRO-3 resumes at dp3 ZeRO-1 and on one rank as if it never "
+    "stopped, and back",
+    "[train]") {
+  const comm_test::TempDir tmp;
+  Job base;
+  base.global_batch = 12;  // dp2 and dp3 both split it
+  base.steps = 4;
+  Job full = base;
+  full.layout.dp = 2;
+  full.zero = 3;
+  full.save = true;
+  const JobOutput uninterrupted = run(full, tmp.path + "/full", "full");
+  REQUIRE(uninterrupted.losses.size() == 4);
+  const auto continues = [&](const JobOutput& out) {
+    REQUIRE(out.losses.size() == 2);
+    for (size_t k = 0; k < 2; ++k)
+      CHECK(out.losses[k] == Approx(uninterrupted.losses[2 + k]).epsilon(1e-5));
+    CHECK(out.final.at("state/step").at(0) == 4.0f);
+    for (const auto& [name, values] : uninterrupted.elements) {
+      if (!name.starts_with("model/")) continue;
+      INFO(name);
+      float largest = 0, difference = 0;
+      for (const auto& [index, value] : values) {
+        largest = std::max(largest, std::abs(value));
+        difference = std::max(difference, std::abs(out.final.at(name).at(index) - value));
+      }
+      CHECK(difference <= 1e-5f * largest);
+    }
+  };
+  const auto stopped_at_2 = [&](Job job, const std::string& name) {
+    job.save = true;
+    job.stop_after = 2;
+    const JobOutput saved = run(job, tmp.path + "/" + name, "save");
+    REQUIRE(saved.losses.size() == 2);
+    return saved;
+  };
+
+  const JobOutput saved = stopped_at_2(full, "zero3");
+  // The same job up to the stop: the same bits.
+  CHECK(saved.losses ==
+        std::vector<double>(uninterrupted.losses.begin(), uninterrupted.losses.begin() + 2));
+  const fs::path step_dir = fs::path(tmp.path) / "zero3" / "checkpoints" / "step_00000002";
+  ckpt::CheckpointReader::open(step_dir).verify();
+  Job dp3 = base;
+  dp3.layout.dp = 3;
+  dp3.zero = 1;
+  for (const auto& [name, target] : {std::pair{"dp3 ZeRO-1", dp3}, std::pair{"one rank", base}}) {
+    INFO("dp2 ZeRO-3 -> " << name);
+    Job resume = target;
+    resume.load_dir = step_dir;
+    resume.train_after = true;
+    const JobOutput out = run(resume, tmp.path + "/zero3", std::string("load ") + name);
+    check_same_elements(saved.elements, out.elements);
+    continues(out);
+  }
+  {
+    INFO("dp3 ZeRO-1 -> dp2 ZeRO-3");
+    const JobOutput saved_zero1 = stopped_at_2(dp3, "zero1");
+    Job resume = full;
+    resume.save = false;
+    resume.load_dir = fs::path(tmp.path) / "zero1" / "checkpoints" / "step_00000002";
+    resume.train_after = true;
+    const JobOutput out = run(resume, tmp.path + "/zero1", "load");
+    check_same_elements(saved_zero1.elements, out.elements);
+    continues(out);
+  }
 }

@@ -6,17 +6,20 @@ ranks): the per-step loss and gradient norm and the final weights (all tensors o
 final checkpoint; see cli_layout_util for the exact measure) match the single-rank run within
 1e-5 relative, for dp2, tp2, pp2 (4 micro-batches), dp2 with ZeRO-1, dp2 x pp2 with ZeRO-1 (the
 tied embedding's exchange beside the overlapped reduce-scatters and parameter gathers), the same
-two with ZeRO-2 (a reduce-scatter per block and micro-batch, no whole gradient buffer), tp2 x pp2,
+two with ZeRO-2 (a reduce-scatter per block and micro-batch, no whole gradient buffer) and with
+ZeRO-3 (each block's parameters gathered before its forward and backward, the next one's while a
+block computes), tp2 x pp2,
 dp2 x tp2 x pp2 (8 ranks), a MoE model with ep2, tp2 (tensor-parallel experts) and ep2 x tp2
 (tokens are dropped at capacity: the test checks that dropping really happens, and happens alike),
-ep2 x dp2 with ZeRO-2 (each ep rank's part holds its own experts), and a Llama model with
+ep2 x dp2 with ZeRO-2 and 3 (each ep rank's part holds its own experts), and a Llama model with
 grouped-query attention at tp2. Then the same layout run twice is
 bit-identical (losses, and the checkpoint's bytes of every tensor).
 
 The layouts above use powers of two throughout, so gradient buckets, ZeRO-1 parts, tp shards and
 pipeline stages always fall on the same boundaries. 10 steps of a model with odd sizes (hidden 96,
 3 heads, vocab 263, ffn 210, 3 layers; cli_layout_util's "odd" families) must match its own single
-rank the same way under dp3, dp3 with ZeRO-1 and with ZeRO-2 (3 parts of unequal size), pp2 (2 + 1 layers) and tp3
+rank the same way under dp3, dp3 with ZeRO-1, 2 and 3 (3 parts of unequal size), pp2 (2 + 1
+layers) and tp3
 (vocab 261)."""
 import os
 
@@ -33,12 +36,15 @@ LAYOUTS = [
     ("gpt", "dp2-pp2-zero1"),
     ("gpt", "dp2-zero2"),
     ("gpt", "dp2-pp2-zero2"),
+    ("gpt", "dp2-zero3"),
+    ("gpt", "dp2-pp2-zero3"),
     ("gpt", "tp2-pp2"),
     ("gpt", "dp2-tp2-pp2"),
     ("moe", "ep2"),
     ("moe", "tp2"),
     ("moe", "ep2-tp2"),
     ("moe", "ep2-dp2-zero2"),
+    ("moe", "ep2-dp2-zero3"),
     ("llama", "tp2"),
 ]
 REPEAT = ("gpt", "tp2-pp2")
@@ -47,6 +53,7 @@ ODD_LAYOUTS = [
     ("odd", "dp3"),
     ("odd", "dp3-zero1"),
     ("odd", "dp3-zero2"),
+    ("odd", "dp3-zero3"),
     ("odd", "pp2"),
     ("odd-tp", "tp3"),
 ]

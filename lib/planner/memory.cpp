@@ -5,7 +5,8 @@
 //   params/grads  the rank's ParamTable (build_param_table): its stage's layers, tp shards of the
 //                 column/row-parallel matrices and the vocabulary, its ep share of the experts;
 //                 ZeRO-2's grads: the rank's part, the embedding/final norm/head whole and two
-//                 slots of the largest block (ParamStore's sharded gradients);
+//                 slots of the largest block (ParamStore's sharded gradients); ZeRO-3's params
+//                 the same way (its sharded values);
 //   optimizer     its part of the ZeRO partition (model::zero_partition, the engine's own
 //                 function: dp parts cut at row boundaries of the flat buffer), all of it
 //                 without ZeRO;
@@ -31,8 +32,9 @@ double round64(double bytes) {
 }
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-// model::ParamStore::kGradSlots (the planner does not link the model): ZeRO-2's block slots.
-constexpr int64_t kGradSlots = 2;
+// model::ParamStore::kGradSlots and kValueSlots (the planner does not link the model): ZeRO-2's
+// gradient slots and ZeRO-3's value slots, each of the largest block.
+constexpr int64_t kGradSlots = 2, kValueSlots = 2;
 
 struct StageShape {
   int first_layer = 0, layers = 0, moe_layers = 0;
@@ -223,31 +225,34 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   for (const model::TensorRows& x : tensors)
     elements += x.numel;
   if (s.tied && lay.pp > 1 && (st.first || st.last)) tied_elements = s.V / lay.tp * s.C;
-  m.params = static_cast<double>(elements) * z.storage;
   int64_t block_elements = 0, largest_block = 0;
   for (const auto& [begin, end] : blocks) {
     block_elements += end - begin;
     largest_block = std::max(largest_block, end - begin);
   }
-  const bool zero = lay.zero && lay.dp > 1, zero2 = lay.zero >= 2, cpu = cluster.gpus_per_node == 0;
+  const bool zero = lay.zero && lay.dp > 1, zero2 = lay.zero >= 2, zero3 = lay.zero >= 3;
+  const bool cpu = cluster.gpus_per_node == 0;
   // What depends on the rank's dp coordinate: its part `p` of the ZeRO partition and, for
-  // ZeRO-2, the largest share `b` of one block and `o` of an outer region (embedding before the
-  // blocks, final norm and head after them) that falls in that part.
+  // ZeRO-2 and 3, the largest share `b` of one block and `o` of an outer region (embedding before
+  // the blocks, final norm and head after them) that falls in that part.
   struct Sharded {
-    double optimizer = 0, grads = 0, comm = 0;
+    double params = 0, optimizer = 0, grads = 0, comm = 0;
+  };
+  // ParamStore's sharded buffers: the part, the outer regions whole and `slots` slots of the
+  // largest block.
+  auto sharded_buffer = [&](int64_t p, int64_t slots) {
+    return static_cast<double>(p + (elements - block_elements) + slots * largest_block);
   };
   auto sharded = [&](int64_t p, int64_t b, int64_t o) {
     Sharded x;
+    x.params = (zero3 ? sharded_buffer(p, kValueSlots) : static_cast<double>(elements)) * z.storage;
     x.optimizer = static_cast<double>(p) * (z.master + 2 * z.moment);
-    // ParamStore's sharded gradients (ZeRO-2): the reduced part, the embedding, final norm and
-    // head whole, and kGradSlots slots of the largest block; else the whole buffer.
-    x.grads = static_cast<double>(
-                  zero2 ? p + (elements - block_elements) + kGradSlots * largest_block : elements) *
-              z.grad;
+    x.grads = (zero2 ? sharded_buffer(p, kGradSlots) : static_cast<double>(elements)) * z.grad;
     if (zero) {
-      // GradSync's buffer of the part it reduces into and gathers from, and with ZeRO-2 one
-      // received block share per gradient slot.
-      x.comm = static_cast<double>(p + (zero2 ? kGradSlots * b : 0)) * z.grad;
+      // GradSync's buffer of the part it reduces into and gathers from (ZeRO-1 and 2; ZeRO-3
+      // gathers from the values' own part), and with ZeRO-2 and 3 one received block share per
+      // gradient slot.
+      x.comm = static_cast<double>((zero3 ? 0 : p) + (zero2 ? kGradSlots * b : 0)) * z.grad;
       // Gloo has no reduce-scatter: ours receives every rank's copy of its share and sums
       // locally (NCCL reduces in place). ZeRO-1: the part (an upper bound with
       // overlap_grad_sync, whose reduce-scatters receive one bucket's share at a time); ZeRO-2:
@@ -281,12 +286,13 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
       if (zero_rank >= 0 && k != zero_rank) continue;
       const size_t i = static_cast<size_t>(k);
       const Sharded x = sharded(static_cast<int64_t>(parts[i]), block_shares[i], outer_shares[i]);
-      if (x.optimizer + x.grads + x.comm > most) {
-        most = x.optimizer + x.grads + x.comm;
+      if (x.params + x.optimizer + x.grads + x.comm > most) {
+        most = x.params + x.optimizer + x.grads + x.comm;
         mine = x;
       }
     }
   }
+  m.params = mine.params;
   m.optimizer = mine.optimizer;
   m.grads = mine.grads;
 

@@ -135,7 +135,7 @@ struct Rejection {
 struct SearchOptions {
   std::vector<trainctl::Recompute> recompute{
       trainctl::Recompute::none, trainctl::Recompute::selective, trainctl::Recompute::full};
-  std::vector<int> zero{0, 1, 2};
+  std::vector<int> zero{0, 1, 2, 3};
   int max_micro_batch =
       64;  // micro-batch sizes tried: divisors of the per-replica batch up to this
   TimeOptions time;

@@ -168,18 +168,45 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     reduce_s = outer_s + m * std::max(0.0, reduce_s - outer_s);
     reduce_hidden_by *= m;  // each micro-batch's reduce-scatters behind its own backward
   }
-  const double gather_s = gather(shared_bytes, shared_group) + gather(expert_bytes, lay.dp);
+  const double one_pass = worst_compute / passes;
+  const bool overlapped = r.parallel.overlap_grad_sync;
+  double gather_s = 0, gather_exposed_s = 0;
+  if (lay.zero >= 3 && lay.dp > 1) {
+    // ZeRO-3 gathers each block's parameters over dp before its forward and its backward; a
+    // value slot still holding a block saves its gather (ParamGather): per step the first
+    // micro-batch's forward gathers every block, each later forward and every backward all but
+    // two (the two slots), i.e. 2 m (B - 2) + min(B, 2) gathers of B blocks per stage. With
+    // prefetch each hides behind the compute of the block before it (a forward, or a backward:
+    // 2 forwards, 3 with full recompute), except the step's first. After the step the
+    // embedding, final norm and head (kept whole) are gathered once, blocking.
+    const int blocks = std::max(1, layers);
+    const double outer = static_cast<double>(s.embedding + s.final_norm + s.head) * per_gpu;
+    const double block_elements = (shared_bytes + expert_bytes - outer) / blocks;
+    const double one = ring_seconds(block_elements * z.storage, lay.dp, dp_link, 1.0);
+    const double repeated = m * std::max(0, blocks - 2);
+    const double forward_gathers = repeated + std::min(blocks, 2);
+    const double backward_gathers = repeated;
+    const double block_forward = one_pass / blocks;
+    const double outer_s = ring_seconds(outer * z.storage, lay.dp, dp_link, 1.0);
+    gather_s = (forward_gathers + backward_gathers) * one + outer_s;
+    gather_exposed_s =
+        overlapped
+            ? one + (forward_gathers - 1) * std::max(0.0, one - block_forward) +
+                  backward_gathers * std::max(0.0, one - (passes - 1) * block_forward) + outer_s
+            : gather_s;
+  } else {
+    // With parallel.overlap_grad_sync ZeRO-1's bucketed all-gather of the updated parameters
+    // hides behind the next step's first forward (1 of the `passes` forward-equivalents of one
+    // stage time): that forward waits for each bucket only as it reaches it.
+    gather_s = gather(shared_bytes, shared_group) + gather(expert_bytes, lay.dp);
+    gather_exposed_s = overlapped ? std::max(0.0, gather_s - one_pass) : gather_s;
+  }
   t.dp_comm_s = reduce_s + gather_s + ep_part_s;
   // With parallel.overlap_grad_sync the bucketed reduction (all-reduce, or ZeRO-1's
   // reduce-scatter) starts as the last micro-batch's backward produces gradients, so it hides
-  // behind that backward (2 of the `passes` forward-equivalents of one stage time), and ZeRO-1's
-  // bucketed all-gather of the updated parameters behind the next step's first forward (1 of
-  // them): that forward waits for each bucket only as it reaches it.
-  const double one_pass = worst_compute / passes;
-  const bool overlapped = r.parallel.overlap_grad_sync;
-  t.dp_exposed_s = ep_part_s + (overlapped ? std::max(0.0, reduce_s - reduce_hidden_by) +
-                                                 std::max(0.0, gather_s - one_pass)
-                                           : reduce_s + gather_s);
+  // behind that backward (2 of the `passes` forward-equivalents of one stage time).
+  t.dp_exposed_s = ep_part_s + gather_exposed_s +
+                   (overlapped ? std::max(0.0, reduce_s - reduce_hidden_by) : reduce_s);
 
   t.step_s = m * worst_stage + t.bubble_s + t.dp_exposed_s;
   const double tokens = static_cast<double>(r.training.global_batch) * s.T;

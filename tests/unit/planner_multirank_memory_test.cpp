@@ -202,6 +202,30 @@ TEST_CASE("memory model matches the engine on every dp rank's ZeRO-2 gradients")
   CHECK(two.total() < one.total());
 }
 
+// ZeRO-3: the values as ZeRO-2's gradients (the part, the outer regions whole, two slots of the
+// largest block), the gradients as ZeRO-2's; no ZeRO buffer in the gradient sync.
+TEST_CASE("memory model matches the engine on every dp rank's ZeRO-3 values") {
+  for (const ModelCase& k : kDense) {
+    check_every_rank(recipe_for(k), layout(1, 1, 2, 1, k, 3));
+    check_every_rank(recipe_for(k), layout(1, 1, 3, 1, k, 3));  // uneven parts
+  }
+  check_every_rank(recipe_for(kDense[1]), layout(1, 2, 2, 1, kDense[1], 3));  // per stage
+  check_every_rank(recipe_for(kDense[2]), layout(2, 1, 2, 1, kDense[2], 3));  // tp shards
+  check_every_rank(recipe_for(kDense[0]), layout(1, 1, 1, 1, kDense[0], 3));  // one rank
+  check_every_rank(recipe_for(kMoe[1]), layout(1, 1, 2, 2, kMoe[1], 3));      // ep2 x dp2
+  recipe::Recipe deep = recipe_for(kDense[1]);
+  deep.model.layers = 16;
+  const topology::ClusterSpec machine = planner::cpu_machine();
+  const planner::MemoryEstimate two =
+      planner::estimate_memory(deep, machine, layout(1, 1, 4, 1, kDense[1], 2));
+  const planner::MemoryEstimate three =
+      planner::estimate_memory(deep, machine, layout(1, 1, 4, 1, kDense[1], 3));
+  CHECK(three.params < 0.5 * two.params);
+  CHECK(three.grads == Approx(two.grads).epsilon(0.01));
+  CHECK(three.comm_buffers < two.comm_buffers);  // no copy of the part
+  CHECK(three.total() < two.total());
+}
+
 TEST_CASE("memory model matches the engine on every rank of tp2 x pp2") {
   for (const ModelCase& k : kDense)
     check_every_rank(recipe_for(k), layout(2, 2, 1, 1, k));

@@ -168,14 +168,14 @@ TEST_CASE("MoE: expert parallelism divides the experts and is searched") {
   CHECK(eight.params < one.params / 3);  // the experts dominate and are split 8 ways
 }
 
-TEST_CASE("ZeRO-1 and 2 are searched where dp > 1, with expert parallelism too") {
+TEST_CASE("ZeRO-1, 2 and 3 are searched where dp > 1, with expert parallelism too") {
   recipe::Recipe r = llama_7b();
   r.model.layers = 8;
   r.model.moe.experts = 8;
   r.model.moe.top_k = 2;
   r.model.moe.every = 1;
   planner::SearchOptions only_zero;
-  only_zero.zero = {1, 2};
+  only_zero.zero = {1, 2, 3};
   const planner::Plan plan = planner::make_plan(r, h100(1), only_zero);  // 8 GPUs
   bool with_ep = false;
   for (const planner::Candidate& k : plan.ranked) {
@@ -184,6 +184,11 @@ TEST_CASE("ZeRO-1 and 2 are searched where dp > 1, with expert parallelism too")
     with_ep = with_ep || k.layout.ep > 1;
   }
   CHECK(with_ep);
+  only_zero.zero = {3};
+  const planner::Plan three = planner::make_plan(r, h100(1), only_zero);
+  REQUIRE_FALSE(three.ranked.empty());
+  for (const planner::Candidate& k : three.ranked)
+    CHECK(k.layout.zero == 3);
   bool saw_reason = false;
   for (const planner::Rejection& rej : plan.rejected)
     if (rej.layout.dp == 1) {
@@ -309,4 +314,32 @@ TEST_CASE("gradient reduction hides behind backward only when the engine overlap
   // What hides is at most one backward and one forward of the first micro-batch: compute_s holds
   // all micro-batches' three passes.
   CHECK(z.dp_comm_s - z.dp_exposed_s <= z.compute_s / z.micro_batches + 1e-12);
+}
+
+TEST_CASE(
+    "ZeRO-3 adds a gather per block before its forward and backward, hidden when prefetched") {
+  recipe::Recipe r = llama_7b();
+  const topology::ClusterSpec c = h100(4);
+  const planner::Variant two{1, 1, 32, 1, 1, 2, trainctl::Recompute::none};
+  const planner::Variant three{1, 1, 32, 1, 1, 3, trainctl::Recompute::none};
+  const planner::TimeEstimate z2 = planner::estimate_time(r, c, two);
+  const planner::TimeEstimate z3 = planner::estimate_time(r, c, three);
+  // The same reduce-scatters; instead of one gather of all parameters after the step, about
+  // 2m(B - 2) + 2 gathers of a block (m micro-batches, B = 32 blocks) and one of the embedding
+  // and head: more traffic as soon as m > 1.
+  REQUIRE(z3.micro_batches > 1);
+  CHECK(z3.dp_comm_s > z2.dp_comm_s);
+  CHECK(z3.compute_s == z2.compute_s);
+  // Prefetched, each gather hides behind the block before it, as far as that block's compute
+  // lasts: less is exposed than without overlap, where everything is.
+  CHECK(z3.dp_exposed_s < z3.dp_comm_s);
+  r.parallel.overlap_grad_sync = false;
+  const planner::TimeEstimate blocking = planner::estimate_time(r, c, three);
+  CHECK(blocking.dp_comm_s == z3.dp_comm_s);
+  CHECK(blocking.dp_exposed_s == blocking.dp_comm_s);
+  // ZeRO-3's memory: the parameters are the rank's part, the embedding and head, two blocks.
+  const planner::MemoryEstimate m2 = planner::estimate_memory(r, c, two);
+  const planner::MemoryEstimate m3 = planner::estimate_memory(r, c, three);
+  CHECK(m3.params < m2.params / 5);
+  CHECK(m3.grads == Approx(m2.grads).epsilon(1e-3));
 }

@@ -232,6 +232,16 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   }
   const bool zero = lay.zero && lay.dp > 1, zero2 = lay.zero >= 2, zero3 = lay.zero >= 3;
   const bool cpu = cluster.gpus_per_node == 0;
+  // ZeRO-2 and 3 sum the block and outer gradients in precision.reduce_dtype: with bf16 GradSync
+  // keeps a bf16 copy of a block per slot and of an outer region, and receives bf16 shares.
+  const bool converts = zero2 && r.precision.reduce_dtype == recipe::ReduceDtype::bf16;
+  const double reduce_item = converts ? 2.0 : z.grad;
+  int64_t largest_region = 0;
+  if (converts) {
+    const int64_t front = blocks.empty() ? elements : blocks.front().first;
+    const int64_t back = blocks.empty() ? 0 : elements - blocks.back().second;
+    largest_region = std::max<int64_t>({1, front, back});
+  }
   // What depends on the rank's dp coordinate: its part `p` of the ZeRO partition and, for
   // ZeRO-2 and 3, the largest share `b` of one block and `o` of an outer region (embedding before
   // the blocks, final norm and head after them) that falls in that part.
@@ -252,13 +262,20 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
       // GradSync's buffer of the part it reduces into and gathers from (ZeRO-1 and 2; ZeRO-3
       // gathers from the values' own part), and with ZeRO-2 and 3 one received block share per
       // gradient slot.
-      x.comm = static_cast<double>((zero3 ? 0 : p) + (zero2 ? kGradSlots * b : 0)) * z.grad;
+      x.comm = static_cast<double>(zero3 ? 0 : p) * z.grad +
+               static_cast<double>(zero2 ? kGradSlots * std::max<int64_t>(b, 1) : 0) * reduce_item;
+      if (converts)
+        x.comm += static_cast<double>(kGradSlots * std::max<int64_t>(largest_block, 1) +
+                                      largest_region + std::max<int64_t>(o, 1)) *
+                  reduce_item;
       // Gloo has no reduce-scatter: ours receives every rank's copy of its share and sums
       // locally (NCCL reduces in place). ZeRO-1: the part (an upper bound with
       // overlap_grad_sync, whose reduce-scatters receive one bucket's share at a time); ZeRO-2:
       // a block at a time (on the background group with overlap) and the outer regions after
       // backward (on dp).
-      if (cpu) x.comm += static_cast<double>(zero2 ? b + o : p) * lay.dp * z.grad;
+      if (cpu)
+        x.comm += zero2 ? static_cast<double>(b + o) * lay.dp * reduce_item
+                        : static_cast<double>(p) * lay.dp * z.grad;
     }
     return x;
   };

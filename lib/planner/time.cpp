@@ -144,9 +144,12 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   const double per_gpu = 1.0 / (static_cast<double>(lay.tp) * lay.pp);
   const double shared_bytes = shared_elements * per_gpu;
   const double expert_bytes = expert_elements * per_gpu;
-  // The gradients' all-reduce, or ZeRO's reduce-scatter of them (half the ring traffic) ...
+  // The gradients' all-reduce, or ZeRO's reduce-scatter of them (half the ring traffic), ZeRO-2
+  // and 3's in precision.reduce_dtype ...
+  const double reduce_item =
+      lay.zero >= 2 && r.precision.reduce_dtype == recipe::ReduceDtype::bf16 ? 2.0 : z.grad;
   auto reduce = [&](double elements, int group) {
-    return ring_seconds(elements * z.grad, group, dp_link, lay.zero ? 1.0 : 2.0);
+    return ring_seconds(elements * reduce_item, group, dp_link, lay.zero ? 1.0 : 2.0);
   };
   // ... followed by ZeRO's all-gather of the updated parameters.
   auto gather = [&](double elements, int group) {

@@ -42,6 +42,7 @@ using trainctl::Recompute;                   // parallel.recompute (layout/layou
 using Fp8 = model::Fp8Mode;                  // precision.fp8
 using LossScaleMode = train::LossScaleKind;  // precision.loss_scale
 using Decay = train::DecayKind;              // schedule.decay
+using ReduceDtype = train::ReduceDtype;      // precision.reduce_dtype
 using DataSource = data::SourceKind;         // data.source
 using Progress = telemetry::ProgressMode;    // logging.progress
 using OptimizerName = train::OptimizerName;  // optimizer.name
@@ -83,6 +84,10 @@ struct EnumNames<Fp8> {
 template <>
 struct EnumNames<OptimizerName> {
   static constexpr std::array<std::string_view, 1> names{"adamw"};
+};
+template <>
+struct EnumNames<ReduceDtype> {
+  static constexpr std::array<std::string_view, 2> names{"fp32", "bf16"};
 };
 template <>
 struct EnumNames<Decay> {
@@ -174,7 +179,7 @@ using TrainingConfig = train::TrainingConfig;
 using OptimizerConfig = train::OptimizerConfig;
 using ScheduleConfig = train::ScheduleConfig;
 using LossScale = train::LossScale;
-using PrecisionConfig = train::LossScalingConfig;  // precision.* but compute and fp8
+using PrecisionConfig = train::PrecisionConfig;  // precision.* but compute and fp8
 
 struct CheckpointConfig {
   int64_t every_steps;   // 0: off

@@ -163,6 +163,14 @@ void check_schedule_and_data(const Recipe& r, RuleChecker& c) {
 // a shared file system rank 0 would wait for shards it can never see.
 // fp8 GEMMs take bf16 operands and write bf16 (Transformer Engine's arrangement).
 void check_precision(const Recipe& r, RuleChecker& c) {
+  // The gradient sync sums in bf16 only where it reduce-scatters block by block.
+  if (c.usable({"precision.reduce_dtype", "parallel.zero"}) &&
+      r.precision.reduce_dtype == ReduceDtype::bf16 && r.parallel.zero < 2)
+    c.fail({"precision.reduce_dtype", "parallel.zero"},
+           fmt::format("precision.reduce_dtype: bf16 applies to the block reduce-scatters of "
+                       "parallel.zero 2 and 3, but parallel.zero is {}; set parallel.zero: 2 "
+                       "or 3, or precision.reduce_dtype: fp32",
+                       r.parallel.zero));
   if (!c.usable({"precision.fp8", "precision.compute"}) || r.model.fp8 == Fp8::none) return;
   if (r.model.storage != DType::bf16)
     c.fail({"precision.fp8", "precision.compute"},

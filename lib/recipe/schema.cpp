@@ -233,6 +233,10 @@ std::vector<KeySpec> build_schema() {
       "grow the dynamic scale x2 after this many finite steps"));
   t.push_back(row<B(precision, min_loss_scale)>("precision.min_loss_scale", 1.0, above(0),
                                                 "the dynamic scale never drops below this"));
+  t.push_back(row<B(precision, reduce_dtype)>(
+      "precision.reduce_dtype", ReduceDtype::fp32, none(),
+      "type the block gradients are summed in over data-parallel ranks (zero 2 and 3): bf16 "
+      "halves the traffic"));
   // optimizer
   t.push_back(row<B(optimizer, name)>("optimizer.name", OptimizerName::adamw, none(), "optimizer"));
   t.push_back(row<B(optimizer, lr)>("optimizer.lr", 1.0e-3, above(0), "peak learning rate"));

@@ -73,6 +73,7 @@ RunContext::RunContext(const SessionInput& input, RankLog& log)
   train_config.eval_every_steps = r.logging.eval_every_steps;
   train_config.eval_batches = r.logging.eval_batches;
   train_config.zero = r.parallel.zero;
+  train_config.reduce_dtype = r.precision.reduce_dtype;
   train_config.overlap_grad_sync = r.parallel.overlap_grad_sync;
   // cluster.device: cuda runs the CUDA backend on this rank's GPU (its local rank); auto stays
   // on the CPU until tests/gpu has passed on a GPU (docs/cuda.md). The backend comes first: the

@@ -62,4 +62,15 @@ struct LossScalingConfig {
   bool operator==(const LossScalingConfig&) const = default;
 };
 
+// precision.reduce_dtype: the type in which the block gradients of ZeRO-2 and 3 are summed over
+// the data-parallel ranks (FSDP2's reduce_dtype). bf16 halves their traffic; the sums are added
+// into the f32 part (the optimizer's gradients stay f32).
+enum class ReduceDtype { fp32, bf16 };
+
+// precision.* but compute and fp8 (the model's): loss scaling and the reduction type.
+struct PrecisionConfig : LossScalingConfig {
+  ReduceDtype reduce_dtype = ReduceDtype::fp32;
+  bool operator==(const PrecisionConfig&) const = default;
+};
+
 }  // namespace trainctl::train

@@ -76,10 +76,21 @@ std::vector<IndexRange> norm_ranges(const model::ParamTable& table, const NormOw
 }
 
 GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Transformer& model,
-                   int64_t bucket_bytes, int zero, bool overlap)
-    : mesh_(mesh), be_(backend), model_(model), zero_(zero >= 1), shard_grads_(zero >= 2) {
+                   int64_t bucket_bytes, int zero, bool overlap, ReduceDtype reduce)
+    : mesh_(mesh),
+      be_(backend),
+      model_(model),
+      zero_(zero >= 1),
+      shard_grads_(zero >= 2),
+      reduce_dtype_(reduce == ReduceDtype::bf16 ? tensor::DType::bf16
+                                                : model.params().grad_dtype()) {
   const model::ParamStore& params = model.params();
   const size_t grad_bytes = tensor::dtype_size(params.grad_dtype());
+  if (reduce == ReduceDtype::bf16 && zero < 2)
+    throw std::invalid_argument(
+        "a bf16 gradient reduction applies to ZeRO-2 and 3's block "
+        "reduce-scatters; ZeRO stage " +
+        std::to_string(zero) + " sums in the gradients' own type");
   buckets_ = plan_grad_buckets(params.table(), bucket_bytes, grad_bytes);
   if (zero < 0 || zero > 3)
     throw std::invalid_argument("ZeRO stage " + std::to_string(zero) + ": use 0, 1, 2 or 3");
@@ -110,13 +121,28 @@ GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Tra
       zero_part_ = be_.allocate(static_cast<size_t>(end - begin) * grad_bytes);
     if (shard_grads_ && dp > 1) {
       // Each slot receives this rank's share of one block: at most the largest such share.
-      size_t largest = 1;
-      for (const model::BlockUnit& unit : params.block_units())
+      size_t largest = 1, largest_block = 1;
+      for (const model::BlockUnit& unit : params.block_units()) {
         largest = std::max(largest, model::zero_shares(zero_bounds_, unit.begin,
                                                        unit.end)[static_cast<size_t>(rank)]);
+        largest_block = std::max(largest_block, static_cast<size_t>(unit.numel()));
+      }
+      const size_t reduce_bytes = tensor::dtype_size(reduce_dtype_);
       slots_.resize(model::ParamStore::kGradSlots);
-      for (SlotReduce& slot : slots_)
-        slot.received = be_.allocate(largest * grad_bytes);
+      for (SlotReduce& slot : slots_) {
+        slot.received = be_.allocate(largest * reduce_bytes);
+        if (converts()) slot.sent = be_.allocate(largest_block * reduce_bytes);
+      }
+      if (converts()) {
+        // The outer regions are reduce-scattered one after the other through one pair.
+        size_t region = 1, share = 1;
+        for (const IndexRange& r : params.outer_regions()) {
+          region = std::max(region, static_cast<size_t>(r.size()));
+          share = std::max(share, static_cast<size_t>(part_range_of(r.begin, r.end).size()));
+        }
+        outer_sent_ = be_.allocate(region * reduce_bytes);
+        outer_received_ = be_.allocate(share * reduce_bytes);
+      }
     }
   }
   counted_ = norm_ranges(params.table(), owner);
@@ -367,9 +393,10 @@ void GradSync::take_reduced_part() {
 }
 
 size_t GradSync::buffer_bytes() const {
-  size_t bytes = zero_part_.bytes() + tied_peer_.bytes();
+  size_t bytes =
+      zero_part_.bytes() + tied_peer_.bytes() + outer_sent_.bytes() + outer_received_.bytes();
   for (const SlotReduce& slot : slots_)
-    bytes += slot.received.bytes();
+    bytes += slot.received.bytes() + slot.sent.bytes();
   return bytes;
 }
 
@@ -392,9 +419,14 @@ void GradSync::block_done(int layer, int slot) {
     return;
   }
   const model::BlockUnit& unit = params.block_unit(layer);
-  const Tensor input = params.unreduced_grads(unit.begin, unit.end);
-  std::vector<size_t> shares = model::zero_shares(zero_bounds_, unit.begin, unit.end);
   SlotReduce& s = slots_.at(static_cast<size_t>(slot));
+  Tensor input = params.unreduced_grads(unit.begin, unit.end);
+  if (converts()) {  // the block in the reduction type
+    const Tensor converted = s.sent.view(reduce_dtype_, {unit.numel()});
+    be_.cast(converted, input);
+    input = converted;
+  }
+  std::vector<size_t> shares = model::zero_shares(zero_bounds_, unit.begin, unit.end);
   if (s.layer >= 0)
     throw std::logic_error("ZeRO-2: gradient slot " + std::to_string(slot) +
                            " handed over again before its reduce-scatter was folded");
@@ -424,7 +456,7 @@ void GradSync::fold_slot(int slot) {
   const IndexRange mine = part_range_of(unit.begin, unit.end);
   if (mine.size() > 0)
     be_.accumulate(params.grad_part().rows(mine.begin, mine.size()),
-                   s.received.view(params.grad_dtype(), {mine.size()}));
+                   s.received.view(reduce_dtype_, {mine.size()}));
   params.release_block_grads(s.layer);
   s.layer = -1;
 }
@@ -441,13 +473,21 @@ void GradSync::reduce_outer_regions() {
   }
   for (const IndexRange& region : params.outer_regions()) {
     if (region.size() <= 0) continue;
+    const std::vector<size_t> shares = model::zero_shares(zero_bounds_, region.begin, region.end);
     const Tensor input = params.unreduced_grads(region.begin, region.end);
     const IndexRange mine = part_range_of(region.begin, region.end);
-    void* output = static_cast<char*>(part.data) +
-                   static_cast<size_t>(mine.begin) * tensor::dtype_size(part.dtype);
-    dp.reduce_scatter_sum_v(input.data, output,
-                            model::zero_shares(zero_bounds_, region.begin, region.end),
-                            input.dtype);
+    if (!converts()) {  // straight into the part, whose elements there are still zero
+      void* output = static_cast<char*>(part.data) +
+                     static_cast<size_t>(mine.begin) * tensor::dtype_size(part.dtype);
+      dp.reduce_scatter_sum_v(input.data, output, shares, input.dtype);
+      continue;
+    }
+    const Tensor converted = outer_sent_.view(reduce_dtype_, {region.size()});
+    be_.cast(converted, input);
+    dp.reduce_scatter_sum_v(converted.data, outer_received_.data(), shares, reduce_dtype_);
+    if (mine.size() > 0)
+      be_.accumulate(part.rows(mine.begin, mine.size()),
+                     outer_received_.view(reduce_dtype_, {mine.size()}));
   }
 }
 

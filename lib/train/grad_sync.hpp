@@ -63,6 +63,7 @@
 #include "comm/background_reducer.hpp"
 #include "comm/mesh.hpp"
 #include "model/model.hpp"
+#include "train/config.hpp"
 #include "train/param_gather.hpp"
 
 namespace trainctl::train {
@@ -103,8 +104,12 @@ class GradSync : public model::BlockGradSink {
   // overlap: reduce buckets during backward (see the top of this file); it
   // needs the Mesh's background groups (MeshOptions::background_groups) for each data-parallel
   // group of more than one rank, and is off without them (overlaps() says which).
+  // reduce: ZeRO-2 and 3 only, the type the block gradients and the outer regions are summed in
+  // over dp (bf16: cast from the gradients' type before the reduce-scatter, the received sums
+  // added into the part).
   GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Transformer& model,
-           int64_t bucket_bytes, int zero, bool overlap = false);
+           int64_t bucket_bytes, int zero, bool overlap = false,
+           ReduceDtype reduce = ReduceDtype::fp32);
   ~GradSync() override;
 
   // ZeRO-2 (model::BlockGradSink): the model's block backward hands its slot over here.
@@ -180,12 +185,17 @@ class GradSync : public model::BlockGradSink {
   bool zero_;         // ZeRO-1 to 3: the optimizer state is partitioned over dp
   bool shard_grads_;  // ZeRO-2 and 3
   // ZeRO-2, per gradient slot: the block whose reduce-scatter reads it (-1: none), the running
-  // operation (null when blocking), and where this rank's share of the sum arrives.
+  // operation (null when blocking), where this rank's share of the sum arrives, and with a
+  // reduction type other than the gradients' the block's copy in that type.
   struct SlotReduce {
     int layer = -1;
     std::shared_ptr<comm::Work> work;
-    backend::Allocation received;
+    backend::Allocation received, sent;
   };
+  tensor::DType reduce_dtype_;  // ZeRO-2 and 3: of the block and outer reduce-scatters
+  bool converts() const { return reduce_dtype_ != model_.params().grad_dtype(); }
+  // ZeRO-2 and 3 converting: an outer region in the reduction type and this rank's share of it.
+  backend::Allocation outer_sent_, outer_received_;
   std::vector<SlotReduce> slots_;
   std::vector<int> slot_order_;  // slots with a running reduce-scatter, in start order
   // ZeRO with ep > 1: the non-expert ranges of the part (offsets within it), summed over ep.

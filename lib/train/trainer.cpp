@@ -93,7 +93,7 @@ Trainer::Trainer(const TrainConfig& config, model::Transformer& model, backend::
     data_rank_ = mesh->dp_ep().rank();
     data_ranks_ = mesh->dp_ep().size();
     sync_ = std::make_unique<GradSync>(*mesh, backend, model, config.bucket_bytes, config.zero,
-                                       config.overlap_grad_sync);
+                                       config.overlap_grad_sync, config.reduce_dtype);
     // ZeRO-3: every forward gathers its blocks, evaluation's too, for the trainer's lifetime.
     model.set_block_value_source(sync_->param_gather());
   }

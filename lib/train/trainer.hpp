@@ -34,6 +34,8 @@ struct TrainConfig : TrainingConfig {
   // (the model must then be built with ModelParallel::zero_parts = dp).
   int64_t bucket_bytes = int64_t{25} << 20;
   int zero = 0;
+  // ZeRO-2 and 3: the type the block gradients are summed in over dp (precision.reduce_dtype).
+  ReduceDtype reduce_dtype = ReduceDtype::fp32;
   // Start each bucket's reduction as soon as the last micro-batch's backward has produced it, and
   // with ZeRO-1 gather each bucket's updated parameters while the next forward runs
   // (bit-identical to doing both between the steps).

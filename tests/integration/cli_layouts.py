@@ -13,7 +13,10 @@ dp2 x tp2 x pp2 (8 ranks), a MoE model with ep2, tp2 (tensor-parallel experts) a
 (tokens are dropped at capacity: the test checks that dropping really happens, and happens alike),
 ep2 x dp2 with ZeRO-2 and 3 (each ep rank's part holds its own experts), and a Llama model with
 grouped-query attention at tp2. Then the same layout run twice is
-bit-identical (losses, and the checkpoint's bytes of every tensor).
+bit-identical (losses, and the checkpoint's bytes of every tensor). Every run's memory per
+category is what the planner's model planned for its rank 0, to the byte (comm under tp: at most
+64 KiB above). A dp2 ZeRO-3 run with the block gradients summed in bf16 (precision.reduce_dtype)
+stays within 1e-5 of the single rank (measured 9.4e-7) and differs from the fp32 reduction's run.
 
 The layouts above use powers of two throughout, so gradient buckets, ZeRO-1 parts, tp shards and
 pipeline stages always fall on the same boundaries. 10 steps of a model with odd sizes (hidden 96,
@@ -49,6 +52,7 @@ LAYOUTS = [
 ]
 REPEAT = ("gpt", "tp2-pp2")
 ODD_STEPS = 10
+BF16_REDUCE_TOLERANCE = 1e-5  # measured 9.4e-7 over 20 steps (fp32 sums: 5e-9)
 ODD_LAYOUTS = [
     ("odd", "dp3"),
     ("odd", "dp3-zero1"),
@@ -74,6 +78,20 @@ def check_comm_fields(records, layout, label):
     if overlaps:
         busy = sum(r["comm_background_ms"] for r in records.values())
         check(busy > 0, f"{label}: the background reduction was never busy ({busy} ms)")
+
+
+def check_memory_planned(run_dir, layout, label):
+    """The run's memory per category (rank 0, summary.json) is what trainctl plan's model planned
+    for the same rank, to the byte; only `comm` under tp may be planned higher, by at most 64 KiB
+    (the planner counts the vocab-parallel loss's host vectors, N * (8 * (4 + tp) + 8) bytes: an
+    upper bound the run does not hold as a buffer)."""
+    summary = cli_util.read_summary(run_dir)
+    used, planned = summary.get("memory_bytes", {}), summary.get("memory_planned_bytes") or {}
+    for category in ("params", "grads", "optimizer", "activations", "comm"):
+        u, p = used.get(category), planned.get(category)
+        ok = u == p or (category == "comm" and "tp" in layout and u is not None and p is not None
+                        and u <= p <= u + 65536)
+        check(ok, f"{label}: memory {category}: the run used {u} bytes, the planner planned {p}")
 
 
 def body(binary, root):
@@ -103,8 +121,26 @@ def body(binary, root):
                 check(want == got, f"{label}: dropped tokens per step {got} differ from the "
                                    f"single rank's {want}")
             check_comm_fields(lu.losses(run_dir), layout, label)
+            check_memory_planned(run_dir, layout, label)
             report.append(f"{label}: loss {loss_error:.2g}, weights {weight_error:.2g} "
                           f"(worst tensor {worst})")
+
+        # ZeRO-3 with the block gradients summed in bf16 (precision.reduce_dtype): rounded once
+        # per block and micro-batch, still within BF16_REDUCE_TOLERANCE of one rank, not equal to
+        # the fp32 reduction's run (the setting is applied), and its memory (the bf16 copies and
+        # shares the gradient sync keeps) as planned.
+        family, layout = "gpt", "dp2-zero3"
+        run_dir = os.path.join(tmp, "gpt-dp2-zero3-bf16-reduce")
+        lu.train(binary, root, run_dir, family, layout, STEPS, ["precision.reduce_dtype=bf16"])
+        label = "gpt dp2-zero3 reduce bf16"
+        loss_error = lu.check_losses(reference[family][0], run_dir, label, 1, STEPS,
+                                     tolerance=BF16_REDUCE_TOLERANCE)
+        fp32_reduce = lu.losses(os.path.join(tmp, "gpt-dp2-zero3"))
+        check(any(r["loss"] != fp32_reduce[step]["loss"]
+                  for step, r in lu.losses(run_dir).items()),
+              f"{label}: every loss equals the fp32 reduction's: the bf16 sums were not used")
+        check_memory_planned(run_dir, layout, label)
+        report.append(f"{label}: loss {loss_error:.2g}")
 
         for family, layout in ODD_LAYOUTS:
             if family not in reference:
@@ -119,6 +155,7 @@ def body(binary, root):
             weight_error, worst = lu.check_weights(reference[family][1],
                                                    lu.final_weights(binary, root, run_dir), label)
             check_comm_fields(lu.losses(run_dir), layout, label)
+            check_memory_planned(run_dir, layout, label)
             report.append(f"{label}: loss {loss_error:.2g}, weights {weight_error:.2g} "
                           f"(worst tensor {worst})")
 

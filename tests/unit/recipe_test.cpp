@@ -274,6 +274,12 @@ const std::vector<BadCase> kBadCases = {
      {},
      {"3:33: precision.fp8: hybrid needs precision.compute: bf16 (got fp32); set "
       "precision.compute: bf16 or precision.fp8: none"}},
+    {"a bf16 gradient reduction needs zero 2 or 3",
+     kOk + "precision: {reduce_dtype: bf16}\nparallel: {zero: 1}\n",
+     {},
+     {"3:27: precision.reduce_dtype: bf16 applies to the block reduce-scatters of parallel.zero 2 "
+      "and 3, but parallel.zero is 1; set parallel.zero: 2 or 3, or precision.reduce_dtype: "
+      "fp32"}},
     {"top_k > experts",
      kOk + "moe:\n  experts: 2\n  top_k: 3\n",
      {},

@@ -50,6 +50,7 @@ struct Setup {
   // on_step captures a checkpoint (as trainctl run does) before the step's values are read.
   bool capture_each_step = false;
   bool use_step = false;  // a loop of Trainer::step() instead of Trainer::run()
+  train::ReduceDtype reduce = train::ReduceDtype::fp32;
 };
 
 // The CPU backend, counting the fences taken on the training thread and those waited on by
@@ -155,6 +156,7 @@ train::TrainConfig train_config(const Setup& s) {
   t.bucket_bytes = 2048;  // many buckets even for this small model
   t.zero = s.zero;
   t.overlap_grad_sync = s.overlap;
+  t.reduce_dtype = s.reduce;
   return t;
 }
 
@@ -441,6 +443,21 @@ TEST_CASE(
   s.capture_each_step = true;
   const std::vector<RankResult> on = compare_overlap(s);
   check_overlapped(on, 2 * 4);  // 2 blocks per stage x 4 micro-batches
+}
+
+// precision.reduce_dtype bf16: each block's gradients cast to bf16 before the reduce-scatter, the
+// bf16 sums added into the f32 part; overlapped and blocking runs agree bit for bit, and the
+// result is not the fp32 reduction's.
+TEST_CASE("overlap: ZeRO-3 dp2 with bf16 block reductions is bit-identical", "[train][overlap]") {
+  Setup s = zero1_dp2();
+  s.zero = 3;
+  s.reduce = train::ReduceDtype::bf16;
+  const std::vector<RankResult> on = compare_overlap(s);
+  check_overlapped(on, 4 * 3);
+  s.reduce = train::ReduceDtype::fp32;
+  const std::vector<RankResult> fp32 = run_job(s);
+  for (size_t r = 0; r < on.size(); ++r)
+    CHECK(on[r].values != fp32[r].values);
 }
 
 // ZeRO with expert parallelism: every bucket or block reduce-scattered over dp in the background,

@@ -162,54 +162,62 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   const double ep_part_s = lay.zero && lay.ep > 1
                                ? ring_seconds(shared_bytes / lay.dp * z.grad, lay.ep, ep_link, 2.0)
                                : 0.0;
-  // ZeRO-2 reduce-scatters each micro-batch's block gradients as its backward ends; the embedding,
-  // final norm and head (kept whole) once per step.
-  double reduce_hidden_by = 2.0 * (worst_compute / passes);
-  if (lay.zero >= 2 && lay.dp > 1) {
-    const double outer = static_cast<double>(s.embedding + s.final_norm + s.head) * per_gpu;
-    const double outer_s = reduce(outer, shared_group);
-    reduce_s = outer_s + m * std::max(0.0, reduce_s - outer_s);
-    reduce_hidden_by *= m;  // each micro-batch's reduce-scatters behind its own backward
-  }
-  const double one_pass = worst_compute / passes;
+  const double one_pass = worst_compute / passes;        // one forward of the stage's micro-batch
+  const double backward_pass = (passes - 1) * one_pass;  // its backward (and recompute)
   const bool overlapped = r.parallel.overlap_grad_sync;
-  double gather_s = 0, gather_exposed_s = 0;
-  if (lay.zero >= 3 && lay.dp > 1) {
-    // ZeRO-3 gathers each block's parameters over dp before its forward and its backward; a
-    // value slot still holding a block saves its gather (ParamGather): per step the first
-    // micro-batch's forward gathers every block, each later forward and every backward all but
-    // two (the two slots), i.e. 2 m (B - 2) + min(B, 2) gathers of B blocks per stage. With
-    // prefetch each hides behind the compute of the block before it (a forward, or a backward:
-    // 2 forwards, 3 with full recompute), except the step's first. After the step the
-    // embedding, final norm and head (kept whole) are gathered once, blocking.
-    const int blocks = std::max(1, layers);
+  double gather_s = 0;
+  if (lay.zero >= 2 && lay.dp > 1) {
+    // ZeRO-2 and 3 reduce-scatter each micro-batch's block gradients as its backward ends, and
+    // the embedding, final norm and head (kept whole) once per step, blocking, after backward.
     const double outer = static_cast<double>(s.embedding + s.final_norm + s.head) * per_gpu;
-    const double block_elements = (shared_bytes + expert_bytes - outer) / blocks;
-    const double one = ring_seconds(block_elements * z.storage, lay.dp, dp_link, 1.0);
-    const double repeated = m * std::max(0, blocks - 2);
-    const double forward_gathers = repeated + std::min(blocks, 2);
-    const double backward_gathers = repeated;
-    const double block_forward = one_pass / blocks;
-    const double outer_s = ring_seconds(outer * z.storage, lay.dp, dp_link, 1.0);
-    gather_s = (forward_gathers + backward_gathers) * one + outer_s;
-    gather_exposed_s =
-        overlapped
-            ? one + (forward_gathers - 1) * std::max(0.0, one - block_forward) +
-                  backward_gathers * std::max(0.0, one - (passes - 1) * block_forward) + outer_s
-            : gather_s;
+    const double outer_reduce_s = reduce(outer, shared_group);
+    const double block_reduce_s = std::max(0.0, reduce_s - outer_reduce_s);  // per micro-batch
+    reduce_s = outer_reduce_s + m * block_reduce_s;
+    // What shares the data-parallel link with each micro-batch's forward and backward, and what
+    // no compute hides (the first gather of the step, the outer regions' collectives).
+    double forward_link = 0, backward_link = block_reduce_s, exposed = outer_reduce_s;
+    if (lay.zero >= 3) {
+      // ZeRO-3 gathers each block's parameters over dp before its forward and its backward; a
+      // value slot still holding a block saves its gather (ParamGather): per step the first
+      // micro-batch's forward gathers every block, each later forward and every backward all
+      // but two (the two slots), i.e. 2 m (B - 2) + min(B, 2) gathers of B blocks per stage.
+      // With prefetch each runs while the block before it computes, except the step's first;
+      // after the step the embedding, final norm and head are gathered once, blocking.
+      const int blocks = std::max(1, layers);
+      const double block_elements = (shared_bytes + expert_bytes - outer) / blocks;
+      const double one = ring_seconds(block_elements * z.storage, lay.dp, dp_link, 1.0);
+      const double repeated = m * std::max(0, blocks - 2);
+      const double forward_gathers = repeated + std::min(blocks, 2);
+      const double backward_gathers = repeated;
+      const double outer_gather_s = ring_seconds(outer * z.storage, lay.dp, dp_link, 1.0);
+      gather_s = (forward_gathers + backward_gathers) * one + outer_gather_s;
+      forward_link = (forward_gathers - 1) * one / m;
+      backward_link += backward_gathers * one / m;
+      exposed += one + outer_gather_s;
+    } else {
+      // ZeRO-2's bucketed all-gather of all updated parameters hides behind the next step's
+      // first forward, which waits for each bucket only as it reaches it.
+      gather_s = gather(shared_bytes, shared_group) + gather(expert_bytes, lay.dp);
+      exposed += std::max(0.0, gather_s - one_pass);
+    }
+    // Gathers and reduce-scatters queue on one link: each micro-batch's forward hides its
+    // gathers, its backward its gathers and reduce-scatters, as far as the compute lasts.
+    exposed +=
+        m * (std::max(0.0, forward_link - one_pass) + std::max(0.0, backward_link - backward_pass));
+    t.dp_comm_s = reduce_s + gather_s + ep_part_s;
+    t.dp_exposed_s = ep_part_s + (overlapped ? exposed : reduce_s + gather_s);
   } else {
-    // With parallel.overlap_grad_sync ZeRO-1's bucketed all-gather of the updated parameters
-    // hides behind the next step's first forward (1 of the `passes` forward-equivalents of one
-    // stage time): that forward waits for each bucket only as it reaches it.
+    // With parallel.overlap_grad_sync the bucketed reduction (all-reduce, or ZeRO-1's
+    // reduce-scatter) starts as the last micro-batch's backward produces gradients, so it hides
+    // behind that backward, and ZeRO-1's bucketed all-gather of the updated parameters behind
+    // the next step's first forward (1 of the `passes` forward-equivalents of one stage time):
+    // that forward waits for each bucket only as it reaches it.
     gather_s = gather(shared_bytes, shared_group) + gather(expert_bytes, lay.dp);
-    gather_exposed_s = overlapped ? std::max(0.0, gather_s - one_pass) : gather_s;
+    t.dp_comm_s = reduce_s + gather_s + ep_part_s;
+    t.dp_exposed_s = ep_part_s + (overlapped ? std::max(0.0, reduce_s - backward_pass) +
+                                                   std::max(0.0, gather_s - one_pass)
+                                             : reduce_s + gather_s);
   }
-  t.dp_comm_s = reduce_s + gather_s + ep_part_s;
-  // With parallel.overlap_grad_sync the bucketed reduction (all-reduce, or ZeRO-1's
-  // reduce-scatter) starts as the last micro-batch's backward produces gradients, so it hides
-  // behind that backward (2 of the `passes` forward-equivalents of one stage time).
-  t.dp_exposed_s = ep_part_s + gather_exposed_s +
-                   (overlapped ? std::max(0.0, reduce_s - reduce_hidden_by) : reduce_s);
 
   t.step_s = m * worst_stage + t.bubble_s + t.dp_exposed_s;
   const double tokens = static_cast<double>(r.training.global_batch) * s.T;

@@ -556,6 +556,7 @@ void GradSync::params_needed(const std::vector<IndexRange>& ranges) {
 }
 
 void GradSync::finish_gather() {
+  if (param_gather_) param_gather_->wait_all();  // ZeRO-3: a prefetch a pass left running
   if (!gathering_) return;
   gathering_ = false;  // a failed gather is reported once; the group is broken after it anyway
   std::vector<std::shared_ptr<comm::Work>> gathers(buckets_.size());

@@ -139,7 +139,8 @@ class GradSync : public model::BlockGradSink {
   // Overlap: waits for the gathers of the buckets touching `ranges` of values() (the model's
   // params-needed reports). Nothing to do when no gather is running.
   void params_needed(const std::vector<model::IndexRange>& ranges);
-  // Waits for every gather still running: values() then holds every dp rank's part.
+  // Waits for every gather still running: values() then holds every dp rank's part (ZeRO-3: no
+  // block gather writes a value slot any more).
   void finish_gather();
   bool gathering() const { return gathering_; }
 

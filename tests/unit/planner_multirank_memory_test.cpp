@@ -177,16 +177,22 @@ TEST_CASE("memory model matches the engine on every dp rank's ZeRO-1 part") {
 
 // ZeRO-2: the gradients are the rank's part, the embedding, final norm and head whole, and two
 // slots of the largest block; a model of many blocks keeps far fewer gradient bytes than ZeRO-1.
-TEST_CASE("memory model matches the engine on every dp rank's ZeRO-2 gradients") {
-  for (const ModelCase& k : kDense) {
-    check_every_rank(recipe_for(k), layout(1, 1, 2, 1, k, 2));
-    check_every_rank(recipe_for(k), layout(1, 1, 3, 1, k, 2));  // uneven parts
+// ZeRO-3: the values the same way (in the storage type), the gradients as ZeRO-2's, and no ZeRO
+// buffer in the gradient sync.
+TEST_CASE("memory model matches the engine on every dp rank's ZeRO-2 gradients and ZeRO-3 values") {
+  for (const int zero : {2, 3}) {
+    for (const ModelCase& k : kDense) {
+      check_every_rank(recipe_for(k), layout(1, 1, 2, 1, k, zero));
+      check_every_rank(recipe_for(k), layout(1, 1, 3, 1, k, zero));  // uneven parts
+    }
+    check_every_rank(recipe_for(kDense[1]), layout(1, 2, 2, 1, kDense[1], zero));  // per stage
+    check_every_rank(recipe_for(kDense[2]), layout(2, 1, 2, 1, kDense[2], zero));  // tp shards
+    check_every_rank(recipe_for(kDense[0]), layout(1, 1, 1, 1, kDense[0], zero));  // one rank
   }
-  check_every_rank(recipe_for(kDense[1]), layout(1, 2, 2, 1, kDense[1], 2));  // per stage
-  check_every_rank(recipe_for(kDense[2]), layout(2, 1, 2, 1, kDense[2], 2));  // tp shards
-  check_every_rank(recipe_for(kDense[0]), layout(1, 1, 1, 1, kDense[0], 2));  // one rank
-  for (const int zero : {1, 2})  // ep2 x dp2: each ep rank partitions its own experts
+  // ep2 x dp2: each ep rank partitions its own experts.
+  for (const int zero : {1, 2})
     check_every_rank(recipe_for(kMoe[0]), layout(1, 1, 2, 2, kMoe[0], zero));
+  check_every_rank(recipe_for(kMoe[1]), layout(1, 1, 2, 2, kMoe[1], 3));
   recipe::Recipe deep = recipe_for(kDense[0]);
   deep.model.layers = 16;
   const topology::ClusterSpec machine = planner::cpu_machine();
@@ -194,32 +200,14 @@ TEST_CASE("memory model matches the engine on every dp rank's ZeRO-2 gradients")
       planner::estimate_memory(deep, machine, layout(1, 1, 4, 1, kDense[0], 1));
   const planner::MemoryEstimate two =
       planner::estimate_memory(deep, machine, layout(1, 1, 4, 1, kDense[0], 2));
+  const planner::MemoryEstimate three =
+      planner::estimate_memory(deep, machine, layout(1, 1, 4, 1, kDense[0], 3));
   CHECK(two.grads < 0.5 * one.grads);
   // The worst dp rank may differ (by a row of its part): the same optimizer state to 1%.
   CHECK(two.optimizer == Approx(one.optimizer).epsilon(0.01));
   // Gloo stages dp copies of one block's share (and of an outer region's), not of the whole part.
   CHECK(two.comm_buffers < one.comm_buffers);
   CHECK(two.total() < one.total());
-}
-
-// ZeRO-3: the values as ZeRO-2's gradients (the part, the outer regions whole, two slots of the
-// largest block), the gradients as ZeRO-2's; no ZeRO buffer in the gradient sync.
-TEST_CASE("memory model matches the engine on every dp rank's ZeRO-3 values") {
-  for (const ModelCase& k : kDense) {
-    check_every_rank(recipe_for(k), layout(1, 1, 2, 1, k, 3));
-    check_every_rank(recipe_for(k), layout(1, 1, 3, 1, k, 3));  // uneven parts
-  }
-  check_every_rank(recipe_for(kDense[1]), layout(1, 2, 2, 1, kDense[1], 3));  // per stage
-  check_every_rank(recipe_for(kDense[2]), layout(2, 1, 2, 1, kDense[2], 3));  // tp shards
-  check_every_rank(recipe_for(kDense[0]), layout(1, 1, 1, 1, kDense[0], 3));  // one rank
-  check_every_rank(recipe_for(kMoe[1]), layout(1, 1, 2, 2, kMoe[1], 3));      // ep2 x dp2
-  recipe::Recipe deep = recipe_for(kDense[1]);
-  deep.model.layers = 16;
-  const topology::ClusterSpec machine = planner::cpu_machine();
-  const planner::MemoryEstimate two =
-      planner::estimate_memory(deep, machine, layout(1, 1, 4, 1, kDense[1], 2));
-  const planner::MemoryEstimate three =
-      planner::estimate_memory(deep, machine, layout(1, 1, 4, 1, kDense[1], 3));
   CHECK(three.params < 0.5 * two.params);
   CHECK(three.grads == Approx(two.grads).epsilon(0.01));
   CHECK(three.comm_buffers < two.comm_buffers);  // no copy of the part

@@ -322,10 +322,9 @@ void GradSync::exchange_tied_embedding() {
 }
 
 void GradSync::reduce_gradients() {
-  if (param_gather_) param_gather_->wait_all();  // none should run: nothing may write the part
   gathered_early_ = gathered_in_forward_;
   gathered_in_forward_ = 0;
-  finish_gather();
+  finish_gather();  // ZeRO-3 too: no gather may read the part the optimizer is about to write
   if (shard_grads_) {
     started_early_ = block_reduces_;
     block_reduces_ = 0;

@@ -79,6 +79,9 @@ struct PlanOptions {
   int top = 5;               // rows of the table
   bool json = false;
   bool show_topology = false;  // print what was detected / read, then exit
+  // "tp=8,pp=16,zero=1,...": preview this layout instead of the recipe's own; keys not given
+  // take the recipe's values, dp the rest of the cluster's GPUs.
+  std::string layout;
 };
 int run_plan(const PlanOptions& options);
 

@@ -139,13 +139,19 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   plan_cmd->add_option("--top", plan.top, "How many layouts to show")->check(CLI::PositiveNumber);
   plan_cmd->add_flag("--json", plan.json, "Print the plan as a stable JSON document");
+  plan_cmd
+      ->add_option("--layout", plan.layout,
+                   "Score this layout first instead of the recipe's own (keys tp, pp, dp, ep, "
+                   "zero, mb, recompute; the others from the recipe, dp the remaining GPUs)")
+      ->type_name("tp=8,pp=2,...");
   plan_cmd->add_flag("--show-topology", plan.show_topology,
                      "Print the detected (or described) topology and exit");
   add_examples(plan_cmd,
                {"trainctl plan recipes/llama3-70b.yaml",
                 "trainctl plan recipes/tiny.yaml --cluster configs/clusters/dgx-h100.yaml "
                 "--nodes 4 --top 5",
-                "trainctl plan recipes/llama3-8b.yaml --json"},
+                "trainctl plan recipes/llama3-8b.yaml --json",
+                "trainctl plan recipes/llama3-70b.yaml --layout tp=8,pp=4,zero=1,mb=1"},
                "docs/planner.md (the models), docs/topology.md (cluster files)");
 
   app::SubmitOptions submit;

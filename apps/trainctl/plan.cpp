@@ -3,7 +3,12 @@
 // Bad recipes, bad cluster files and impossible requests exit 2 with the reason.
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
+#include <optional>
+#include <stdexcept>
+#include <string_view>
 
 #include "commands.hpp"
 #include "plan_auto.hpp"
@@ -45,6 +50,64 @@ ClusterChoice choose_cluster(const PlanOptions& options, const recipe::LoadedRec
   return choice;
 }
 
+// --layout "tp=8,pp=2,zero=1": the recipe's layout with the keys given replaced; dp, when not
+// given, is what is left of the cluster's GPUs. Throws std::invalid_argument naming the item.
+planner::Variant parse_layout(const std::string& text, const recipe::Recipe& r, int world) {
+  planner::Variant v = planner::recipe_layout(r);
+  bool dp_given = false;
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string item(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq);
+    const std::string value = eq == std::string::npos ? std::string() : item.substr(eq + 1);
+    if (eq == std::string::npos || value.empty())
+      throw std::invalid_argument(
+          fmt::format("--layout item '{}' is not KEY=VALUE (e.g. tp=8,pp=2,zero=1)", item));
+    if (key == "recompute") {
+      bool known = false;
+      for (size_t i = 0; i < recipe::EnumNames<Recompute>::names.size(); ++i)
+        if (recipe::EnumNames<Recompute>::names[i] == value) {
+          v.recompute = recipe::choice_value<Recompute>(i);
+          known = true;
+        }
+      if (!known)
+        throw std::invalid_argument(
+            fmt::format("--layout recompute={}: use none, selective or full", value));
+      continue;
+    }
+    int number = 0;
+    const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), number);
+    if (error != std::errc() || end != value.data() + value.size() || number < 0)
+      throw std::invalid_argument(
+          fmt::format("--layout {}={}: not a whole number >= 0", key, value));
+    if (key == "tp")
+      v.tp = number;
+    else if (key == "pp")
+      v.pp = number;
+    else if (key == "ep")
+      v.ep = number;
+    else if (key == "zero")
+      v.zero = number;
+    else if (key == "mb" || key == "micro_batch")
+      v.micro_batch = number;
+    else if (key == "dp") {
+      v.dp = number;
+      dp_given = true;
+    } else {
+      throw std::invalid_argument(fmt::format(
+          "--layout key '{}' is unknown: use tp, pp, dp, ep, zero, mb and recompute", key));
+    }
+  }
+  const int64_t others = int64_t{v.tp} * v.pp * v.ep;
+  if (!dp_given && others > 0 && world % others == 0) v.dp = static_cast<int>(world / others);
+  if (v.micro_batch < 1)
+    throw std::invalid_argument(fmt::format("--layout mb={}: must be >= 1", v.micro_batch));
+  return v;
+}
+
 }  // namespace
 
 int run_plan(const PlanOptions& options) {
@@ -82,12 +145,39 @@ int run_plan(const PlanOptions& options) {
     cluster.spec = planner::cpu_machine();
   }
 
+  // What to preview first: --layout, else the recipe's own layout (none for parallel: auto).
+  const int world = std::max(1, cluster.spec.world_size());
+  std::optional<planner::Variant> previewed;
+  std::string origin;
+  if (!options.layout.empty()) {
+    try {
+      previewed = parse_layout(options.layout, loaded.recipe, world);
+    } catch (const std::invalid_argument& e) {
+      return bad_input("plan", e.what());
+    }
+    origin = "--layout " + options.layout;
+  } else if (!loaded.recipe.parallel.automatic && !options.recipe_path.empty()) {
+    previewed = planner::recipe_layout(loaded.recipe);
+    origin = "the recipe's layout (" + options.recipe_path + ")";
+  }
   planner::Plan plan;
   try {
     plan = planner::make_plan(loaded.recipe, cluster.spec);
   } catch (const planner::PlanError& e) {
+    // No layout runs: the preview still says what binds it, then the search's reasons.
+    planner::Plan empty;
+    empty.cluster = cluster.spec;
+    empty.world = world;
+    if (previewed)
+      empty.preview = planner::preview_layout(loaded.recipe, empty, *previewed, origin);
+    if (options.json) {
+      std::fputs((planner::plan_json(empty, loaded.recipe, 0, e.what()) + "\n").c_str(), stdout);
+      return kExitBadInput;
+    }
+    std::fputs(planner::format_preview(empty).c_str(), stdout);
     return bad_input("plan", e.what());
   }
+  if (previewed) plan.preview = planner::preview_layout(loaded.recipe, plan, *previewed, origin);
   const std::string out = options.json ? planner::plan_json(plan, loaded.recipe, options.top) + "\n"
                                        : planner::format_plan(plan, loaded.recipe, options.top);
   std::fputs(out.c_str(), stdout);

@@ -41,19 +41,12 @@ struct StageShape {
   bool first = false, last = false;
 };
 
-// model::stage_ranges: recipe.parallel.pp_layers when it has one entry per stage of this layout,
-// else as even as possible with the earlier stages taking the remainder.
+// The stage's layers (stage_layers: model::stage_ranges) and where the embedding and head are.
 StageShape stage_shape(const recipe::Recipe& r, int stage, int pp) {
-  const std::vector<int>& given = r.parallel.pp_layers;
-  const bool use_given = static_cast<int>(given.size()) == pp;
-  auto count = [&](int s) {
-    return use_given ? given[static_cast<size_t>(s)]
-                     : r.model.layers / pp + (s < r.model.layers % pp ? 1 : 0);
-  };
+  const StageLayers layers = stage_layers(r, stage, pp);
   StageShape st;
-  for (int s = 0; s < stage; ++s)
-    st.first_layer += count(s);
-  st.layers = count(stage);
+  st.first_layer = layers.first;
+  st.layers = layers.count;
   for (int i = st.first_layer; i < st.first_layer + st.layers; ++i)
     st.moe_layers += r.model.is_moe_layer(i) ? 1 : 0;
   st.first = stage == 0;

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -142,9 +143,24 @@ struct SearchOptions {
   MemoryOptions memory;
 };
 
+// One layout scored on its own, whether or not the search would pick it: the recipe's own
+// `parallel:` section (`trainctl plan` previews it first) or a layout given with --layout.
+struct Preview {
+  Variant layout;
+  std::string origin;      // "the recipe's parallel section", "--layout ..."
+  std::string problem;     // empty: it runs on the cluster; else every constraint it breaks
+  bool estimated = false;  // memory and time hold figures (not when the layout does not divide)
+  MemoryEstimate memory;
+  TimeEstimate time;
+  double headroom_bytes = 0;
+  int rank = 0;  // where its step time falls among the ranked layouts (1 = fastest); 0: it does
+                 // not run
+};
+
 struct Plan {
   topology::ClusterSpec cluster;
   int world = 0;
+  std::optional<Preview> preview;  // set by the caller (preview_layout), printed first
   // The best variant (micro_batch, zero, recompute) of each feasible (tp, pp, dp, ep), fastest
   // first: distinct layouts, not micro-batch variations of one.
   std::vector<Candidate> ranked;
@@ -171,18 +187,31 @@ Plan make_plan(const recipe::Recipe& recipe, const topology::ClusterSpec& cluste
 std::string explain_loss(const Candidate& best, const Candidate& other,
                          const topology::ClusterSpec& cluster);
 
+// The layout the recipe asks for: its parallel section and training.micro_batch.
+Variant recipe_layout(const recipe::Recipe& recipe);
+// Scores `layout` on plan.cluster: the binding constraint when it cannot run there (another
+// world size than the cluster's, a degree that does not divide the model or batch — uneven
+// stages count when recipe.parallel.pp_layers gives one entry per stage — or memory beyond the
+// GPU's), its memory and time whenever it divides, and its place among plan.ranked.
+Preview preview_layout(const recipe::Recipe& recipe, const Plan& plan, const Variant& layout,
+                       std::string origin, const SearchOptions& options = {});
+
 // This machine for `parallel: auto` in a CPU-only build: one device, host memory.
 topology::ClusterSpec cpu_machine();
 
 // ---- output
 // -------------------------------------------------------------------------------------- The top-K
 // table, the rank grid of the best layout, the runner-ups' reasons and the rejections.
+// The preview (Plan::preview) alone, as format_plan starts with it; empty without one.
+std::string format_preview(const Plan& plan);
 std::string format_plan(const Plan& plan, const recipe::Recipe& recipe, int top);
 // Which GPU of which node holds which (pp stage, dp replica, tp rank[, ep rank]). Nodes beyond
 // max_nodes are elided (first and last shown).
 std::string format_rank_grid(const Variant& layout, const topology::ClusterSpec& cluster,
                              int max_nodes = 4);
-// The same content as format_plan as a stable JSON document (schema in docs/planner.md).
-std::string plan_json(const Plan& plan, const recipe::Recipe& recipe, int top);
+// The same content as format_plan as a stable JSON document (schema in docs/planner.md);
+// `error`: why no layout runs (PlanError's message), with plan.ranked empty.
+std::string plan_json(const Plan& plan, const recipe::Recipe& recipe, int top,
+                      const std::string& error = {});
 
 }  // namespace trainctl::planner

@@ -59,9 +59,60 @@ std::string format_rank_grid(const Variant& layout, const topology::ClusterSpec&
   return out;
 }
 
+namespace {
+
+std::string memory_line(const MemoryEstimate& m, double headroom) {
+  return fmt::format(
+      "memory per GPU (stage {}, {} micro-batch(es) in flight): params {:.2f} GiB, grads {:.2f}, "
+      "optimizer {:.2f}, activations {:.2f}, comm buffers {:.2f}, overhead {:.2f} = {:.2f} GiB, "
+      "headroom {:.2f} GiB",
+      m.worst_stage, m.in_flight, m.params / kGiB, m.grads / kGiB, m.optimizer / kGiB,
+      m.activations / kGiB, m.comm_buffers / kGiB, m.overhead / kGiB, m.total() / kGiB,
+      headroom / kGiB);
+}
+
+std::string time_line(const TimeEstimate& t) {
+  return fmt::format(
+      "step {}: {} micro-batches; compute {}, tp comm {}, ep all-to-all {}, pipeline sends {}, "
+      "bubble {}, gradient sync {} ({} exposed)",
+      seconds(t.step_s), t.micro_batches, seconds(t.compute_s), seconds(t.tp_comm_s),
+      seconds(t.ep_comm_s), seconds(t.pp_p2p_s), seconds(t.bubble_s), seconds(t.dp_comm_s),
+      seconds(t.dp_exposed_s));
+}
+
+}  // namespace
+
+std::string format_preview(const Plan& plan) {
+  if (!plan.preview) return {};
+  const Preview& p = *plan.preview;
+  const topology::ClusterSpec& c = plan.cluster;
+  std::string out = fmt::format("{}: {}\n", p.origin, p.layout.describe());
+  if (!p.problem.empty()) {
+    out += fmt::format("  does not run on {}: {}\n", c.name, p.problem);
+  } else {
+    out += fmt::format(
+        "  runs: {:.1f} GiB per GPU ({:.0f}%), step {}, {:.0f} tokens/s/GPU, MFU {:.1f}%; #{} "
+        "by step time among the {} ranked layouts below{}\n",
+        p.memory.total() / kGiB, 100.0 * p.memory.total() / (c.gpu.memory_gib * kGiB),
+        seconds(p.time.step_s), p.time.tokens_per_s_per_gpu, 100 * p.time.mfu, p.rank,
+        plan.ranked.size(),
+        plan.ranked.empty() || p.rank == 1
+            ? std::string()
+            : fmt::format(" (its step is {:.0f}% longer than the first's)",
+                          100.0 * (p.time.step_s / plan.ranked.front().time.step_s - 1.0)));
+  }
+  if (p.estimated) {
+    out += "  " + memory_line(p.memory, p.headroom_bytes) + "\n";
+    out += "  " + time_line(p.time) + "\n";
+  }
+  if (p.problem.empty()) out += format_rank_grid(p.layout, c);
+  return out + "\n";
+}
+
 std::string format_plan(const Plan& plan, const recipe::Recipe& recipe, int top) {
   const topology::ClusterSpec& c = plan.cluster;
-  std::string out = fmt::format(
+  std::string out = format_preview(plan);
+  out += fmt::format(
       "plan for {} on {} ({} node(s) x {} {} GPU(s), {:.0f} GiB each): {} layouts evaluated, {} "
       "fit, {} degree tuples ranked in {:.0f} ms\n\n",
       recipe.name, c.name, c.nodes, c.gpus_per_node, c.gpu.name, c.gpu.memory_gib,
@@ -83,21 +134,8 @@ std::string format_plan(const Plan& plan, const recipe::Recipe& recipe, int top)
         100 * k.time.comm_share());
   }
   const Candidate& best = plan.ranked.front();
-  const MemoryEstimate& m = best.memory;
-  out += fmt::format(
-      "\nbest: {}\n  memory per GPU (stage {}, {} micro-batch(es) in flight): params {:.2f} GiB, "
-      "grads {:.2f}, optimizer {:.2f}, activations {:.2f}, comm buffers {:.2f}, overhead {:.2f} "
-      "= {:.2f} GiB, headroom {:.2f} GiB\n",
-      best.layout.describe(), m.worst_stage, m.in_flight, m.params / kGiB, m.grads / kGiB,
-      m.optimizer / kGiB, m.activations / kGiB, m.comm_buffers / kGiB, m.overhead / kGiB,
-      m.total() / kGiB, best.headroom_bytes / kGiB);
-  const TimeEstimate& t = best.time;
-  out += fmt::format(
-      "  step {}: {} micro-batches; compute {}, tp comm {}, ep all-to-all {}, pipeline sends {}, "
-      "bubble {}, gradient sync {} ({} exposed)\n\n",
-      seconds(t.step_s), t.micro_batches, seconds(t.compute_s), seconds(t.tp_comm_s),
-      seconds(t.ep_comm_s), seconds(t.pp_p2p_s), seconds(t.bubble_s), seconds(t.dp_comm_s),
-      seconds(t.dp_exposed_s));
+  out += fmt::format("\nbest: {}\n  {}\n  {}\n\n", best.layout.describe(),
+                     memory_line(best.memory, best.headroom_bytes), time_line(best.time));
   out += format_rank_grid(best.layout, c);
   if (rows > 1) {
     out += "\nwhy the runner-ups lost:\n";
@@ -120,18 +158,61 @@ std::string format_plan(const Plan& plan, const recipe::Recipe& recipe, int top)
   return out;
 }
 
-std::string plan_json(const Plan& plan, const recipe::Recipe& recipe, int top) {
+namespace {
+
+nlohmann::json layout_json(const Variant& l) {
+  return {{"tp", l.tp},
+          {"pp", l.pp},
+          {"dp", l.dp},
+          {"ep", l.ep},
+          {"micro_batch", l.micro_batch},
+          {"zero", l.zero},
+          {"recompute", std::string(recipe::to_string(l.recompute))}};
+}
+
+nlohmann::json memory_json(const MemoryEstimate& m, double headroom) {
+  return {{"params", m.params},
+          {"grads", m.grads},
+          {"optimizer", m.optimizer},
+          {"activations", m.activations},
+          {"comm_buffers", m.comm_buffers},
+          {"overhead", m.overhead},
+          {"total", m.total()},
+          {"headroom", headroom},
+          {"worst_stage", m.worst_stage},
+          {"in_flight", m.in_flight}};
+}
+
+nlohmann::json time_json(const TimeEstimate& t) {
+  return {{"step", t.step_s},       {"compute", t.compute_s},      {"tp_comm", t.tp_comm_s},
+          {"ep_comm", t.ep_comm_s}, {"pp_p2p", t.pp_p2p_s},        {"bubble", t.bubble_s},
+          {"dp_comm", t.dp_comm_s}, {"dp_exposed", t.dp_exposed_s}};
+}
+
+nlohmann::json preview_json(const Plan& plan) {
+  using nlohmann::json;
+  if (!plan.preview) return nullptr;
+  const Preview& p = *plan.preview;
+  json doc{{"origin", p.origin},
+           {"layout", layout_json(p.layout)},
+           {"runs", p.problem.empty()},
+           {"problem", p.problem.empty() ? json(nullptr) : json(p.problem)},
+           {"rank", p.rank > 0 ? json(p.rank) : json(nullptr)}};
+  if (p.estimated) {
+    doc["memory_bytes"] = memory_json(p.memory, p.headroom_bytes);
+    doc["time_seconds"] = time_json(p.time);
+    doc["tokens_per_s_per_gpu"] = p.time.tokens_per_s_per_gpu;
+    doc["mfu"] = p.time.mfu;
+  }
+  return doc;
+}
+
+}  // namespace
+
+std::string plan_json(const Plan& plan, const recipe::Recipe& recipe, int top,
+                      const std::string& error) {
   using nlohmann::json;
   const topology::ClusterSpec& c = plan.cluster;
-  auto layout_json = [](const Variant& l) {
-    return json{{"tp", l.tp},
-                {"pp", l.pp},
-                {"dp", l.dp},
-                {"ep", l.ep},
-                {"micro_batch", l.micro_batch},
-                {"zero", l.zero},
-                {"recompute", std::string(recipe::to_string(l.recompute))}};
-  };
   json doc{{"schema", "trainctl.plan/1"},
            {"recipe", recipe.name},
            {"cluster",
@@ -144,7 +225,9 @@ std::string plan_json(const Plan& plan, const recipe::Recipe& recipe, int top) {
            {"world", plan.world},
            {"variants_evaluated", plan.variants_evaluated},
            {"variants_feasible", plan.variants_feasible},
-           {"search_seconds", plan.search_seconds}};
+           {"search_seconds", plan.search_seconds},
+           {"preview", preview_json(plan)},
+           {"error", error.empty() ? nlohmann::json(nullptr) : nlohmann::json(error)}};
   json ranked = json::array();
   const int rows = std::min<int>(top, static_cast<int>(plan.ranked.size()));
   for (int i = 0; i < rows; ++i) {
@@ -153,26 +236,8 @@ std::string plan_json(const Plan& plan, const recipe::Recipe& recipe, int top) {
     const TimeEstimate& t = k.time;
     json row{{"rank", i + 1},
              {"layout", layout_json(k.layout)},
-             {"memory_bytes",
-              {{"params", m.params},
-               {"grads", m.grads},
-               {"optimizer", m.optimizer},
-               {"activations", m.activations},
-               {"comm_buffers", m.comm_buffers},
-               {"overhead", m.overhead},
-               {"total", m.total()},
-               {"headroom", k.headroom_bytes},
-               {"worst_stage", m.worst_stage},
-               {"in_flight", m.in_flight}}},
-             {"time_seconds",
-              {{"step", t.step_s},
-               {"compute", t.compute_s},
-               {"tp_comm", t.tp_comm_s},
-               {"ep_comm", t.ep_comm_s},
-               {"pp_p2p", t.pp_p2p_s},
-               {"bubble", t.bubble_s},
-               {"dp_comm", t.dp_comm_s},
-               {"dp_exposed", t.dp_exposed_s}}},
+             {"memory_bytes", memory_json(m, k.headroom_bytes)},
+             {"time_seconds", time_json(t)},
              {"micro_batches", t.micro_batches},
              {"tokens_per_s_per_gpu", t.tokens_per_s_per_gpu},
              {"mfu", t.mfu},
@@ -186,6 +251,10 @@ std::string plan_json(const Plan& plan, const recipe::Recipe& recipe, int top) {
   for (const Rejection& r : plan.rejected)
     rejected.push_back(json{{"layout", layout_json(r.layout)}, {"reason", r.reason}});
   doc["rejected"] = std::move(rejected);
+  if (plan.ranked.empty()) {
+    doc["placement"] = nullptr;
+    return doc.dump(2);
+  }
   // Placement of the best layout: global rank -> node, local GPU and coordinates.
   const Variant& best = plan.ranked.front().layout;
   const int gpn = std::max(1, c.gpus_per_node);

@@ -205,6 +205,55 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
   throw PlanError(message);
 }
 
+Variant recipe_layout(const recipe::Recipe& r) {
+  Variant v;
+  static_cast<Layout&>(v) = r.parallel;
+  v.micro_batch = r.training.micro_batch;
+  return v;
+}
+
+Preview preview_layout(const recipe::Recipe& r, const Plan& plan, const Variant& layout,
+                       std::string origin, const SearchOptions& options) {
+  Preview p;
+  p.layout = layout;
+  p.origin = std::move(origin);
+  const topology::ClusterSpec& cluster = plan.cluster;
+  if (const std::vector<std::string> problems = layout.problems(); !problems.empty()) {
+    p.problem = problems.front();
+    return p;
+  }
+  // Uneven stages are the recipe's to give (parallel.pp_layers, checked by its rules): the
+  // search only tries pp dividing the layers, a given layout may use them.
+  const bool uneven =
+      static_cast<int>(r.parallel.pp_layers.size()) == layout.pp && layout.pp <= r.model.layers;
+  std::string rule = check_divisibility(r, layout);
+  if (uneven && rule.starts_with("model.layers % pp")) rule.clear();
+  if (!rule.empty()) {
+    p.problem = "does not divide: " + rule;
+    return p;
+  }
+  p.memory = estimate_memory(r, cluster, layout, options.memory);
+  p.time = estimate_time(r, cluster, layout, options.time);
+  p.estimated = true;
+  const double capacity = cluster.gpu.memory_gib * kGiB;
+  p.headroom_bytes = capacity - p.memory.total();
+  if (layout.world_size() != plan.world)
+    p.problem = fmt::format(
+        "uses tp * pp * dp * ep = {} GPUs; the cluster has {} ({} node(s) x {}): plan for its "
+        "world with --nodes/--gpus-per-node, or change the degrees",
+        layout.world_size(), plan.world, cluster.nodes, cluster.gpus_per_node);
+  if (p.memory.total() > capacity)
+    p.problem += fmt::format("{}does not fit: {:.1f} GiB > {:.1f} GiB per GPU",
+                             p.problem.empty() ? "" : "; and it ", p.memory.total() / kGiB,
+                             cluster.gpu.memory_gib);
+  if (p.problem.empty()) {
+    p.rank = 1;
+    for (const Candidate& k : plan.ranked)
+      p.rank += k.time.step_s < p.time.step_s ? 1 : 0;
+  }
+  return p;
+}
+
 std::string explain_loss(const Candidate& best, const Candidate& other,
                          const topology::ClusterSpec& cluster) {
   const TimeEstimate &a = best.time, &b = other.time;

@@ -84,4 +84,18 @@ int64_t ModelShape::capacity(int64_t tokens) const {
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(slots)));
 }
 
+StageLayers stage_layers(const recipe::Recipe& r, int stage, int pp) {
+  const std::vector<int>& given = r.parallel.pp_layers;
+  const bool use_given = static_cast<int>(given.size()) == pp;
+  auto count = [&](int s) {
+    return use_given ? given[static_cast<size_t>(s)]
+                     : r.model.layers / pp + (s < r.model.layers % pp ? 1 : 0);
+  };
+  StageLayers st;
+  for (int s = 0; s < stage; ++s)
+    st.first += count(s);
+  st.count = count(stage);
+  return st;
+}
+
 }  // namespace trainctl::planner

@@ -53,6 +53,14 @@ struct ModelShape {
 };
 ModelShape shape_of(const recipe::Recipe& recipe);
 
+// model::stage_ranges for the planner: the first layer and the layer count of pipeline stage
+// `stage` of `pp` (recipe.parallel.pp_layers when it has one entry per stage, else as even as
+// possible with the earlier stages taking the remainder).
+struct StageLayers {
+  int first = 0, count = 0;
+};
+StageLayers stage_layers(const recipe::Recipe& recipe, int stage, int pp);
+
 // A duration for people: "12.3 us", "4.5 ms", "1.23 s".
 std::string seconds(double s);
 

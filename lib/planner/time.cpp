@@ -92,19 +92,21 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
 
   TimeEstimate t;
   t.micro_batches = std::max(1, r.training.global_batch / (lay.micro_batch * lay.dp * lay.ep));
-  const int layers = r.model.layers / lay.pp;
+  // The slowest stage sets the pace: stages differ by their layers (even, or parallel.pp_layers),
+  // where MoE layers fall, and the head (last).
   double worst_stage = -1, worst_compute = 0, worst_tp = 0, worst_ep = 0, worst_p2p = 0;
+  int layers = 0;  // of the slowest stage
   for (int stage = 0; stage < lay.pp; ++stage) {
     const bool last = stage == lay.pp - 1;
-    // Stages differ only by the head (last) and by where MoE layers fall.
-    if (stage != 0 && !last && s.moe_layers == 0) continue;
+    const StageLayers st = stage_layers(r, stage, lay.pp);
+    const int layers_here = st.count;
     int moe = 0;
-    for (int i = stage * layers; i < (stage + 1) * layers; ++i)
+    for (int i = st.first; i < st.first + st.count; ++i)
       moe += r.model.is_moe_layer(i) ? 1 : 0;
-    const double layer_flops =
-        layers * s.attention_flops + (layers - moe) * s.dense_mlp_flops + moe * s.moe_flops;
-    const double linear_flops = layers * s.attention_linear_flops +
-                                (layers - moe) * s.dense_mlp_flops + moe * s.moe_expert_flops;
+    const double layer_flops = layers_here * s.attention_flops +
+                               (layers_here - moe) * s.dense_mlp_flops + moe * s.moe_flops;
+    const double linear_flops = layers_here * s.attention_linear_flops +
+                                (layers_here - moe) * s.dense_mlp_flops + moe * s.moe_expert_flops;
     double other_flops = n * (layer_flops - linear_flops) * passes;
     if (last) other_flops += n * s.head_flops * 3.0;  // the head is never recomputed
     const double compute =
@@ -112,11 +114,11 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     // fp8 under tp: each sharded Linear all-reduces its operands' amaxes (12 bytes, latency
     // alone) once per forward, backward and recompute pass: qkv and proj, then fc1 and fc2 of
     // the dense MLP or of every local expert.
-    const double sharded_linears = 2.0 * layers + 2.0 * (layers - moe) +
+    const double sharded_linears = 2.0 * layers_here + 2.0 * (layers_here - moe) +
                                    2.0 * moe * (r.model.moe.experts / std::max(1, lay.ep));
     const double amax_reduces = fp8 && lay.tp > 1 ? sharded_linears * (passes - 1.0) : 0.0;
     const double tp_comm =
-        layers * collectives_per_layer * ring_seconds(hidden_bytes, lay.tp, tp_link, 2.0) +
+        layers_here * collectives_per_layer * ring_seconds(hidden_bytes, lay.tp, tp_link, 2.0) +
         amax_reduces * ring_seconds(12.0, lay.tp, tp_link, 2.0);
     const double ep_comm = moe * collectives_per_layer *
                            ring_seconds(n * s.K * s.C * z.storage / lay.tp, lay.ep, ep_link, 1.0);
@@ -125,6 +127,7 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     const double total = compute + tp_comm + ep_comm + p2p;
     if (total > worst_stage) {
       worst_stage = total;
+      layers = layers_here;
       worst_compute = compute;
       worst_tp = tp_comm;
       worst_ep = ep_comm;

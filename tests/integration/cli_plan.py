@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""cli:plan: `trainctl plan` ranks layouts for a cluster file (table and --json), prints the
-topology, rejects bad cluster files and impossible requests with exit code 2, and `parallel: auto`
-makes `run` train with the planner's layout."""
+"""cli:plan: `trainctl plan` ranks layouts for a cluster file (table and --json), previews the
+recipe's own layout (or a --layout) first with its memory, step time, place in the ranking and
+placement, or the constraint that keeps it from running, prints the topology, rejects bad cluster
+files, bad --layout values and impossible requests with exit code 2 (still naming what binds the
+previewed layout, and with --json still a document), and `parallel: auto` makes `run` train with
+the planner's layout."""
 import json
 import os
 
@@ -30,6 +33,40 @@ def main(binary, root):
     check(first["tp"] * first["pp"] * first["dp"] * first["ep"] == 16, f"layout {first}")
     check(len(doc["placement"]["ranks"]) == 16, "placement rows")
 
+    # The recipe's own layout (dp1 on 16 GPUs: another world) is previewed first, with why it
+    # cannot run there; a --layout that runs gets its figures and its place in the ranking.
+    result = cli_util.run_ok(binary, ["plan", "recipes/tiny.yaml", "--cluster", H100,
+                                      "--nodes", "2", "--top", "3"], root)
+    check(result.stdout.startswith("the recipe's layout (recipes/tiny.yaml): tp=1 pp=1 dp=1 ")
+          and "uses tp * pp * dp * ep = 1 GPUs; the cluster has 16" in result.stdout,
+          f"the recipe's layout is not previewed first\n{result.describe()}")
+    result = cli_util.run_ok(binary, ["plan", "recipes/tiny.yaml", "--cluster", H100, "--nodes",
+                                      "2", "--layout", "tp=2,pp=2,zero=3,mb=2", "--json"], root)
+    preview = json.loads(result.stdout)["preview"]
+    check(preview["layout"]["dp"] == 4 and preview["layout"]["zero"] == 3 and preview["runs"]
+          and preview["rank"] >= 1 and preview["memory_bytes"]["total"] > 0
+          and preview["time_seconds"]["step"] > 0,
+          f"--layout tp=2,pp=2,zero=3,mb=2 (dp the rest: 4) is not scored: {preview}")
+    result = cli_util.run_ok(binary, ["plan", "recipes/tiny.yaml", "--cluster", H100, "--nodes",
+                                      "2", "--layout", "tp=2,pp=2,zero=3,mb=2"], root)
+    check("--layout tp=2,pp=2,zero=3,mb=2: tp=2 pp=2 dp=4 " in result.stdout
+          and "  runs: " in result.stdout
+          and "GPU placement of tp=2 pp=2 dp=4" in result.stdout,
+          f"the --layout preview lacks its figures or placement\n{result.describe()}")
+    for layout, says in (("tp=3", "does not divide: model.heads % tp = 4 % 3"),
+                         ("dp=16,mb=8", "global_batch % (micro_batch * dp * ep)")):
+        result = cli_util.run_ok(binary, ["plan", "recipes/tiny.yaml", "--cluster", H100,
+                                          "--nodes", "2", "--layout", layout], root)
+        check(says in result.stdout, f"--layout {layout}: not '{says}'\n{result.describe()}")
+    for layout, says in (("tp=x", "--layout tp=x: not a whole number"),
+                         ("sp=2", "--layout key 'sp' is unknown"),
+                         ("recompute=some", "--layout recompute=some: use none, selective or "
+                                            "full")):
+        result = cli_util.run(binary, ["plan", "recipes/tiny.yaml", "--cluster", H100,
+                                       "--layout", layout], root)
+        check(result.rc == 2 and says in result.stderr,
+              f"--layout {layout}: expected exit 2 naming '{says}'\n{result.describe()}")
+
     # --show-topology prints the cluster and exits 0.
     result = cli_util.run_ok(binary, ["plan", "recipes/tiny.yaml", "--cluster", H100,
                                       "--show-topology"], root)
@@ -52,6 +89,20 @@ def main(binary, root):
             "--set", "model.ffn_hidden=49152"], root)
         check(result.rc == 2, f"nothing fits: expected exit 2\n{result.describe()}")
         check("does not fit" in result.stderr, f"no reason\n{result.describe()}")
+        # ... and still previews the recipe's layout with what binds it; --json still emits a
+        # document, with the error and the preview.
+        check("does not run on" in result.stdout and "does not fit: " in result.stdout,
+              f"no preview of the recipe's layout\n{result.describe()}")
+        result = cli_util.run(binary, [
+            "plan", "recipes/tiny.yaml", "--cluster", "configs/clusters/pcie-l40s.yaml",
+            "--nodes", "1", "--set", "model.layers=96", "--set", "model.hidden=12288",
+            "--set", "model.heads=96", "--set", "model.kv_heads=96",
+            "--set", "model.ffn_hidden=49152", "--json", "--layout", "tp=8"], root)
+        doc = json.loads(result.stdout)
+        check(result.rc == 2 and doc["ranked"] == [] and "does not fit" in doc["error"]
+              and "does not fit: " in doc["preview"]["problem"]
+              and doc["preview"]["memory_bytes"]["total"] > 0,
+              f"nothing fits, --json: no error or preview\n{result.describe()}")
 
         # More GPUs than the batch can feed (16 sequences, 4096 GPUs).
         result = cli_util.run(binary, ["plan", "recipes/tiny.yaml", "--cluster", H100,

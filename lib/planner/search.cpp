@@ -57,7 +57,12 @@ std::string check_divisibility(const recipe::Recipe& r, const Variant& l) {
                             {"model.ffn_hidden", m.ffn_hidden},
                             {"model.vocab", m.vocab}})
     if (value % l.tp != 0) return not_divisible(key, value, "tp", l.tp);
-  if (m.layers % l.pp != 0) return not_divisible("model.layers", m.layers, "pp", l.pp);
+  // Stages need not be equal (the engine splits as evenly as it can, earlier stages taking the
+  // remainder, or as parallel.pp_layers says): the recipe's own rule, one layer per stage.
+  if (l.pp > m.layers)
+    return fmt::format("parallel.pp <= model.layers fails: {} > {} (each pipeline stage needs "
+                       "at least one layer)",
+                       l.pp, m.layers);
   if (l.ep > 1 && r.model.moe.experts == 0) return fmt::format("ep = {} needs an MoE model", l.ep);
   if (r.model.moe.experts > 0 && r.model.moe.experts % l.ep != 0)
     return not_divisible("moe.experts", r.model.moe.experts, "ep", l.ep);

@@ -54,8 +54,12 @@ TEST_CASE("check_divisibility names the broken rule as a formula") {
   const recipe::Recipe r = llama_7b();
   CHECK(planner::check_divisibility(r, {1, 1, 1, 1, 1, 0}).empty());
   CHECK(planner::check_divisibility(r, {3, 1, 1, 1, 1, 0}) == "model.heads % tp = 32 % 3 = 2 != 0");
-  CHECK(planner::check_divisibility(r, {1, 3, 1, 1, 1, 0}) ==
-        "model.layers % pp = 32 % 3 = 2 != 0");
+  // Stages need not be equal, as in the engine (and validate): 32 layers on 3 stages are
+  // 11 + 11 + 10; only a stage without a layer is refused.
+  CHECK(planner::check_divisibility(r, {1, 3, 1, 1, 1, 0}).empty());
+  CHECK(planner::check_divisibility(r, {1, 64, 1, 1, 1, 0}) ==
+        "parallel.pp <= model.layers fails: 64 > 32 (each pipeline stage needs at least one "
+        "layer)");
   CHECK(planner::check_divisibility(r, {1, 1, 3, 1, 1, 0}) ==
         "global_batch % (micro_batch * dp * ep) = 512 % (1 * 3 * 1) = 2 != 0");
   CHECK(planner::check_divisibility(r, {1, 1, 1, 2, 1, 0}) == "ep = 2 needs an MoE model");

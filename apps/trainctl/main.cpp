@@ -150,8 +150,7 @@ int main(int argc, char** argv) {
                {"trainctl plan recipes/llama3-70b.yaml",
                 "trainctl plan recipes/tiny.yaml --cluster configs/clusters/dgx-h100.yaml "
                 "--nodes 4 --top 5",
-                "trainctl plan recipes/llama3-8b.yaml --json",
-                "trainctl plan recipes/llama3-70b.yaml --layout tp=8,pp=4,zero=1,mb=1"},
+                "trainctl plan recipes/llama3-70b.yaml --layout tp=8,pp=4,zero=1,mb=1 --json"},
                "docs/planner.md (the models), docs/topology.md (cluster files)");
 
   app::SubmitOptions submit;

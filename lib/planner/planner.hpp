@@ -189,10 +189,11 @@ std::string explain_loss(const Candidate& best, const Candidate& other,
 
 // The layout the recipe asks for: its parallel section and training.micro_batch.
 Variant recipe_layout(const recipe::Recipe& recipe);
-// Scores `layout` on plan.cluster: the binding constraint when it cannot run there (another
-// world size than the cluster's, a degree that does not divide the model or batch — uneven
-// stages count when recipe.parallel.pp_layers gives one entry per stage — or memory beyond the
-// GPU's), its memory and time whenever it divides, and its place among plan.ranked.
+// Scores `layout` on plan.cluster: every constraint that keeps it from running there (another
+// world size than the cluster's, a degree that does not divide the model or batch, memory beyond
+// the GPU's), its memory and time whenever it divides (stages as the engine splits them:
+// recipe.parallel.pp_layers when it has one entry per stage, else evenly), and its place among
+// plan.ranked.
 Preview preview_layout(const recipe::Recipe& recipe, const Plan& plan, const Variant& layout,
                        std::string origin, const SearchOptions& options = {});
 

@@ -60,9 +60,10 @@ std::string check_divisibility(const recipe::Recipe& r, const Variant& l) {
   // Stages need not be equal (the engine splits as evenly as it can, earlier stages taking the
   // remainder, or as parallel.pp_layers says): the recipe's own rule, one layer per stage.
   if (l.pp > m.layers)
-    return fmt::format("parallel.pp <= model.layers fails: {} > {} (each pipeline stage needs "
-                       "at least one layer)",
-                       l.pp, m.layers);
+    return fmt::format(
+        "parallel.pp <= model.layers fails: {} > {} (each pipeline stage needs "
+        "at least one layer)",
+        l.pp, m.layers);
   if (l.ep > 1 && r.model.moe.experts == 0) return fmt::format("ep = {} needs an MoE model", l.ep);
   if (r.model.moe.experts > 0 && r.model.moe.experts % l.ep != 0)
     return not_divisible("moe.experts", r.model.moe.experts, "ep", l.ep);
@@ -227,12 +228,7 @@ Preview preview_layout(const recipe::Recipe& r, const Plan& plan, const Variant&
     p.problem = problems.front();
     return p;
   }
-  // Uneven stages are the recipe's to give (parallel.pp_layers, checked by its rules): the
-  // search only tries pp dividing the layers, a given layout may use them.
-  const bool uneven =
-      static_cast<int>(r.parallel.pp_layers.size()) == layout.pp && layout.pp <= r.model.layers;
-  std::string rule = check_divisibility(r, layout);
-  if (uneven && rule.starts_with("model.layers % pp")) rule.clear();
+  const std::string rule = check_divisibility(r, layout);
   if (!rule.empty()) {
     p.problem = "does not divide: " + rule;
     return p;

@@ -1,11 +1,12 @@
 #include "train/grad_sync.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
 #include <string>
+
+#include "train/wait_timer.hpp"
 
 namespace trainctl::train {
 
@@ -264,28 +265,13 @@ int64_t GradSync::zero_offset(const GradBucket& b) const {
   return part_range_of(b.begin, b.end).begin;
 }
 
-void GradSync::timed(const std::function<void()>& wait) {
-  const auto begin = std::chrono::steady_clock::now();
-  auto add_wait = [&] {
-    wait_seconds_ +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-  };
-  try {
-    wait();
-  } catch (...) {
-    add_wait();
-    throw;
-  }
-  add_wait();
-}
-
 // In start order: every rank of a group queued its operations in the same order.
 void GradSync::wait_all() {
   std::vector<std::shared_ptr<comm::Work>> works(buckets_.size());
   works.swap(work_);
   std::vector<size_t> order;
   order.swap(started_);
-  timed([&] {
+  timed_wait(wait_seconds_, [&] {
     for (size_t bucket : order)
       works[bucket]->wait();
   });
@@ -448,7 +434,7 @@ void GradSync::fold_slot(int slot) {
   if (s.work) {
     const std::shared_ptr<comm::Work> work = std::move(s.work);
     slot_order_.erase(std::find(slot_order_.begin(), slot_order_.end(), slot));
-    timed([&] { work->wait(); });
+    timed_wait(wait_seconds_, [&] { work->wait(); });
   }
   model::ParamStore& params = model_.params();
   const model::BlockUnit& unit = params.block_unit(s.layer);
@@ -541,7 +527,7 @@ void GradSync::gather_parameters() {
 
 void GradSync::params_needed(const std::vector<IndexRange>& ranges) {
   if (!gathering_) return;
-  timed([&] {
+  timed_wait(wait_seconds_, [&] {
     for (const IndexRange& range : ranges) {
       for (size_t b = first_bucket_after(range.begin);
            b < buckets_.size() && buckets_[b].begin < range.end; ++b)
@@ -560,7 +546,7 @@ void GradSync::finish_gather() {
   gathering_ = false;  // a failed gather is reported once; the group is broken after it anyway
   std::vector<std::shared_ptr<comm::Work>> gathers(buckets_.size());
   gathers.swap(gathers_);
-  timed([&] {
+  timed_wait(wait_seconds_, [&] {
     for (const std::shared_ptr<comm::Work>& gather : gathers)
       if (gather) gather->wait();
   });

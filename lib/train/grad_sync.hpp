@@ -177,8 +177,6 @@ class GradSync : public model::BlockGradSink {
   // share of this rank's part starts within the part.
   std::vector<size_t> zero_shares(const GradBucket& bucket) const;
   int64_t zero_offset(const GradBucket& bucket) const;
-  // Runs `wait`, adding the time it took to wait_seconds_ (also when it throws).
-  void timed(const std::function<void()>& wait);
 
   const comm::Mesh& mesh_;
   backend::Backend& be_;

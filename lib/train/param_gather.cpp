@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <stdexcept>
 #include <string>
+
+#include "train/wait_timer.hpp"
 
 namespace trainctl::train {
 
@@ -43,16 +44,7 @@ ParamGather::~ParamGather() = default;
 
 void ParamGather::wait(int slot) {
   std::shared_ptr<comm::Work> work = std::move(work_.at(static_cast<size_t>(slot)));
-  if (!work) return;
-  const auto begin = std::chrono::steady_clock::now();
-  try {
-    work->wait();
-  } catch (...) {
-    wait_seconds_ +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-    throw;
-  }
-  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  if (work) timed_wait(wait_seconds_, [&] { work->wait(); });
 }
 
 void ParamGather::wait_all() {

@@ -30,15 +30,16 @@ struct TrainConfig : TrainingConfig {
   LossScalingConfig loss_scaling;  // applied only to a model that stores fp16
   int64_t eval_every_steps = 0;    // 0: only at the end
   int eval_batches = 1;
-  // Multi-rank (ignored on one rank): gradient buckets of the data-parallel all-reduce, and ZeRO-1
-  // (the model must then be built with ModelParallel::zero_parts = dp).
+  // Multi-rank: gradient buckets of the data-parallel all-reduce, and the ZeRO stage 0 to 3 (the
+  // model must then be built with ModelParallel layout.zero = zero; ZeRO-2 and 3 keep their
+  // sharded buffers on one rank too).
   int64_t bucket_bytes = int64_t{25} << 20;
   int zero = 0;
   // ZeRO-2 and 3: the type the block gradients are summed in over dp (precision.reduce_dtype).
   ReduceDtype reduce_dtype = ReduceDtype::fp32;
-  // Start each bucket's reduction as soon as the last micro-batch's backward has produced it, and
-  // with ZeRO-1 gather each bucket's updated parameters while the next forward runs
-  // (bit-identical to doing both between the steps).
+  // Start each bucket's reduction as soon as the last micro-batch's backward has produced it,
+  // with ZeRO-1 and 2 gather each bucket's updated parameters while the next forward runs, and
+  // with ZeRO-3 the next block's while one computes (bit-identical to doing all of it blocking).
   bool overlap_grad_sync = true;
 
   // Micro-batches per optimizer step on one rank; with `data_ranks` ranks reading different data

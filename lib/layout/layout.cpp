@@ -100,6 +100,9 @@ std::vector<std::string> Layout::problems() const {
                       "; every degree must be at least 1");
   if (zero < 0 || zero > 3)
     found.push_back("zero = " + std::to_string(zero) + "; the ZeRO stage must be 0, 1, 2 or 3");
+  if (sequence_parallel && tp < 2)
+    found.push_back("sequence_parallel with tp = " + std::to_string(tp) +
+                    "; it splits the tokens over the tensor-parallel ranks, so it needs tp >= 2");
   if (std::string why = order_problem(order, nullptr); !why.empty()) found.push_back(why);
   return found;
 }

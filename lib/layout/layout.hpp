@@ -35,6 +35,10 @@ struct Layout {
   int zero = 0;  // 1: optimizer state (master weights, moments) sharded over the dp ranks; 2: and
                  // the gradients (reduce-scattered per block as backward goes); 3: and the
                  // parameters (each block's gathered before its forward and its backward)
+  // Megatron's sequence parallelism (tp > 1): the norms, residual adds and the rest between the
+  // tensor-parallel GEMMs hold 1/tp of the micro-batch's tokens; the tp all-reduces become an
+  // all-gather before each column-parallel GEMM and a reduce-scatter after each row-parallel one.
+  bool sequence_parallel = false;
   Recompute recompute = Recompute::none;
   std::string order = "tp-ep-dp-pp";  // the rank order, fastest axis first
 
@@ -48,7 +52,8 @@ struct Layout {
   // The world size as a formula: "tp*ep*dp*pp = 2*1*2*1 = 4".
   std::string world_formula() const;
   // What makes this layout impossible by itself, one message per problem (a degree below 1, zero
-  // outside 0..2, an order that is not a permutation of the axes); empty when valid.
+  // outside 0..3, sequence parallel without tp, an order that is not a permutation of the axes);
+  // empty when valid.
   std::vector<std::string> problems() const;
   bool operator==(const Layout&) const = default;
 

@@ -53,7 +53,7 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
   int64_t expert_rows = 0;
   for (Slot& slot : slots) {
     for (int l = 0; l <= num_layers(); ++l)
-      slot.resid.push_back(kept.take(S, {N, C}));
+      slot.resid.push_back(kept.take(S, {rows, C}));
     slot.tokens = kept.take(DType::i32, {N});
     slot.targets = kept.take(DType::i32, {N});
     if (tp_on() && par.last_stage()) {
@@ -67,13 +67,13 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
       shared.rewind(0);
       a.x_in = slot.resid[i];
       a.x_out = slot.resid[i + 1];
-      a.ln1_s = {keep_unless_full(A, {N}), keep_unless_full(A, {N})};
-      a.ln1_out = keep_if_none(S, {N, C});
+      a.ln1_s = {keep_unless_full(A, {rows}), keep_unless_full(A, {rows})};
+      a.ln1_out = keep_if_none(S, {rows, C});
       a.attn_s = {keep_unless_full(S, {N, W}), keep_unless_full(S, {N, H * D}),
                   keep_unless_full(A, {B, H, T})};
-      a.x_mid = keep_unless_full(S, {N, C});
-      a.ln2_s = {keep_unless_full(A, {N}), keep_unless_full(A, {N})};
-      a.ln2_out = keep_if_none(S, {N, C});
+      a.x_mid = keep_unless_full(S, {rows, C});
+      a.ln2_s = {keep_unless_full(A, {rows}), keep_unless_full(A, {rows})};
+      a.ln2_out = keep_if_none(S, {rows, C});
       if (b.mlp) {
         a.mlp_s = {keep_unless_full(S, {N, dense_F1}), keep_if_none(S, {N, dense_F})};
       } else {
@@ -96,8 +96,8 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
       }
     }
     if (par.last_stage()) {
-      slot.lnf_s = {kept.take(A, {N}), kept.take(A, {N})};
-      slot.lnf_out = kept.take(S, {N, C});
+      slot.lnf_s = {kept.take(A, {rows}), kept.take(A, {rows})};
+      slot.lnf_out = kept.take(S, {rows, C});
     }
   }
 
@@ -107,14 +107,19 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
     lse = scratch.take(A, {N});
     losses = scratch.take(A, {N});
     dlogits = scratch.take(S, {N, local_vocab});
-    d_lnf_out = scratch.take(S, {N, C});
+    d_lnf_out = scratch.take(S, {rows, C});
   }
-  branch = scratch.take(S, {N, C});
-  d_resid = scratch.take(S, {N, C});
-  d_ln_out = scratch.take(S, {N, C});
-  d_norm_in = scratch.take(S, {N, C});
-  if (!par.last_stage()) out_grad = scratch.take(S, {N, C});
-  if (!par.first_stage()) in_grad = scratch.take(S, {N, C});
+  branch = scratch.take(S, {rows, C});
+  d_resid = scratch.take(S, {rows, C});
+  d_ln_out = scratch.take(S, {rows, C});
+  d_norm_in = scratch.take(S, {rows, C});
+  if (!par.last_stage()) out_grad = scratch.take(S, {rows, C});
+  if (!par.first_stage()) in_grad = scratch.take(S, {rows, C});
+  if (tp.split_rows()) {
+    tp.gathered = scratch.take(S, {N, C});
+    tp.partial = scratch.take(S, {N, C});
+    tp.norm_grads = scratch.take(store.grad_dtype(), {2 * C});
+  }
   if (tp_on()) tp.ones = scratch.take(S, {std::max(N, expert_rows)});
   if (tp_on() && cfg.fp8 != Fp8Mode::none)
     tp.amax = scratch.take(DType::f32, {TensorParallel::kMaxAmax});

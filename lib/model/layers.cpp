@@ -13,6 +13,31 @@ void TensorParallel::all_reduce(const Tensor& t) const {
   if (comm) comm->all_reduce_sum(t.data, static_cast<size_t>(t.numel()), t.dtype);
 }
 
+Tensor TensorParallel::local_rows(const Tensor& whole) const {
+  const int64_t n = whole.shape[0] / comm->size();
+  return whole.rows(comm->rank() * n, n);
+}
+
+Tensor TensorParallel::gather(const Tensor& local) const {
+  if (!split_rows()) return local;
+  const Tensor whole = gathered.rows(0, local.shape[0] * comm->size());
+  comm->all_gather(local.data, whole.data, local.bytes());
+  return whole;
+}
+
+Tensor TensorParallel::partial_for(const Tensor& out) const {
+  return split_rows() ? partial.rows(0, out.shape[0] * comm->size()) : out;
+}
+
+void TensorParallel::reduce(const Tensor& out) const {
+  if (!active()) return;
+  if (split_rows())
+    comm->reduce_scatter_sum(partial_for(out).data, out.data, static_cast<size_t>(out.numel()),
+                             out.dtype);
+  else
+    all_reduce(out);
+}
+
 void TensorParallel::add_bias(Backend& be, const Tensor& y, const Tensor& bias) const {
   if (bias.empty()) return;
   GemmArgs g;  // y[rows, n] += ones[rows, 1] bias[1, n]: every element gets exactly bias[n]
@@ -37,8 +62,8 @@ namespace {
 // A row-parallel layer: the local partial product, summed over tp, then the bias.
 void row_parallel_forward(Backend& be, const Linear& layer, const TensorParallel& tp,
                           const Tensor& y, const Tensor& x) {
-  Linear{layer.weight, Param{}, layer.fp8, layer.tp}.forward(be, y, x);
-  tp.all_reduce(y);
+  Linear{layer.weight, Param{}, layer.fp8, layer.tp}.forward(be, tp.partial_for(y), x);
+  tp.reduce(y);
   tp.add_bias(be, y, layer.bias.value);
 }
 bool tp_active(const TensorParallel* tp) {
@@ -146,21 +171,35 @@ void Norm::forward(Backend& be, const Tensor& out, const Saved& s, const Tensor&
 
 void Norm::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x,
                     const Saved& s) const {
+  const bool split = tp != nullptr && tp->split_rows();
+  Tensor dweight = weight.grad, dbias = bias.grad, both;
+  if (split) {  // this rank's rows' gradients, summed over tp, then added
+    const int64_t C = weight.grad.numel();
+    both = tp->norm_grads.rows(0, bias.grad.empty() ? C : 2 * C);
+    be.fill(both, 0.0);
+    dweight = both.rows(0, C);
+    if (!bias.grad.empty()) dbias = both.rows(C, C);
+  }
   if (kind == NormKind::layernorm)
-    be.layernorm_backward(dx, weight.grad, bias.grad, dout, x, weight.value, s.mean, s.rstd);
+    be.layernorm_backward(dx, dweight, dbias, dout, x, weight.value, s.mean, s.rstd);
   else
-    be.rmsnorm_backward(dx, weight.grad, dout, x, weight.value, s.rstd);
+    be.rmsnorm_backward(dx, dweight, dout, x, weight.value, s.rstd);
+  if (!split) return;
+  tp->all_reduce(both);
+  be.accumulate(weight.grad, dweight);
+  if (!bias.grad.empty()) be.accumulate(bias.grad, dbias);
 }
 
 // ---- Attention ------------------------------------------------------------------------------
 
 void Attention::forward(Backend& be, const Tensor& out, const Tensor& x, int64_t B, int64_t T,
                         const Saved& s, const Scratch& scratch) const {
+  const Tensor whole = tp_active(tp) ? tp->gather(x) : x;
   if (rope) {
-    qkv.forward(be, scratch.qkv_raw, x);
+    qkv.forward(be, scratch.qkv_raw, whole);
     be.rope(s.qkv, scratch.qkv_raw, T, heads + kv_heads, head_dim, rope_theta, false);
   } else {
-    qkv.forward(be, s.qkv, x);
+    qkv.forward(be, s.qkv, whole);
   }
   be.attention_forward(s.attn_out, s.lse, s.qkv, shape(B, T));
   if (tp_active(tp))
@@ -171,15 +210,18 @@ void Attention::forward(Backend& be, const Tensor& out, const Tensor& x, int64_t
 
 void Attention::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x,
                          int64_t B, int64_t T, const Saved& s, const Scratch& scratch) const {
-  proj.backward(be, scratch.dattn, dout, s.attn_out);
+  const bool sharded = tp_active(tp);
+  proj.backward(be, scratch.dattn, sharded ? tp->gather(dout) : dout, s.attn_out);
   be.attention_backward(scratch.dqkv, scratch.dattn, s.qkv, s.attn_out, s.lse, shape(B, T));
-  if (rope) {
+  if (rope)
     be.rope(scratch.dqkv_raw, scratch.dqkv, T, heads + kv_heads, head_dim, rope_theta, true);
-    qkv.backward(be, dx, scratch.dqkv_raw, x);
-  } else {
-    qkv.backward(be, dx, scratch.dqkv, x);
+  const Tensor dqkv = rope ? scratch.dqkv_raw : scratch.dqkv;
+  if (!sharded) {
+    qkv.backward(be, dx, dqkv, x);
+    return;
   }
-  if (tp_active(tp)) tp->all_reduce(dx);
+  qkv.backward(be, tp->partial_for(dx), dqkv, tp->gather(x));
+  tp->reduce(dx);
 }
 
 // ---- MLP ------------------------------------------------------------------------------------
@@ -192,10 +234,11 @@ void Mlp::activate(Backend& be, const Saved& s) const {
 }
 
 void Mlp::forward(Backend& be, const Tensor& out, const Tensor& x, const Saved& s) const {
+  const Tensor whole = tp_active(tp) ? tp->gather(x) : x;
   if (activation == ActivationKind::gelu && fc1.fp8 == Fp8Mode::none) {
-    fc1.forward_gelu(be, s.act_out, s.fc1_out, x);  // one GEMM with the GELU epilogue
+    fc1.forward_gelu(be, s.act_out, s.fc1_out, whole);  // one GEMM with the GELU epilogue
   } else {
-    fc1.forward(be, s.fc1_out, x);
+    fc1.forward(be, s.fc1_out, whole);
     activate(be, s);
   }
   if (tp_active(tp))
@@ -206,13 +249,18 @@ void Mlp::forward(Backend& be, const Tensor& out, const Tensor& x, const Saved& 
 
 void Mlp::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x,
                    const Saved& s, const Scratch& scratch) const {
-  fc2.backward(be, scratch.dact, dout, s.act_out);
+  const bool sharded = tp_active(tp);
+  fc2.backward(be, scratch.dact, sharded ? tp->gather(dout) : dout, s.act_out);
   if (activation == ActivationKind::gelu)
     be.gelu_backward(scratch.dfc1, scratch.dact, s.fc1_out);
   else
     be.swiglu_backward(scratch.dfc1, scratch.dact, s.fc1_out);
-  fc1.backward(be, dx, scratch.dfc1, x);
-  if (tp_active(tp)) tp->all_reduce(dx);
+  if (!sharded) {
+    fc1.backward(be, dx, scratch.dfc1, x);
+    return;
+  }
+  fc1.backward(be, tp->partial_for(dx), scratch.dfc1, tp->gather(x));
+  tp->reduce(dx);
 }
 
 // ---- MoE ------------------------------------------------------------------------------------
@@ -261,8 +309,13 @@ void Moe::run_experts(Backend& be, const Tensor& out, const Saved& s) const {
   }
 }
 
-backend::RouterLosses Moe::forward(Backend& be, const Tensor& out, const Tensor& x, Saved& s,
-                                   const Scratch& scratch) const {
+backend::RouterLosses Moe::forward(Backend& be, const Tensor& out_rows, const Tensor& x_rows,
+                                   Saved& s, const Scratch& scratch) const {
+  // Sequence parallel: the layer runs on the whole micro-batch (gathered; the router and the
+  // exchange are then exactly those of plain tp) and keeps its rows of the output.
+  const bool split = tp_active(tp) && tp->split_rows();
+  const Tensor x = split ? tp->gather(x_rows) : x_rows;
+  const Tensor out = split ? tp->partial_for(out_rows) : out_rows;
   router.forward(be, s.route.logits, x);
   const backend::RouterLosses losses = be.moe_router_forward(s.route);
   s.counts.resize(static_cast<size_t>(num_experts()));
@@ -281,6 +334,7 @@ backend::RouterLosses Moe::forward(Backend& be, const Tensor& out, const Tensor&
     exchange(*ep, scratch.recv, s.expert_out);
   }
   be.moe_unpermute(out, s.expert_out, s.route.gates, s.route.slot);
+  if (split) be.cast(out_rows, tp->local_rows(out));
   return losses;
 }
 
@@ -293,9 +347,15 @@ void Moe::activate(Backend& be, const Saved& s) const {
   }
 }
 
-void Moe::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x,
-                   const Saved& s, const Scratch& scratch, double loss_grad_scale) const {
-  be.moe_unpermute_backward(scratch.dexpert_out, scratch.dgates, dout, s.expert_out, s.route.gates,
+void Moe::backward(Backend& be, const Tensor& dx_rows, const Tensor& dout_rows,
+                   const Tensor& x_rows, const Saved& s, const Scratch& scratch,
+                   double loss_grad_scale) const {
+  // Sequence parallel: as forward, on the whole micro-batch; the input gradient comes out whole
+  // (summed over tp inside) and the rank keeps its rows.
+  const bool split = tp_active(tp) && tp->split_rows();
+  const Tensor dx = split ? tp->partial_for(dx_rows) : dx_rows;
+  be.moe_unpermute_backward(scratch.dexpert_out, scratch.dgates,
+                            split ? tp->gather(dout_rows) : dout_rows, s.expert_out, s.route.gates,
                             s.route.slot);
   // The execution-layout gradients: the source-layout buffers themselves on one ep rank.
   const Tensor exec_dout = ep ? scratch.recv : scratch.dexpert_out;
@@ -319,8 +379,9 @@ void Moe::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tens
   be.moe_permute_backward(dx, scratch.dexpert_in, s.route.slot);
   be.moe_router_backward(scratch.dlogits, scratch.dgates, s.route, aux_loss_coef, z_loss_coef,
                          loss_grad_scale);
-  router.backward(be, scratch.dx_router, scratch.dlogits, x);
+  router.backward(be, scratch.dx_router, scratch.dlogits, split ? tp->gather(x_rows) : x_rows);
   be.accumulate(dx, scratch.dx_router);
+  if (split) be.cast(dx_rows, tp->local_rows(dx));
 }
 
 }  // namespace trainctl::model

@@ -21,9 +21,19 @@
 
 namespace trainctl::model {
 
-// The tensor-parallel group as the layers see it. Megatron's conjugate pairs: a column-parallel
-// layer all-reduces its input gradient in backward; a row-parallel layer all-reduces its output
-// in forward and adds its (replicated) bias after the sum, so the bias counts once.
+// The tensor-parallel group as the layers see it. Megatron's conjugate pairs, each defined once:
+//   gather   before a column-parallel GEMM: its input, whole. With sequence parallelism an
+//            all-gather of the rank's token rows (into `gathered`); without, the input itself.
+//   reduce   after a row-parallel GEMM: the partial outputs summed over tp. With sequence
+//            parallelism a reduce-scatter that leaves the rank its token rows; without, an
+//            all-reduce in place.
+// The backward of one is the other: a column-parallel layer reduces its input gradient, a
+// row-parallel layer gathers its output gradient. A row-parallel layer adds its (replicated) bias
+// after the sum, so the bias counts once.
+// Sequence parallel: between the GEMMs (norms, residual adds, embedding output, final norm) a rank
+// holds rows [rank * n, (rank + 1) * n) of the micro-batch's N tokens, n = N / tp. The norms'
+// weight gradients then cover those rows only and are summed over tp (norm_grads); a row-parallel
+// bias's gradient comes from the gathered output gradient, whole on every rank.
 // fp8 under tp: a per-tensor scale taken from a shard alone could differ from the one a single
 // rank takes from the whole tensor, so every fp8 operand of a sharded Linear is scaled by its amax
 // max-reduced over the group (one small all-reduce per GEMM pass): each shard is then quantized
@@ -31,11 +41,26 @@ namespace trainctl::model {
 // effect only for elements that one of them puts below the format's normal range.)
 struct TensorParallel {
   comm::Communicator* comm = nullptr;  // null: tp = 1, nothing to do
+  bool sequence_parallel = false;
   Tensor ones;  // [rows] S of 1.0: adds a bias to every row as a rank-1 GEMM after a reduction
   Tensor amax;  // [kMaxAmax] f32, fp8 only: group amaxes of one GEMM pass's operands
   static constexpr int kMaxAmax = 3;
+  // Sequence parallel only: [N, C] S, the gathered input or output gradient of a GEMM, and the
+  // partial sums of a row-parallel output or a column-parallel input gradient; [2C] G, a norm's
+  // weight (and bias) gradient of the local rows.
+  Tensor gathered, partial, norm_grads;
   bool active() const { return comm != nullptr; }
+  bool split_rows() const { return comm != nullptr && sequence_parallel; }
   void all_reduce(const Tensor& t) const;
+  // The whole [N, C] of `local` (sequence parallel: gathered into `gathered`; else `local`).
+  Tensor gather(const Tensor& local) const;
+  // Where a row-parallel layer writes the partial sums that reduce() turns into `out`.
+  Tensor partial_for(const Tensor& out) const;
+  // out <- partial summed over tp: out is partial_for(out), all-reduced in place, or this rank's
+  // rows of the sum (sequence parallel).
+  void reduce(const Tensor& out) const;
+  // This rank's rows of a whole [N, ...] tensor (sequence parallel).
+  Tensor local_rows(const Tensor& whole) const;
   // y[rows, n] += bias[n] (bias optional).
   void add_bias(Backend& be, const Tensor& y, const Tensor& bias) const;
   // amax[i] = max over the group of max |operands[i]|, in one all-reduce.
@@ -65,6 +90,9 @@ struct Norm {
   Param weight;
   Param bias;
   double eps = 1e-5;
+  // Sequence parallel (tp->split_rows()): x holds this rank's token rows, so the weight
+  // gradients are summed over tp before they are added.
+  const TensorParallel* tp = nullptr;
   struct Saved {
     Tensor mean, rstd;  // [N] A; mean unused by RMSNorm
   };

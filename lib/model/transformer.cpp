@@ -13,6 +13,7 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
       B(micro_batch),
       T(config.seq_len),
       N(micro_batch * config.seq_len),
+      rows(N),
       stage(checked_stage(config, parallel)),
       store(backend, build_param_table(config, parallel), config.storage, parallel.zero_parts(),
             parallel.zero_rank(), parallel.shard_grads(), parallel.shard_values()) {
@@ -21,6 +22,17 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
     throw std::invalid_argument("activation_slots = " + std::to_string(par.activation_slots) +
                                 " must be >= 1");
   if (par.tp && par.tp->size() > 1) tp.comm = par.tp;
+  if (par.layout.sequence_parallel) {
+    if (!tp.active())
+      throw std::invalid_argument(
+          "sequence_parallel needs tp >= 2 (tp = " + std::to_string(par.tp_size()) + ")");
+    if (T % par.tp_size() != 0)
+      throw std::invalid_argument("sequence_parallel splits each sequence over tp: seq_len " +
+                                  std::to_string(T) + " % tp " + std::to_string(par.tp_size()) +
+                                  " = " + std::to_string(T % par.tp_size()) + ", must be 0");
+    tp.sequence_parallel = true;
+    rows = N / par.tp_size();
+  }
   if (cfg.fp8 != Fp8Mode::none && !be.capabilities().fp8)
     throw std::invalid_argument("fp8 GEMMs need a backend with fp8 support; backend '" +
                                 std::string(be.name()) +
@@ -179,9 +191,9 @@ ForwardResult Transformer::Impl::forward(const int32_t* host_tokens, const int32
     } else {
       // Each rank looks up its vocabulary rows (zeros elsewhere); positions are added by tp
       // rank 0 only, so the sum over tp holds them once.
-      be.embedding_forward_shard(s.resid[0], s.tokens, wte.value,
+      be.embedding_forward_shard(tp.partial_for(s.resid[0]), s.tokens, wte.value,
                                  tp.comm->rank() == 0 ? wpe.value : Tensor{}, T, vocab_begin);
-      tp.all_reduce(s.resid[0]);
+      tp.reduce(s.resid[0]);
     }
   }
 
@@ -241,8 +253,10 @@ void Transformer::Impl::backward(double grad_scale, int slot_index) {
       be.cross_entropy_backward(dlogits, logits, lse, s.targets, ce_scale);
     else
       be.cross_entropy_backward_shard(dlogits, logits, s.lse, s.targets, vocab_begin, ce_scale);
-    Linear{head, Param{}}.backward(be, d_lnf_out, dlogits, s.lnf_out);
-    tp.all_reduce(d_lnf_out);  // the head is column-parallel over the vocabulary
+    // The head is column-parallel over the vocabulary (its input gathered again under sequence
+    // parallel: the blocks of another slot may have used the buffer since).
+    Linear{head, Param{}}.backward(be, tp.partial_for(d_lnf_out), dlogits, tp.gather(s.lnf_out));
+    tp.reduce(d_lnf_out);
     final_norm.backward(be, d_resid, d_lnf_out, s.resid.back(), s.lnf_s);
     report_ready(head_ranges);
   } else {
@@ -262,7 +276,7 @@ void Transformer::Impl::backward(double grad_scale, int slot_index) {
     if (!tp_on())
       be.embedding_backward(wte.grad, wpe.grad, d_resid, s.tokens, T);
     else
-      be.embedding_backward_shard(wte.grad, wpe.grad, d_resid, s.tokens, T, vocab_begin);
+      be.embedding_backward_shard(wte.grad, wpe.grad, tp.gather(d_resid), s.tokens, T, vocab_begin);
     report_ready(embedding_ranges);
   } else {
     be.cast(in_grad, d_resid);

@@ -36,8 +36,10 @@ struct BlockActs {
 };
 
 // The activations of one micro-batch in flight (a pipeline stage holds several).
+// Sequence parallel: the residual stream, the norms' inputs and outputs and their gradients hold
+// this rank's `rows` of the N tokens ([N / tp, C]); the GEMMs' inputs are gathered.
 struct Slot {
-  std::vector<Tensor> resid;  // stage layers + 1 residual-stream tensors [N, C]
+  std::vector<Tensor> resid;  // stage layers + 1 residual-stream tensors [rows, C]
   Tensor tokens, targets;     // [N] i32, global ids
   Tensor local_targets;       // [N] i32, tp: targets inside this vocab shard, else -1
   Tensor lse;                 // [N] A, tp: log-sum-exp over the whole vocabulary
@@ -55,6 +57,7 @@ struct Transformer::Impl {
   Backend& be;
   ModelParallel par;
   int64_t B, T, N;
+  int64_t rows;  // token rows of the residual stream on this rank: N, or N / tp (sequence parallel)
   StageRange stage;
   ParamStore store;
   Param wte, wpe, head;
@@ -106,8 +109,8 @@ struct Transformer::Impl {
     return Linear{param(prefix + ".weight"), optional_param(prefix + ".bias"), cfg.fp8, &tp};
   }
   Norm norm(const std::string& prefix) const {
-    return Norm{cfg.norm, param(prefix + ".weight"), optional_param(prefix + ".bias"),
-                cfg.norm_eps};
+    return Norm{cfg.norm, param(prefix + ".weight"), optional_param(prefix + ".bias"), cfg.norm_eps,
+                &tp};
   }
 
   static Param expert_slice(const Param& stacked, int64_t e);
@@ -140,7 +143,11 @@ struct Transformer::Impl {
   void from_host(const Tensor& t, const std::vector<double>& values);
 
   // transformer.cpp
-  void head_forward(const Slot& s) { Linear{head, Param{}}.forward(be, logits, s.lnf_out); }
+  // The head is column-parallel over the vocabulary: its input whole (gathered under sequence
+  // parallel).
+  void head_forward(const Slot& s) {
+    Linear{head, Param{}}.forward(be, logits, tp.gather(s.lnf_out));
+  }
   ForwardResult forward(const int32_t* host_tokens, const int32_t* host_targets, int slot_index);
   void backward(double grad_scale, int slot_index);
   double forward_flops_per_token() const;

@@ -99,6 +99,19 @@ void check_parallel(const Recipe& r, RuleChecker& c) {
     c.divisible(key, value, "parallel.tp", p.tp, {key, "parallel.tp"});
   }
   check_pipeline(r, c);
+  if (c.usable({"parallel.sequence_parallel", "parallel.tp"}) && p.sequence_parallel) {
+    if (p.tp < 2)
+      c.fail({"parallel.sequence_parallel", "parallel.tp"},
+             fmt::format("parallel.sequence_parallel: true needs parallel.tp >= 2 (it splits the "
+                         "tokens between the tensor-parallel GEMMs over the tp ranks), but "
+                         "parallel.tp is {}; raise parallel.tp or set "
+                         "parallel.sequence_parallel: false",
+                         p.tp));
+    else
+      c.divisible("model.seq_len", m.seq_len, "parallel.tp", p.tp,
+                  {"model.seq_len", "parallel.tp", "parallel.sequence_parallel"},
+                  "sequence parallelism splits each sequence over the tensor-parallel ranks");
+  }
   if (c.usable({"moe.experts", "moe.expert_ffn_hidden"}) && r.model.moe.experts > 0 &&
       r.model.moe.expert_ffn_hidden > 0)
     c.divisible("moe.expert_ffn_hidden", r.model.moe.expert_ffn_hidden, "parallel.tp", p.tp,

@@ -202,6 +202,10 @@ std::vector<KeySpec> build_schema() {
       row<B(parallel, zero)>("parallel.zero", 0, closed(0, 3),
                              "ZeRO stage: 1 shards optimizer state over data-parallel ranks, 2 "
                              "gradients too, 3 parameters too (gathered per block as it runs)"));
+  t.push_back(row<B(parallel, sequence_parallel)>(
+      "parallel.sequence_parallel", false, none(),
+      "with tp >= 2, split the tokens of the norms and residual adds over the tp ranks "
+      "(Megatron's sequence parallelism): their activations shrink by tp"));
   t.push_back(row<B(parallel, recompute)>("parallel.recompute", Recompute::none, none(),
                                           "activation recomputation"));
   t.push_back(row<B(parallel, pp_layers)>(

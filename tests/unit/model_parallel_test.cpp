@@ -184,16 +184,20 @@ ModelParallel parallel_of(const comm::Mesh& mesh) {
 // different data, like dp ranks). Expert gradients then sum both micro-batches.
 // Without `whole`, every gradient element within 1e-5 of its tensor's max and the loss within
 // 1e-6; with it, the relative loss difference and the whole gradient (GradDistance) within it.
+// `sequence_parallel`: the tp ranks split the tokens between the GEMMs (Megatron's sequence
+// parallelism); the gradients of the norms, summed over tp, must still equal one rank's.
 struct WholeTolerance {
   double loss, gradient;
 };
 void run_tp_ep(const ModelConfig& c, int tp, int ep, bool expect_drops = false,
-               std::optional<WholeTolerance> whole = std::nullopt) {
+               std::optional<WholeTolerance> whole = std::nullopt, bool sequence_parallel = false) {
   const int64_t micro_batch = 2;
   const comm_test::TempDir temp;
   const auto status = comm_test::run_ranks(tp * ep, [&](int rank) {
     const Reference ref = reference(c, micro_batch, ep);
-    comm::Mesh mesh = make_mesh(temp.path, tp * ep, rank, comm::Layout{.tp = tp, .ep = ep});
+    comm::Layout layout{.tp = tp, .ep = ep};
+    layout.sequence_parallel = sequence_parallel;
+    comm::Mesh mesh = make_mesh(temp.path, tp * ep, rank, layout);
     auto be = backend::make_cpu_backend();
     Transformer model(c, *be, micro_batch, parallel_of(mesh));
     model.params().initialize(kSeed);
@@ -377,6 +381,20 @@ TEST_CASE("tp2 llama (rmsnorm, swiglu, rope, gqa 4/2, untied) matches one rank",
   run_tp_ep(llama_small(), 2, 1);
 }
 
+TEST_CASE("tp2 with sequence parallel (gpt, llama gqa 4/2, moe under ep2) matches one rank",
+          "[model][parallel][sp]") {
+  run_tp_ep(gpt_small(), 2, 1, false, std::nullopt, true);
+  run_tp_ep(llama_small(), 2, 1, false, std::nullopt, true);
+  run_tp_ep(moe_small(), 2, 2, true, std::nullopt, true);
+}
+
+TEST_CASE("tp4 with sequence parallel: each rank holds a quarter of the tokens",
+          "[model][parallel][sp]") {
+  ModelConfig c = llama_small();
+  c.kv_heads = 4;  // one kv head per tp rank
+  run_tp_ep(c, 4, 1, false, std::nullopt, true);
+}
+
 TEST_CASE("ep2 moe with capacity dropping matches one rank", "[model][parallel]") {
   run_tp_ep(moe_small(), 1, 2, true);
 }
@@ -399,6 +417,7 @@ TEST_CASE("tp2 in fp8 (gpt, llama, moe with tp experts) matches one rank within 
     c.fp8 = model::Fp8Mode::hybrid;
     INFO(model::describe(c));
     run_tp_ep(c, 2, 1, false, WholeTolerance{5e-3, 0.25});
+    run_tp_ep(c, 2, 1, false, WholeTolerance{5e-3, 0.25}, true);  // and sequence parallel
   }
 }
 

@@ -210,21 +210,21 @@ TEST_CASE("the hash depends on the values only, not on how the file is written")
 // modules' own structs, a choice mapped onto a module enum such as precision.compute onto
 // tensor::DType). The values were printed by `trainctl validate` before that change (commit
 // 7b6e0f8); a new key changes every hash and must update them here, on purpose (the last time:
-// precision.reduce_dtype).
+// parallel.sequence_parallel).
 TEST_CASE("the hash of a recipe is stable across versions of the code") {
-  CHECK(recipe_hash(default_recipe(Arch::gpt)) == "833c1824e8751f36");
+  CHECK(recipe_hash(default_recipe(Arch::gpt)) == "295ee7c46d16cc38");
   CHECK(recipe_hash(load_text("name: default\ndata:\n  source: synthetic\n")) ==
-        "833c1824e8751f36");
-  CHECK(recipe_hash(default_recipe(Arch::llama)) == "0d807da8e9333bf7");
+        "295ee7c46d16cc38");
+  CHECK(recipe_hash(default_recipe(Arch::llama)) == "a685212fab797da7");
   CHECK(
       recipe_hash(load_text("name: f\nprecision: {compute: fp64}\ndata: {source: synthetic}\n")) ==
-      "68c7a56193ddf1c4");
+      "b474cdd6857ddbf4");
   // Every choice key at a value other than its default.
   const Recipe every_choice = load_text(
       "name: every-choice\n"
       "model: {arch: llama, norm: layernorm, activation: gelu, position: learned}\n"
       "moe: {experts: 4, top_k: 1, every: 1}\n"
-      "parallel: {recompute: selective, zero: 2}\n"
+      "parallel: {recompute: selective, zero: 2, tp: 2, sequence_parallel: true}\n"
       "precision: {compute: fp16, loss_scale: 512, reduce_dtype: bf16}\n"
       "schedule: {decay: wsd}\n"
       "data: {source: synthetic}\n"
@@ -233,7 +233,7 @@ TEST_CASE("the hash of a recipe is stable across versions of the code") {
       "cluster: {device: cpu}\n");
   CHECK(every_choice.model.storage == DType::f16);
   CHECK(every_choice.precision.loss_scale == LossScale{LossScaleMode::fixed, 512.0});
-  CHECK(recipe_hash(every_choice) == "1e8472bbbd3345d4");
+  CHECK(recipe_hash(every_choice) == "ba6b96344d6fadbc");
 }
 
 TEST_CASE("each schema key stores into and fetches from its own member only") {

@@ -280,6 +280,17 @@ const std::vector<BadCase> kBadCases = {
      {"3:27: precision.reduce_dtype: bf16 applies to the block reduce-scatters of parallel.zero 2 "
       "and 3, but parallel.zero is 1; set parallel.zero: 2 or 3, or precision.reduce_dtype: "
       "fp32"}},
+    {"sequence parallel needs tp",
+     kOk + "parallel: {sequence_parallel: true}\n",
+     {},
+     {"3:31: parallel.sequence_parallel: true needs parallel.tp >= 2 (it splits the tokens "
+      "between the tensor-parallel GEMMs over the tp ranks), but parallel.tp is 1; raise "
+      "parallel.tp or set parallel.sequence_parallel: false"}},
+    {"sequence parallel splits each sequence over tp",
+     kOk + "model: {seq_len: 102}\nparallel: {tp: 4, sequence_parallel: true}\n",
+     {},
+     {"3:18: model.seq_len % parallel.tp == 0 fails: 102 % 4 = 2 (sequence parallelism splits "
+      "each sequence over the tensor-parallel ranks)"}},
     {"top_k > experts",
      kOk + "moe:\n  experts: 2\n  top_k: 3\n",
      {},

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "comm/comm.hpp"
 #include "comm_test_util.hpp"
@@ -629,6 +630,24 @@ TEST_CASE("tp2 trains like one rank and repeats bit for bit", "[train][parallel]
   const JobResult b = run_job(tp2);
   CHECK(a.ranks[0].losses == b.ranks[0].losses);
   CHECK(a.params == b.params);
+}
+
+TEST_CASE("tp2 with sequence parallel trains like one rank, alone and with pp2, dp2 and ZeRO",
+          "[train][parallel][sp]") {
+  Setup tp2 = layout_setup(2, 1, 1);
+  tp2.layout.sequence_parallel = true;
+  const JobResult a = run_job(tp2);
+  check_matches(a, reference_run());
+  const JobResult b = run_job(tp2);
+  CHECK(a.ranks[0].losses == b.ranks[0].losses);
+  CHECK(a.params == b.params);
+  // The stages pass each other their token rows only; ZeRO's parts and gathers are over dp.
+  for (const auto& [dp, pp, zero] : {std::tuple{1, 2, 0}, {2, 1, 1}, {2, 1, 3}, {2, 2, 2}}) {
+    Setup s = layout_setup(2, dp, pp, zero);
+    s.layout.sequence_parallel = true;
+    INFO(s.layout.to_string() << " zero " << zero);
+    check_matches(run_job(s), reference_run());
+  }
 }
 
 TEST_CASE("dp2 x pp2 with ZeRO-1 trains like one rank", "[train][parallel]") {

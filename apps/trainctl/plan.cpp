@@ -91,14 +91,18 @@ planner::Variant parse_layout(const std::string& text, const recipe::Recipe& r, 
       v.ep = number;
     else if (key == "zero")
       v.zero = number;
-    else if (key == "mb" || key == "micro_batch")
+    else if (key == "sp" || key == "sequence_parallel") {
+      if (number > 1)
+        throw std::invalid_argument(fmt::format("--layout {}={}: use 0 or 1", key, value));
+      v.sequence_parallel = number == 1;
+    } else if (key == "mb" || key == "micro_batch")
       v.micro_batch = number;
     else if (key == "dp") {
       v.dp = number;
       dp_given = true;
     } else {
       throw std::invalid_argument(fmt::format(
-          "--layout key '{}' is unknown: use tp, pp, dp, ep, zero, mb and recompute", key));
+          "--layout key '{}' is unknown: use tp, pp, dp, ep, zero, sp, mb and recompute", key));
     }
   }
   const int64_t others = int64_t{v.tp} * v.pp * v.ep;

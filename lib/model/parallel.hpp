@@ -16,6 +16,11 @@
 //   Their gradients come out identical on every tp rank (the inputs to their backward are
 //   all-reduced first), so they need no synchronisation, only counting once.
 // The input gradient of a column-parallel layer is all-reduced over tp in backward.
+// Sequence parallel (layout.sequence_parallel, Megatron's): between the GEMMs each tp rank holds
+// rows [t*N/T, (t+1)*N/T) of the micro-batch's N tokens; the all-reduces become all-gathers
+// before the column-parallel GEMMs and reduce-scatters after the row-parallel ones, and the norms'
+// weight gradients are summed over tp (layers.hpp, TensorParallel). Pipeline stages then pass
+// each other their rows only.
 //
 // Expert parallel over `ep` (size P, rank p): experts [p*E/P, (p+1)*E/P) live on rank p. Routing
 // runs on every rank for its own tokens (ep ranks hold different data, like dp ranks); the expert

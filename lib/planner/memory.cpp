@@ -112,9 +112,10 @@ struct Tally {
 
 // One block's activations for one micro-batch of N tokens on one tp rank, split into what stays
 // until backward (kept) and what the recompute region reuses across layers (shared), as assign()
-// does. Only the head-, ffn- and expert-ffn-wide tensors are tp shards.
+// does. Only the head-, ffn- and expert-ffn-wide tensors are tp shards; the norms and the
+// residual stream hold R token rows (N, or N / tp with sequence parallelism).
 Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, trainctl::Recompute mode,
-                        int64_t N, int64_t B, int tp) {
+                        int64_t N, int64_t R, int64_t B, int tp) {
   const bool full = mode == trainctl::Recompute::full;
   const bool none = mode == trainctl::Recompute::none;
   Tally t;
@@ -124,18 +125,18 @@ Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, trainctl:
   auto if_none = [&](double elements, double size) {
     (none ? t.kept : t.shared) += round64(elements * size);
   };
-  const double n = static_cast<double>(N);
+  const double n = static_cast<double>(N), r = static_cast<double>(R);
   const double W = static_cast<double>(s.W / tp), HD = static_cast<double>(s.H / tp * s.D);
-  unless_full(n, z.stats);  // ln1 mean/rstd
-  unless_full(n, z.stats);
-  if_none(n * s.C, z.storage);                                      // ln1_out
+  unless_full(r, z.stats);  // ln1 mean/rstd
+  unless_full(r, z.stats);
+  if_none(r * s.C, z.storage);                                      // ln1_out
   unless_full(n * W, z.storage);                                    // qkv
   unless_full(n * HD, z.storage);                                   // attention output
   unless_full(static_cast<double>(B * (s.H / tp) * s.T), z.stats);  // log-sum-exp [B, H, T]
-  unless_full(n * s.C, z.storage);                                  // x_mid
-  unless_full(n, z.stats);                                          // ln2 mean/rstd
-  unless_full(n, z.stats);
-  if_none(n * s.C, z.storage);  // ln2_out
+  unless_full(r * s.C, z.storage);                                  // x_mid
+  unless_full(r, z.stats);                                          // ln2 mean/rstd
+  unless_full(r, z.stats);
+  if_none(r * s.C, z.storage);  // ln2_out
   if (!moe) {
     unless_full(n * static_cast<double>(s.F1 / tp), z.storage);  // fc1 output
     if_none(n * static_cast<double>(s.F / tp), z.storage);       // activation output
@@ -158,9 +159,9 @@ Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, trainctl:
 
 // Scratch shared by all layers and slots of the stage (assign()'s third arena).
 double stage_scratch(const ModelShape& s, const Sizes& z, const StageShape& st, const Variant& lay,
-                     int64_t N) {
+                     int64_t N, int64_t R) {
   const int t = lay.tp;
-  const double n = static_cast<double>(N);
+  const double n = static_cast<double>(N), r = static_cast<double>(R);
   const int dense_layers = st.layers - st.moe_layers;
   const int64_t expert_rows = st.moe_layers > 0 ? s.E * s.capacity(N) : 0;
   double scratch = 0;
@@ -170,12 +171,17 @@ double stage_scratch(const ModelShape& s, const Sizes& z, const StageShape& st, 
     take(n, z.stats);                                   // lse
     take(n, z.stats);                                   // losses
     take(n * static_cast<double>(s.V / t), z.storage);  // dlogits
-    take(n * s.C, z.storage);                           // d_lnf_out
+    take(r * s.C, z.storage);                           // d_lnf_out
   }
   for (int i = 0; i < 4; ++i)
-    take(n * s.C, z.storage);               // branch, d_resid, d_ln_out, d_norm_in
-  if (!st.last) take(n * s.C, z.storage);   // gradient received from the next stage
-  if (!st.first) take(n * s.C, z.storage);  // gradient sent to the previous stage
+    take(r * s.C, z.storage);               // branch, d_resid, d_ln_out, d_norm_in
+  if (!st.last) take(r * s.C, z.storage);   // gradient received from the next stage
+  if (!st.first) take(r * s.C, z.storage);  // gradient sent to the previous stage
+  if (R < N) {                              // sequence parallel
+    take(n * s.C, z.storage);               // a GEMM's gathered input or output gradient
+    take(n * s.C, z.storage);               // the partial sums before a reduce-scatter
+    take(2.0 * s.C, z.grad);                // a norm's weight and bias gradients
+  }
   if (t > 1) take(static_cast<double>(std::max(N, expert_rows)), z.storage);  // ones (bias grads)
   const double W = static_cast<double>(s.W / t), HD = static_cast<double>(s.H / t * s.D);
   if (s.rope) take(n * W, z.storage);
@@ -308,41 +314,49 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
 
   // ---- activations: activation_slots copies of the kept set, one shared set, the scratch ----
   const int64_t N = int64_t{lay.micro_batch} * s.T;
-  const double n = static_cast<double>(N);
-  double kept = round64(n * s.C * z.storage) * (st.layers + 1);              // the residual stream
+  const bool sp = lay.sequence_parallel && lay.tp > 1;
+  const int64_t R = sp ? N / lay.tp : N;  // token rows of the residual stream and the norms
+  const double n = static_cast<double>(N), rows = static_cast<double>(R);
+  double kept = round64(rows * s.C * z.storage) * (st.layers + 1);           // the residual stream
   kept += 2 * round64(n * 4);                                                // tokens, targets
   if (lay.tp > 1 && st.last) kept += round64(n * 4) + round64(n * z.stats);  // local targets, lse
   double shared_peak = 0;
   const int dense_layers = st.layers - st.moe_layers;
   if (dense_layers > 0) {
-    const Tally d = block_activations(s, z, false, lay.recompute, N, lay.micro_batch, lay.tp);
+    const Tally d = block_activations(s, z, false, lay.recompute, N, R, lay.micro_batch, lay.tp);
     kept += d.kept * dense_layers;
     shared_peak = std::max(shared_peak, d.shared);
   }
   if (st.moe_layers > 0) {
-    const Tally e = block_activations(s, z, true, lay.recompute, N, lay.micro_batch, lay.tp);
+    const Tally e = block_activations(s, z, true, lay.recompute, N, R, lay.micro_batch, lay.tp);
     kept += e.kept * st.moe_layers;
     shared_peak = std::max(shared_peak, e.shared);
   }
-  if (st.last) kept += 2 * round64(n * z.stats) + round64(n * s.C * z.storage);  // final norm
+  if (st.last) kept += 2 * round64(rows * z.stats) + round64(rows * s.C * z.storage);  // final norm
 
   // 1F1B: stage i has min(pp - i, micro-batches per step) forwards outstanding at its peak.
   const int micro_batches =
       std::max(1, r.training.global_batch / (lay.micro_batch * lay.dp * lay.ep));
   m.in_flight = std::max(1, std::min(lay.pp - stage, micro_batches));
   m.activations_kept = kept * m.in_flight;
-  m.activations = m.activations_kept + shared_peak + stage_scratch(s, z, st, lay, N);
+  m.activations = m.activations_kept + shared_peak + stage_scratch(s, z, st, lay, N, R);
 
   // ---- buffers of the collectives (lib/train GradSync, lib/comm, the vocab-parallel loss) ----
   // Gradients are all-reduced in place; GradSync keeps the ZeRO buffers above and one for the
   // tied embedding's peer gradient (first and last stage): the peer arrives while background
   // reduce-scatters still write the part.
   m.comm_buffers += mine.comm + static_cast<double>(tied_elements) * z.grad;
-  // Gloo all-reduces 16-bit tensors through an f32 copy it keeps: over tp the largest is an
-  // [N, C] activation or gradient, or on a MoE stage the [E * capacity, C] expert outputs.
-  if (cpu && lay.tp > 1 && z.storage == 2) {
-    const int64_t rows = std::max<int64_t>(N, st.moe_layers > 0 ? s.E * s.capacity(N) : 0);
-    m.comm_buffers += static_cast<double>(rows * s.C) * 4;
+  // Gloo keeps one receive buffer per group, as large as its largest use. Over tp: it all-reduces
+  // 16-bit tensors through an f32 copy (an [N, C] activation or gradient without sequence
+  // parallelism, on a MoE stage the [E * capacity, C] expert outputs), and it receives every
+  // rank's [N / tp, C] share of a sequence-parallel reduce-scatter before summing them.
+  if (cpu && lay.tp > 1) {
+    const int64_t expert_rows = st.moe_layers > 0 ? s.E * s.capacity(N) : 0;
+    double largest = 0;
+    if (z.storage == 2)
+      largest = static_cast<double>(std::max<int64_t>(sp ? 0 : N, expert_rows) * s.C) * 4;
+    if (sp) largest = std::max(largest, n * s.C * z.storage);
+    m.comm_buffers += largest;
   }
   // The vocab-parallel loss combines the shards' log-sum-exp on the host: int32 local targets,
   // four f64 [N] vectors, the gathered [tp, N] and a float copy. An upper bound (not all live at

@@ -33,7 +33,7 @@ struct Variant : Layout {
   Variant() = default;
   Variant(int tp, int pp, int dp, int ep, int micro_batch, int zero = 0,
           Recompute recompute = Recompute::none);
-  // "tp=8 pp=2 dp=4 ep=1 mb=1 zero=0 recompute=full"
+  // "tp=8 pp=2 dp=4 ep=1 mb=1 zero=0 recompute=full", and " sp=1" with sequence parallelism
   std::string describe() const;
   bool operator==(const Variant&) const = default;
 };
@@ -137,6 +137,7 @@ struct SearchOptions {
   std::vector<trainctl::Recompute> recompute{
       trainctl::Recompute::none, trainctl::Recompute::selective, trainctl::Recompute::full};
   std::vector<int> zero{0, 1, 2, 3};
+  std::vector<bool> sequence_parallel{false, true};  // true: tried where tp > 1 divides seq_len
   int max_micro_batch =
       64;  // micro-batch sizes tried: divisors of the per-replica batch up to this
   TimeOptions time;

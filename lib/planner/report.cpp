@@ -17,6 +17,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 std::string degrees(const Variant& l) {
   std::string s = fmt::format("tp={} pp={} dp={}", l.tp, l.pp, l.dp);
   if (l.ep > 1) s += fmt::format(" ep={}", l.ep);
+  if (l.sequence_parallel) s += " sp";
   return s;
 }
 
@@ -167,6 +168,7 @@ nlohmann::json layout_json(const Variant& l) {
           {"ep", l.ep},
           {"micro_batch", l.micro_batch},
           {"zero", l.zero},
+          {"sequence_parallel", l.sequence_parallel},
           {"recompute", std::string(recipe::to_string(l.recompute))}};
 }
 

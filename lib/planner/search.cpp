@@ -46,8 +46,9 @@ Variant::Variant(int tp_degree, int pp_degree, int dp_degree, int ep_degree, int
 }
 
 std::string Variant::describe() const {
-  return fmt::format("tp={} pp={} dp={} ep={} mb={} zero={} recompute={}", tp, pp, dp, ep,
-                     micro_batch, zero, recipe::to_string(recompute));
+  return fmt::format("tp={} pp={} dp={} ep={} mb={} zero={} recompute={}{}", tp, pp, dp, ep,
+                     micro_batch, zero, recipe::to_string(recompute),
+                     sequence_parallel ? " sp=1" : "");
 }
 
 std::string check_divisibility(const recipe::Recipe& r, const Variant& l) {
@@ -57,6 +58,11 @@ std::string check_divisibility(const recipe::Recipe& r, const Variant& l) {
                             {"model.ffn_hidden", m.ffn_hidden},
                             {"model.vocab", m.vocab}})
     if (value % l.tp != 0) return not_divisible(key, value, "tp", l.tp);
+  if (l.sequence_parallel && l.tp < 2)
+    return fmt::format("sequence parallel needs tp >= 2 (tp = {})", l.tp);
+  if (l.sequence_parallel && m.seq_len % l.tp != 0)
+    return not_divisible("model.seq_len", m.seq_len, "tp", l.tp) +
+           " (sequence parallel splits each sequence over tp)";
   // Stages need not be equal (the engine splits as evenly as it can, earlier stages taking the
   // remainder, or as parallel.pp_layers says): the recipe's own rule, one layer per stage.
   if (l.pp > m.layers)
@@ -138,25 +144,29 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
           if (mb > options.max_micro_batch) break;
           for (int zero : options.zero) {
             if (zero && dp == 1) continue;  // ZeRO shards over dp: nothing to shard
-            for (trainctl::Recompute mode : options.recompute) {
-              Variant l{tp, pp, dp, ep, mb, zero, mode};
-              ++plan.variants_evaluated;
-              ++tried;
-              const MemoryEstimate mem = estimate_memory(r, cluster, l, options.memory);
-              if (mem.total() > capacity) {
-                if (mem.total() < closest) {
-                  closest = mem.total();
-                  closest_layout = l;
+            for (trainctl::Recompute mode : options.recompute)
+              for (const bool sp : options.sequence_parallel) {
+                // Sequence parallel splits the tokens over tp: only with tp > 1 and whole shares.
+                if (sp && (tp == 1 || r.model.seq_len % tp != 0)) continue;
+                Variant l{tp, pp, dp, ep, mb, zero, mode};
+                l.sequence_parallel = sp;
+                ++plan.variants_evaluated;
+                ++tried;
+                const MemoryEstimate mem = estimate_memory(r, cluster, l, options.memory);
+                if (mem.total() > capacity) {
+                  if (mem.total() < closest) {
+                    closest = mem.total();
+                    closest_layout = l;
+                  }
+                  continue;
                 }
-                continue;
+                ++plan.variants_feasible;
+                const TimeEstimate time = estimate_time(r, cluster, l, options.time);
+                if (!found || time.step_s < best.time.step_s) {
+                  best = Candidate{l, mem, time, capacity - mem.total()};
+                  found = true;
+                }
               }
-              ++plan.variants_feasible;
-              const TimeEstimate time = estimate_time(r, cluster, l, options.time);
-              if (!found || time.step_s < best.time.step_s) {
-                best = Candidate{l, mem, time, capacity - mem.total()};
-                found = true;
-              }
-            }
           }
         }
         if (found)

@@ -89,6 +89,13 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   // Adjacent stages are tp*ep*dp ranks apart: another node unless a whole stage shares one.
   const Link pp_link = link_for_span(cluster, 2 * lay.tp * lay.ep * lay.dp);
   const double collectives_per_layer = full ? 6.0 : 4.0;  // 2 fwd + 2 bwd (+ 2 recompute)
+  // Ring passes over tp of one [N, C] activation per layer. Without sequence parallelism two
+  // all-reduces (two passes each) per forward, backward and full recompute. With it, the forward
+  // all-gathers before qkv and fc1 and reduce-scatters after proj and fc2 (the same bytes); the
+  // backward gathers the output gradients, gathers the inputs again for the weight gradients
+  // (the engine keeps only its rows), and reduce-scatters the input gradients: 6 passes, not 4.
+  const bool sp = lay.sequence_parallel && lay.tp > 1;
+  const double tp_passes = (sp ? 10.0 : 8.0) + (full ? 4.0 : 0.0);
 
   TimeEstimate t;
   t.micro_batches = std::max(1, r.training.global_batch / (lay.micro_batch * lay.dp * lay.ep));
@@ -117,9 +124,8 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     const double sharded_linears = 2.0 * layers_here + 2.0 * (layers_here - moe) +
                                    2.0 * moe * (r.model.moe.experts / std::max(1, lay.ep));
     const double amax_reduces = fp8 && lay.tp > 1 ? sharded_linears * (passes - 1.0) : 0.0;
-    const double tp_comm =
-        layers_here * collectives_per_layer * ring_seconds(hidden_bytes, lay.tp, tp_link, 2.0) +
-        amax_reduces * ring_seconds(12.0, lay.tp, tp_link, 2.0);
+    const double tp_comm = layers_here * ring_seconds(hidden_bytes, lay.tp, tp_link, tp_passes) +
+                           amax_reduces * ring_seconds(12.0, lay.tp, tp_link, 2.0);
     const double ep_comm = moe * collectives_per_layer *
                            ring_seconds(n * s.K * s.C * z.storage / lay.tp, lay.ep, ep_link, 1.0);
     const double p2p =

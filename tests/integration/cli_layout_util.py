@@ -56,11 +56,15 @@ FAMILIES = {
 
 
 def layout_sets(layout):
-    """'dp2-tp2-pp2' or 'dp2-zero1' -> --set values; '1' is the single rank."""
+    """'dp2-tp2-pp2', 'dp2-zero1' or 'tp2-sp' (sequence parallel) -> --set values; '1' is the
+    single rank."""
     sets = []
     if layout == "1":
         return sets
     for part in layout.split("-"):
+        if part == "sp":
+            sets.append("parallel.sequence_parallel=true")
+            continue
         axis, degree = part.rstrip("0123456789"), part[len(part.rstrip("0123456789")):]
         check(axis in ("dp", "tp", "pp", "ep", "zero") and degree, f"bad layout {layout!r}")
         sets.append(f"parallel.{axis}={degree}")

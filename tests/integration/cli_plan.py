@@ -53,13 +53,27 @@ def main(binary, root):
           and "  runs: " in result.stdout
           and "GPU placement of tp=2 pp=2 dp=4" in result.stdout,
           f"the --layout preview lacks its figures or placement\n{result.describe()}")
+    # Sequence parallelism (sp=1) is scored as such: the same layout's activations shrink.
+    activations = {}
+    for sp in (0, 1):
+        result = cli_util.run_ok(binary, ["plan", "recipes/tiny.yaml", "--cluster", H100,
+                                          "--nodes", "2", "--layout", f"tp=2,sp={sp},mb=1", "--json"],
+                                 root)
+        preview = json.loads(result.stdout)["preview"]
+        check(preview["layout"]["sequence_parallel"] == bool(sp),
+              f"--layout tp=2,sp={sp},mb=1: not scored with sequence_parallel {bool(sp)}: {preview}")
+        activations[sp] = preview["memory_bytes"]["activations"]
+    check(activations[1] < activations[0],
+          f"sequence parallelism does not shrink the activations: {activations}")
     for layout, says in (("tp=3", "does not divide: model.heads % tp = 4 % 3"),
+                         ("sp=1", "sequence_parallel with tp = 1; it splits the tokens"),
                          ("dp=16,mb=8", "global_batch % (micro_batch * dp * ep)")):
         result = cli_util.run_ok(binary, ["plan", "recipes/tiny.yaml", "--cluster", H100,
                                           "--nodes", "2", "--layout", layout], root)
         check(says in result.stdout, f"--layout {layout}: not '{says}'\n{result.describe()}")
     for layout, says in (("tp=x", "--layout tp=x: not a whole number"),
-                         ("sp=2", "--layout key 'sp' is unknown"),
+                         ("sp=2", "--layout sp=2: use 0 or 1"),
+                         ("cp=2", "--layout key 'cp' is unknown"),
                          ("recompute=some", "--layout recompute=some: use none, selective or "
                                             "full")):
         result = cli_util.run(binary, ["plan", "recipes/tiny.yaml", "--cluster", H100,

@@ -3,9 +3,9 @@
 had never stopped.
 
 A run at dp2 x tp2 saves at step 10 (its schedule is that of a 20-step run) and stops. Copies of its
-run directory resume to step 20 at pp2, at dp4, and at dp2 with ZeRO-1, 2 and 3
+run directory resume to step 20 at pp2, at dp4, at dp2 with ZeRO-1, 2 and 3
 (`trainctl resume DIR --set parallel...`; ZeRO-1 and 2 gather each step's parameters while the next
-forward runs, ZeRO-3 each block's before it runs). All five
+forward runs, ZeRO-3 each block's before it runs), and at tp2 with sequence parallelism. All six
 continue the single-rank 20-step run within the layout tolerance: steps 11..20 have the same loss
 and token count (the global sample position carried over, so no sample is skipped or repeated when
 the number of data ranks changes from 2 to 1 or 4), and the final weights match. Each resumed
@@ -45,7 +45,7 @@ def body(binary, root):
         check(position == HALF * 4, f"{saved}/checkpoints/{name} records sample position "
                                     f"{position}; expected {HALF} steps * 4 = {HALF * 4}")
 
-        for target in ("pp2", "dp4", "dp2-zero1", "dp2-zero2", "dp2-zero3"):
+        for target in ("pp2", "dp4", "dp2-zero1", "dp2-zero2", "dp2-zero3", "tp2-sp"):
             run_dir = os.path.join(tmp, f"resume-{target}")
             shutil.copytree(saved, run_dir)
             sets = ["parallel.dp=1", "parallel.tp=1", *lu.layout_sets(target),

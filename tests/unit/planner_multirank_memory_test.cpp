@@ -220,6 +220,31 @@ TEST_CASE("memory model matches the engine on every rank of tp2 x pp2") {
   check_every_rank(recipe_for(kMoe[0]), layout(2, 2, 1, 1, kMoe[0]));
 }
 
+// Sequence parallel: the residual stream, the norms and their gradients hold N / tp rows; the
+// scratch gains the gathered and partial [N, C] buffers. Every rank of tp2 and tp4 (dense and MoE,
+// each recompute mode through the cases), with pp2 and with ZeRO-3 over dp2; the activations must
+// come out smaller than without.
+TEST_CASE("memory model matches the engine on every rank with sequence parallelism") {
+  auto sp = [](planner::Variant v) {
+    v.sequence_parallel = true;
+    return v;
+  };
+  std::unique_ptr<backend::Backend> cpu = backend::make_cpu_backend();
+  for (const ModelCase& k : kDense) {
+    const recipe::Recipe r = recipe_for(k);
+    check_every_rank(r, sp(layout(2, 1, 1, 1, k)));
+    check_every_rank(r, sp(layout(2, 2, 1, 1, k)));
+    const Measured with = engine_rank(r, sp(layout(2, 1, 1, 1, k)), 0, *cpu);
+    const Measured without = engine_rank(r, layout(2, 1, 1, 1, k), 0, *cpu);
+    INFO(r.name);
+    CHECK(with.activations < without.activations);
+  }
+  check_every_rank(recipe_for(kDense[0]), sp(layout(4, 1, 1, 1, kDense[0])));
+  check_every_rank(recipe_for(kDense[3]), sp(layout(2, 1, 2, 1, kDense[3], 3)));
+  for (const ModelCase& k : kMoe)
+    check_every_rank(recipe_for(k), sp(layout(2, 1, 1, 2, k)));
+}
+
 TEST_CASE("memory model matches the engine on every rank of ep2 and ep2 x tp2 MoE layouts") {
   for (const ModelCase& k : kMoe) {
     check_every_rank(recipe_for(k), layout(1, 1, 1, 2, k));

@@ -323,6 +323,200 @@ cudaError_t backward_for(Storage storage, void* dqkv, const void* dout, const vo
   });
 }
 
+// ---- one key/value block (context parallel) --------------------------------------------------
+
+struct BlockGeometry {
+  int64_t B, Tq, Tk, H, KV, W, KW;  // W: a qkv row's width, KW: a kv row's, 2 KV D
+};
+
+// One warp per query row (b, h, i): an online softmax over the visible keys of the block, then
+// merged into the running out and lse.
+template <class St, int D>
+__global__ void __launch_bounds__(kThreads)
+    attention_block_forward_kernel(float* out, float* lse, const typename St::T* qkv,
+                                   const typename St::T* kv, const int32_t* q_pos,
+                                   const int32_t* k_pos, BlockGeometry g, float scale) {
+  constexpr int DL = D / 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= g.B * g.H * g.Tq) return;  // uniform over the warp
+  const int lane = threadIdx.x % 32;
+  const int64_t i = row % g.Tq, h = row / g.Tq % g.H, b = row / (g.Tq * g.H);
+  const int64_t kvh = h / (g.H / g.KV);
+  float q[DL], o[DL];
+#pragma unroll
+  for (int dl = 0; dl < DL; ++dl) {
+    q[dl] = St::load(qkv[(b * g.Tq + i) * g.W + h * D + lane + 32 * dl]);
+    o[dl] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  const int32_t position = q_pos[i];
+  for (int64_t j = 0; j < g.Tk; ++j) {
+    if (k_pos[j] > position) continue;  // uniform over the warp
+    const typename St::T* k = kv + (b * g.Tk + j) * g.KW + kvh * D;
+    const typename St::T* v = kv + (b * g.Tk + j) * g.KW + (g.KV + kvh) * D;
+    float part = 0.0f;
+#pragma unroll
+    for (int dl = 0; dl < DL; ++dl)
+      part += q[dl] * St::load(k[lane + 32 * dl]);
+    const float s = warp_sum(part) * scale;
+    const float m_new = fmaxf(m, s);
+    const float alpha = expf(m - m_new), p = expf(s - m_new);  // alpha 0 on the first key
+    l = l * alpha + p;
+#pragma unroll
+    for (int dl = 0; dl < DL; ++dl)
+      o[dl] = o[dl] * alpha + p * St::load(v[lane + 32 * dl]);
+    m = m_new;
+  }
+  if (l == 0.0f) return;  // no key of the block is visible: the row is left as it was
+  const float block_lse = m + logf(l);
+  float* lse_row = lse + (b * g.H + h) * g.Tq + i;
+  const float before = *lse_row;
+  const float top = fmaxf(before, block_lse);
+  const float merged = top + logf(expf(before - top) + expf(block_lse - top));
+  const float keep = expf(before - merged), add = expf(block_lse - merged) / l;
+  float* dst = out + (b * g.Tq + i) * g.H * D + h * D;
+#pragma unroll
+  for (int dl = 0; dl < DL; ++dl)
+    dst[lane + 32 * dl] = keep * dst[lane + 32 * dl] + add * o[dl];
+  __syncwarp();  // every lane has read the old lse
+  if (lane == 0) *lse_row = merged;
+}
+
+// One warp per query row: delta = rowsum(dO * O) (kept for the dK/dV kernel), then
+// dQ += scale * sum_j dS_ij K_j over the visible keys in order.
+template <class St, int D>
+__global__ void __launch_bounds__(kThreads)
+    attention_block_dq_kernel(float* dq, float* delta, const typename St::T* dout,
+                              const typename St::T* qkv, const typename St::T* kv, const float* out,
+                              const float* lse, const int32_t* q_pos, const int32_t* k_pos,
+                              BlockGeometry g, float scale) {
+  constexpr int DL = D / 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= g.B * g.H * g.Tq) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t i = row % g.Tq, h = row / g.Tq % g.H, b = row / (g.Tq * g.H);
+  const int64_t kvh = h / (g.H / g.KV);
+  const int64_t at = (b * g.Tq + i) * g.H * D + h * D;
+  float q[DL], dy[DL], acc[DL], part = 0.0f;
+#pragma unroll
+  for (int dl = 0; dl < DL; ++dl) {
+    q[dl] = St::load(qkv[(b * g.Tq + i) * g.W + h * D + lane + 32 * dl]);
+    dy[dl] = St::load(dout[at + lane + 32 * dl]);
+    part += dy[dl] * out[at + lane + 32 * dl];
+    acc[dl] = 0.0f;
+  }
+  const float d = warp_sum(part);
+  const int64_t stat = (b * g.H + h) * g.Tq + i;
+  if (lane == 0) delta[stat] = d;
+  const float l = lse[stat];
+  if (l == -INFINITY) return;  // the row saw no key at all: no gradient
+  const int32_t position = q_pos[i];
+  for (int64_t j = 0; j < g.Tk; ++j) {
+    if (k_pos[j] > position) continue;
+    const typename St::T* k = kv + (b * g.Tk + j) * g.KW + kvh * D;
+    const typename St::T* v = kv + (b * g.Tk + j) * g.KW + (g.KV + kvh) * D;
+    float s = 0.0f, dp = 0.0f;
+#pragma unroll
+    for (int dl = 0; dl < DL; ++dl) {
+      s += q[dl] * St::load(k[lane + 32 * dl]);
+      dp += dy[dl] * St::load(v[lane + 32 * dl]);
+    }
+    const float p = expf(warp_sum(s) * scale - l);
+    const float ds = p * (warp_sum(dp) - d);
+#pragma unroll
+    for (int dl = 0; dl < DL; ++dl)
+      acc[dl] += ds * St::load(k[lane + 32 * dl]);
+  }
+#pragma unroll
+  for (int dl = 0; dl < DL; ++dl)
+    dq[at + lane + 32 * dl] += scale * acc[dl];
+}
+
+// One warp per key row j and kv head: dV += sum P_ij dO_i and dK += scale * sum dS_ij Q_i over the
+// group's query heads and the query rows that see key j, in order.
+template <class St, int D>
+__global__ void __launch_bounds__(kThreads)
+    attention_block_dkv_kernel(float* dkv, const float* delta, const typename St::T* dout,
+                               const typename St::T* qkv, const typename St::T* kv,
+                               const float* lse, const int32_t* q_pos, const int32_t* k_pos,
+                               BlockGeometry g, float scale) {
+  constexpr int DL = D / 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= g.B * g.KV * g.Tk) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t j = row % g.Tk, kvh = row / g.Tk % g.KV, b = row / (g.Tk * g.KV);
+  const int64_t group = g.H / g.KV;
+  float k[DL], v[DL], dk[DL], dv[DL];
+#pragma unroll
+  for (int dl = 0; dl < DL; ++dl) {
+    k[dl] = St::load(kv[(b * g.Tk + j) * g.KW + kvh * D + lane + 32 * dl]);
+    v[dl] = St::load(kv[(b * g.Tk + j) * g.KW + (g.KV + kvh) * D + lane + 32 * dl]);
+    dk[dl] = dv[dl] = 0.0f;
+  }
+  const int32_t position = k_pos[j];
+  for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h)
+    for (int64_t i = 0; i < g.Tq; ++i) {
+      if (position > q_pos[i]) continue;
+      const int64_t stat = (b * g.H + h) * g.Tq + i;
+      const float l = lse[stat];
+      if (l == -INFINITY) continue;
+      const typename St::T* q = qkv + (b * g.Tq + i) * g.W + h * D;
+      const typename St::T* dy = dout + (b * g.Tq + i) * g.H * D + h * D;
+      float s = 0.0f, dp = 0.0f;
+#pragma unroll
+      for (int dl = 0; dl < DL; ++dl) {
+        s += St::load(q[lane + 32 * dl]) * k[dl];
+        dp += St::load(dy[lane + 32 * dl]) * v[dl];
+      }
+      const float p = expf(warp_sum(s) * scale - l);
+      const float ds = p * (warp_sum(dp) - delta[stat]);
+#pragma unroll
+      for (int dl = 0; dl < DL; ++dl) {
+        dv[dl] += p * St::load(dy[lane + 32 * dl]);
+        dk[dl] += ds * St::load(q[lane + 32 * dl]);
+      }
+    }
+  float* dst = dkv + (b * g.Tk + j) * g.KW;
+#pragma unroll
+  for (int dl = 0; dl < DL; ++dl) {
+    dst[kvh * D + lane + 32 * dl] += scale * dk[dl];
+    dst[(g.KV + kvh) * D + lane + 32 * dl] += dv[dl];
+  }
+}
+
+template <int D>
+cudaError_t block_forward_for(Storage storage, float* out, float* lse, const void* qkv,
+                              const void* kv, const int32_t* q_pos, const int32_t* k_pos,
+                              BlockGeometry g, float scale, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>((g.B * g.H * g.Tq + kWarps - 1) / kWarps);
+  return dispatch_storage(storage, [&]<class St>(St) {
+    using Tp = typename St::T;
+    attention_block_forward_kernel<St, D><<<blocks, kThreads, 0, stream>>>(
+        out, lse, static_cast<const Tp*>(qkv), static_cast<const Tp*>(kv), q_pos, k_pos, g, scale);
+    return cudaGetLastError();
+  });
+}
+
+template <int D>
+cudaError_t block_backward_for(Storage storage, float* dq, float* dkv, const void* dout,
+                               const void* qkv, const void* kv, const float* out, const float* lse,
+                               const int32_t* q_pos, const int32_t* k_pos, BlockGeometry g,
+                               float scale, float* delta, cudaStream_t stream) {
+  const auto q_blocks = static_cast<unsigned>((g.B * g.H * g.Tq + kWarps - 1) / kWarps);
+  const auto k_blocks = static_cast<unsigned>((g.B * g.KV * g.Tk + kWarps - 1) / kWarps);
+  return dispatch_storage(storage, [&]<class St>(St) {
+    using Tp = typename St::T;
+    attention_block_dq_kernel<St, D><<<q_blocks, kThreads, 0, stream>>>(
+        dq, delta, static_cast<const Tp*>(dout), static_cast<const Tp*>(qkv),
+        static_cast<const Tp*>(kv), out, lse, q_pos, k_pos, g, scale);
+    TRAINCTL_CUDA_RETURN(cudaGetLastError());
+    attention_block_dkv_kernel<St, D><<<k_blocks, kThreads, 0, stream>>>(
+        dkv, delta, static_cast<const Tp*>(dout), static_cast<const Tp*>(qkv),
+        static_cast<const Tp*>(kv), lse, q_pos, k_pos, g, scale);
+    return cudaGetLastError();
+  });
+}
+
 bool valid(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
   return B > 0 && T > 0 && H > 0 && KV > 0 && H % KV == 0 && attention_supported_head_size(D) &&
          B <= 65535 && H <= 65535;
@@ -368,6 +562,49 @@ cudaError_t launch_attention_backward(Storage storage, void* dqkv, const void* d
       return backward_for<64>(storage, dqkv, dout, qkv, out, lse, B, g, scale, scratch, stream);
     default:
       return backward_for<128>(storage, dqkv, dout, qkv, out, lse, B, g, scale, scratch, stream);
+  }
+}
+
+size_t attention_block_scratch_floats(int64_t B, int64_t H, int64_t Tq) {
+  return attention_backward_scratch_floats(B, H, Tq);
+}
+
+cudaError_t launch_attention_block_forward(Storage storage, float* out, float* lse, const void* qkv,
+                                           const void* kv, const int32_t* q_pos,
+                                           const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk,
+                                           int64_t H, int64_t KV, int64_t D, cudaStream_t stream) {
+  if (!valid(B, Tq, H, KV, D) || Tk <= 0) return cudaErrorInvalidValue;
+  const BlockGeometry g{B, Tq, Tk, H, KV, (H + 2 * KV) * D, 2 * KV * D};
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  switch (D) {
+    case 32:
+      return block_forward_for<32>(storage, out, lse, qkv, kv, q_pos, k_pos, g, scale, stream);
+    case 64:
+      return block_forward_for<64>(storage, out, lse, qkv, kv, q_pos, k_pos, g, scale, stream);
+    default:
+      return block_forward_for<128>(storage, out, lse, qkv, kv, q_pos, k_pos, g, scale, stream);
+  }
+}
+
+cudaError_t launch_attention_block_backward(Storage storage, float* dq, float* dkv,
+                                            const void* dout, const void* qkv, const void* kv,
+                                            const float* out, const float* lse,
+                                            const int32_t* q_pos, const int32_t* k_pos, int64_t B,
+                                            int64_t Tq, int64_t Tk, int64_t H, int64_t KV,
+                                            int64_t D, float* scratch, cudaStream_t stream) {
+  if (!valid(B, Tq, H, KV, D) || Tk <= 0) return cudaErrorInvalidValue;
+  const BlockGeometry g{B, Tq, Tk, H, KV, (H + 2 * KV) * D, 2 * KV * D};
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  switch (D) {
+    case 32:
+      return block_backward_for<32>(storage, dq, dkv, dout, qkv, kv, out, lse, q_pos, k_pos, g,
+                                    scale, scratch, stream);
+    case 64:
+      return block_backward_for<64>(storage, dq, dkv, dout, qkv, kv, out, lse, q_pos, k_pos, g,
+                                    scale, scratch, stream);
+    default:
+      return block_backward_for<128>(storage, dq, dkv, dout, qkv, kv, out, lse, q_pos, k_pos, g,
+                                     scale, scratch, stream);
   }
 }
 

@@ -36,4 +36,23 @@ cudaError_t launch_attention_backward(Storage storage, void* dqkv, const void* d
                                       int64_t T, int64_t H, int64_t KV, int64_t D, float* scratch,
                                       cudaStream_t stream);
 
+// One block of context-parallel attention (backend.hpp's attention_block_forward/backward): the
+// queries of qkv [B*Tq, (H + 2 KV) D] against kv [B*Tk, 2 KV D] (keys, then values), key j
+// visible to query i when k_pos[j] <= q_pos[i]; out [B*Tq, H D] and lse [B, H, Tq] are f32
+// running results merged in place; dq [B*Tq, H D] and dkv [B*Tk, 2 KV D] f32 accumulate. One warp
+// per query row (forward, dq, which also writes delta = rowsum(dO * O) to `scratch`) or per key
+// row and kv head (dK, dV over the group's query heads in order); no atomics. Head sizes as above.
+// `scratch` of the backward: attention_block_scratch_floats(B, H, Tq) floats.
+size_t attention_block_scratch_floats(int64_t B, int64_t H, int64_t Tq);
+cudaError_t launch_attention_block_forward(Storage storage, float* out, float* lse, const void* qkv,
+                                           const void* kv, const int32_t* q_pos,
+                                           const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk,
+                                           int64_t H, int64_t KV, int64_t D, cudaStream_t stream);
+cudaError_t launch_attention_block_backward(Storage storage, float* dq, float* dkv,
+                                            const void* dout, const void* qkv, const void* kv,
+                                            const float* out, const float* lse,
+                                            const int32_t* q_pos, const int32_t* k_pos, int64_t B,
+                                            int64_t Tq, int64_t Tk, int64_t H, int64_t KV,
+                                            int64_t D, float* scratch, cudaStream_t stream);
+
 }  // namespace trainctl::kernels

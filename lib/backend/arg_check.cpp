@@ -136,6 +136,11 @@ void ArgCheck::attention(std::string_view op, const AttentionShape& s) const {
          fmt::format("H={} query heads are not a multiple of KV={} key/value heads", s.H, s.KV));
 }
 
+void ArgCheck::attention_block(std::string_view op, const AttentionBlockShape& s) const {
+  attention(op, AttentionShape{s.B, s.Tq, s.H, s.KV, s.D});
+  if (s.Tk <= 0) fail(op, fmt::format("Tk={} must be positive", s.Tk));
+}
+
 ArgCheck::RouterDims ArgCheck::router(std::string_view op, const RouterArgs& r) const {
   present(op, "logits", r.logits);
   if (r.logits.shape.rank != 2)

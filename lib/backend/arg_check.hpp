@@ -43,6 +43,7 @@ class ArgCheck {
                     std::span<const Backend::AdamWRange> ranges) const;
   // Positive sizes, H a multiple of KV.
   void attention(std::string_view op, const AttentionShape& s) const;
+  void attention_block(std::string_view op, const AttentionBlockShape& s) const;
 
   struct RouterDims {
     int64_t N, E, K;

@@ -162,6 +162,15 @@ struct AttentionShape {
   int64_t qkv_width() const { return (H + 2 * KV) * D; }
 };
 
+// One block of context-parallel ("ring") attention: the queries of B sequences, Tq tokens each at
+// global positions q_pos, against a block of keys and values, Tk tokens each at k_pos; query i
+// sees key j when k_pos[j] <= q_pos[i] (causal by global position). Heads as AttentionShape.
+struct AttentionBlockShape {
+  int64_t B = 0, Tq = 0, Tk = 0, H = 0, KV = 0, D = 0;
+  int64_t qkv_width() const { return (H + 2 * KV) * D; }
+  int64_t kv_width() const { return 2 * KV * D; }
+};
+
 // Mixture-of-experts routing of N tokens over E experts, top-k, with `capacity` slots per expert
 // (tokens beyond it are dropped: they skip the expert and keep only the residual path).
 struct RouterArgs {
@@ -299,6 +308,23 @@ class Backend : public BackendDevice {
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                           const Tensor& out, const Tensor& lse, const AttentionShape& shape);
 
+  // ---- attention over one key/value block (context parallel), softmax scale 1/sqrt(D) ----
+  // out [B*Tq, H*D] A and lse [B, H, Tq] A hold the attention over the blocks merged so far
+  // (before the first: out 0, lse -inf); this merges in the block's keys (online softmax). The
+  // queries are the first H*D columns of qkv [B*Tq, (H+2KV)*D] S; kv [B*Tk, 2*KV*D] S holds the
+  // keys, then the values; q_pos [Tq] and k_pos [Tk] i32. A row that sees no key of the block is
+  // left as it was. After every block, out and lse equal attention_forward's for those rows.
+  void attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                               const Tensor& kv, const Tensor& q_pos, const Tensor& k_pos,
+                               const AttentionBlockShape& shape);
+  // One block's share of the backward, from the final out and lse: dq [B*Tq, H*D] A and
+  // dkv [B*Tk, 2*KV*D] A ACCUMULATE (+=); dout [B*Tq, H*D] S. Summed over every block, dq and dkv
+  // are attention_backward's.
+  void attention_block_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout,
+                                const Tensor& qkv, const Tensor& kv, const Tensor& out,
+                                const Tensor& lse, const Tensor& q_pos, const Tensor& k_pos,
+                                const AttentionBlockShape& shape);
+
   // ---- embeddings ----
   // out[n] = wte[tokens[n]] + (wpe ? wpe[n % T] : 0). tokens: [N] i32.
   void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
@@ -416,6 +442,15 @@ class Backend : public BackendDevice {
   virtual void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                      const Tensor& out, const Tensor& lse,
                                      const AttentionShape& shape) = 0;
+  virtual void do_attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                          const Tensor& kv, const Tensor& q_pos,
+                                          const Tensor& k_pos,
+                                          const AttentionBlockShape& shape) = 0;
+  virtual void do_attention_block_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout,
+                                           const Tensor& qkv, const Tensor& kv, const Tensor& out,
+                                           const Tensor& lse, const Tensor& q_pos,
+                                           const Tensor& k_pos,
+                                           const AttentionBlockShape& shape) = 0;
 
   virtual void do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
                                     const Tensor& wpe, int64_t T) = 0;

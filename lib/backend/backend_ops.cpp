@@ -362,6 +362,51 @@ void Backend::attention_backward(const Tensor& dqkv, const Tensor& dout, const T
   do_attention_backward(dqkv, dout, qkv, out, lse, shape);
 }
 
+namespace {
+
+// The operands every attention block op shares: the queries' qkv and the block's kv in one
+// storage type, the positions i32, and out and lse in the stats type.
+void check_attention_block(const ArgCheck& check, std::string_view op, const Tensor& out,
+                           const Tensor& lse, const Tensor& qkv, const Tensor& kv,
+                           const Tensor& q_pos, const Tensor& k_pos, const AttentionBlockShape& s) {
+  check.attention_block(op, s);
+  check.present(op, "qkv", qkv);
+  check.numel(op, "qkv", qkv, s.B * s.Tq * s.qkv_width());
+  check.dtype(op, "kv", kv, qkv.dtype);
+  check.numel(op, "kv", kv, s.B * s.Tk * s.kv_width());
+  check.dtype(op, "q_pos", q_pos, DType::i32);
+  check.numel(op, "q_pos", q_pos, s.Tq);
+  check.dtype(op, "k_pos", k_pos, DType::i32);
+  check.numel(op, "k_pos", k_pos, s.Tk);
+  check_stats(check, op, "out", out, qkv.dtype, s.B * s.Tq * s.H * s.D);
+  check_stats(check, op, "lse", lse, qkv.dtype, s.B * s.H * s.Tq);
+}
+
+}  // namespace
+
+void Backend::attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                      const Tensor& kv, const Tensor& q_pos, const Tensor& k_pos,
+                                      const AttentionBlockShape& shape) {
+  constexpr std::string_view op = "attention_block_forward";
+  const ArgCheck check = begin(*this, OpFamily::attention, op);
+  check_attention_block(check, op, out, lse, qkv, kv, q_pos, k_pos, shape);
+  do_attention_block_forward(out, lse, qkv, kv, q_pos, k_pos, shape);
+}
+
+void Backend::attention_block_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout,
+                                       const Tensor& qkv, const Tensor& kv, const Tensor& out,
+                                       const Tensor& lse, const Tensor& q_pos, const Tensor& k_pos,
+                                       const AttentionBlockShape& shape) {
+  constexpr std::string_view op = "attention_block_backward";
+  const ArgCheck check = begin(*this, OpFamily::attention, op);
+  check_attention_block(check, op, out, lse, qkv, kv, q_pos, k_pos, shape);
+  check.dtype(op, "dout", dout, qkv.dtype);
+  check.numel(op, "dout", dout, shape.B * shape.Tq * shape.H * shape.D);
+  check_stats(check, op, "dq", dq, qkv.dtype, shape.B * shape.Tq * shape.H * shape.D);
+  check_stats(check, op, "dkv", dkv, qkv.dtype, shape.B * shape.Tk * shape.kv_width());
+  do_attention_block_backward(dq, dkv, dout, qkv, kv, out, lse, q_pos, k_pos, shape);
+}
+
 // ---- embeddings --------------------------------------------------------------------------------
 
 void Backend::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,

@@ -214,3 +214,151 @@ TEST_CASE("finite differences: gemm for every transpose pair, and bias_backward"
       CHECK(fd_error(bias, read(dbias), loss) < kMaxError);
     }
 }
+
+// ---- context-parallel ("ring") attention ----
+// P ranks each hold 2 of the 2P chunks of every sequence, chunk r and chunk 2P-1-r (the causal
+// load balance), and meet every rank's keys and values one block at a time. Put back at their
+// positions, the ranks' outputs and gradients must be one-rank attention's.
+
+namespace {
+
+using trainctl::backend::AttentionBlockShape;
+
+struct Ring {
+  AttentionShape whole;
+  int ranks = 1;
+  DType dtype = F;
+  int64_t chunk() const { return whole.T / (2 * ranks); }
+  int64_t local() const { return 2 * chunk(); }  // tokens of a sequence on one rank
+  // The global positions of rank r's tokens: its two chunks, in order.
+  std::vector<int32_t> positions(int r) const {
+    std::vector<int32_t> p;
+    for (const int64_t c : {int64_t{r}, int64_t{2 * ranks - 1 - r}})
+      for (int64_t t = 0; t < chunk(); ++t)
+        p.push_back(static_cast<int32_t>(c * chunk() + t));
+    return p;
+  }
+  AttentionBlockShape block() const {
+    return {whole.B, local(), local(), whole.H, whole.KV, whole.D};
+  }
+};
+
+// Rows of `values` (a [B*T, width] matrix) at rank r's positions, columns [first, first + count).
+Values rows_of(const Ring& g, const Values& values, int64_t width, int r, int64_t first,
+               int64_t count) {
+  Values out;
+  for (int64_t b = 0; b < g.whole.B; ++b)
+    for (const int32_t t : g.positions(r))
+      for (int64_t c = 0; c < count; ++c)
+        out.push_back(values[static_cast<size_t>((b * g.whole.T + t) * width + first + c)]);
+  return out;
+}
+
+// The inverse: adds rank r's rows into `values`.
+void add_rows(const Ring& g, Values& values, int64_t width, int r, int64_t first, int64_t count,
+              const Values& local) {
+  size_t i = 0;
+  for (int64_t b = 0; b < g.whole.B; ++b)
+    for (const int32_t t : g.positions(r))
+      for (int64_t c = 0; c < count; ++c)
+        values[static_cast<size_t>((b * g.whole.T + t) * width + first + c)] += local[i++];
+}
+
+struct RingResult {
+  Values out, dqkv;  // whole [B*T, H*D] and [B*T, W]
+};
+
+// The ring over P ranks on one process: forward (each rank's out and lse over every rank's
+// block, in ring order), and with `dout` the backward (each block's dK, dV summed over the
+// ranks, as they would be returned to their owner).
+RingResult ring_attention(const Ring& g, const Values& qkv, const Values* dout) {
+  const auto [B, T, H, KV, D] = g.whole;
+  const int64_t W = g.whole.qkv_width(), HD = H * D, L = g.local();
+  const DType A = trainctl::backend::stats_dtype(g.dtype);
+  std::vector<OwnedTensor> q, kv, pos, out, lse;
+  for (int r = 0; r < g.ranks; ++r) {
+    q.push_back(make(g.dtype, Shape{B * L, W}, rows_of(g, qkv, W, r, 0, W)));
+    kv.push_back(make(g.dtype, Shape{B * L, 2 * KV * D}, rows_of(g, qkv, W, r, HD, 2 * KV * D)));
+    pos.push_back(make_i32(Shape{L}, g.positions(r)));
+    out.emplace_back(A, Shape{B * L, HD});
+    lse.emplace_back(A, Shape{B, H, L});
+    cpu().fill(out.back(), 0.0);
+    cpu().fill(lse.back(), -INFINITY);
+  }
+  RingResult result{Values(static_cast<size_t>(B * T * HD), 0.0),
+                    Values(static_cast<size_t>(B * T * W), 0.0)};
+  for (int r = 0; r < g.ranks; ++r) {
+    for (int step = 0; step < g.ranks; ++step) {
+      const int from = (r - step + g.ranks) % g.ranks;  // the block that has reached rank r
+      cpu().attention_block_forward(out[r], lse[r], q[r], kv[from], pos[r], pos[from], g.block());
+    }
+    add_rows(g, result.out, HD, r, 0, HD, read(out[r]));
+  }
+  if (!dout) return result;
+  std::vector<OwnedTensor> dkv;
+  for (int r = 0; r < g.ranks; ++r) {
+    dkv.emplace_back(A, Shape{B * L, 2 * KV * D});
+    cpu().fill(dkv.back(), 0.0);
+  }
+  for (int r = 0; r < g.ranks; ++r) {
+    OwnedTensor dq(A, Shape{B * L, HD}),
+        dy = make(g.dtype, Shape{B * L, HD}, rows_of(g, *dout, HD, r, 0, HD));
+    cpu().fill(dq, 0.0);
+    for (int step = 0; step < g.ranks; ++step) {
+      const int from = (r - step + g.ranks) % g.ranks;
+      cpu().attention_block_backward(dq, dkv[from], dy, q[r], kv[from], out[r], lse[r], pos[r],
+                                     pos[from], g.block());
+    }
+    add_rows(g, result.dqkv, W, r, 0, HD, read(dq));
+  }
+  for (int r = 0; r < g.ranks; ++r)
+    add_rows(g, result.dqkv, W, r, HD, 2 * KV * D, read(dkv[r]));
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("finite differences: context-parallel attention blocks over 1, 2 and 3 ranks") {
+  for (const int ranks : {1, 2, 3})
+    for (const AttentionShape s : {AttentionShape{.B = 2, .T = 12, .H = 4, .KV = 2, .D = 3},
+                                   AttentionShape{.B = 1, .T = 6, .H = 3, .KV = 1, .D = 2}}) {
+      if (s.T % (2 * ranks) != 0) continue;
+      INFO(ranks << " ranks, T=" << s.T << " H=" << s.H << " KV=" << s.KV);
+      const Ring g{s, ranks, F};
+      const int64_t N = s.B * s.T;
+      OwnedTensor qkv = random64(Shape{N, s.qkv_width()}, 150);
+      const Values R = random_values(static_cast<size_t>(N * s.H * s.D), 151);
+      // Against one rank: the same outputs and gradients.
+      OwnedTensor out(F, Shape{N, s.H * s.D}), lse(F, Shape{s.B, s.H, s.T}),
+          dqkv(F, Shape{N, s.qkv_width()}), dout = make(F, Shape{N, s.H * s.D}, R);
+      cpu().attention_forward(out, lse, qkv, s);
+      cpu().attention_backward(dqkv, dout, qkv, out, lse, s);
+      const RingResult ring = ring_attention(g, read(qkv), &R);
+      CHECK(rel_error(ring.out, read(out)) < 1e-12);
+      CHECK(rel_error(ring.dqkv, read(dqkv)) < 1e-12);
+      // And against central differences of the ring itself.
+      const auto loss = [&] { return dot(ring_attention(g, read(qkv), nullptr).out, R); };
+      CHECK(fd_error(qkv, ring.dqkv, loss) < kMaxError);
+    }
+}
+
+TEST_CASE("context-parallel attention blocks in f32, bf16 and f16 match one-rank attention") {
+  const AttentionShape s{.B = 2, .T = 24, .H = 4, .KV = 2, .D = 8};
+  const int64_t N = s.B * s.T;
+  for (const DType dtype : {DType::f32, DType::bf16, DType::f16})
+    for (const int ranks : {2, 3}) {
+      INFO(trainctl::tensor::dtype_name(dtype) << ", " << ranks << " ranks");
+      const Values x = rounded(dtype, random_values(static_cast<size_t>(N * s.qkv_width()), 160));
+      const Values R = rounded(dtype, random_values(static_cast<size_t>(N * s.H * s.D), 161));
+      OwnedTensor qkv = make(dtype, Shape{N, s.qkv_width()}, x), out(dtype, Shape{N, s.H * s.D}),
+                  lse(trainctl::backend::stats_dtype(dtype), Shape{s.B, s.H, s.T}),
+                  dqkv(dtype, Shape{N, s.qkv_width()}), dout = make(dtype, Shape{N, s.H * s.D}, R);
+      cpu().attention_forward(out, lse, qkv, s);
+      cpu().attention_backward(dqkv, dout, qkv, out, lse, s);
+      const RingResult ring = ring_attention(Ring{s, ranks, dtype}, x, &R);
+      // The ring keeps out and the gradients in f32 until the end; one rank rounds them to the
+      // storage type, so the bound is that of one rounding.
+      CHECK(rel_error(ring.out, read(out)) < tolerance(dtype));
+      CHECK(rel_error(ring.dqkv, read(dqkv)) < tolerance(dtype));
+    }
+}

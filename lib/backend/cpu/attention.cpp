@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string_view>
 #include <type_traits>
 
@@ -171,6 +172,145 @@ void CpuBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, c
       }
     }
     store_all(dqkv.as<S>(), dx, N * W);
+  });
+}
+
+// ---- one key/value block (context parallel) ----------------------------------------------------
+// Per sequence and query head: S = scale Q K^T over the block (GEMM), masked by global position.
+// Forward: the block's softmax (its own max and lse) and O_blk = P V (GEMM), merged into the
+// running (out, lse): lse' = log(e^lse + e^lse_blk), out' = e^(lse - lse') out +
+// e^(lse_blk - lse') O_blk. Backward: P = exp(S - lse) with the final lse, as in
+// do_attention_backward, with dQ, dK, dV added (beta 1) into the stats-type outputs.
+
+namespace {
+
+// Row i of p (Tk scores): -inf where key j is not visible from query i.
+template <class C>
+void mask_by_position(C* p, int64_t Tq, int64_t Tk, const int32_t* q_pos, const int32_t* k_pos) {
+  for (int64_t i = 0; i < Tq; ++i)
+    for (int64_t j = 0; j < Tk; ++j)
+      if (k_pos[j] > q_pos[i]) p[i * Tk + j] = -std::numeric_limits<C>::infinity();
+}
+
+}  // namespace
+
+void CpuBackend::do_attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                            const Tensor& kv, const Tensor& q_pos,
+                                            const Tensor& k_pos, const AttentionBlockShape& shape) {
+  const ScopedOp timed(timer_, OpFamily::attention);
+  constexpr std::string_view op = "attention_block_forward";
+  const auto [B, Tq, Tk, H, KV, D] = shape;
+  const int64_t W = shape.qkv_width(), KW = shape.kv_width(), HD = H * D;
+  dispatch_float(qkv.dtype, op, "qkv", [&]<class S>(Tag<S>) {
+    using C = compute_t<S>;
+    constexpr bool narrow = !std::is_same_v<S, C>;
+    const C* x = compute_view(qkv.as<S>(), B * Tq * W,
+                              narrow ? scratch_.get<C>(kSlotAttention + 0, B * Tq * W) : nullptr);
+    const C* y = compute_view(kv.as<S>(), B * Tk * KW,
+                              narrow ? scratch_.get<C>(kSlotAttention + 1, B * Tk * KW) : nullptr);
+    C* p = scratch_.get<C>(kSlotAttention + 2, static_cast<size_t>(Tq * Tk));
+    C* o = scratch_.get<C>(kSlotAttention + 3, static_cast<size_t>(Tq * D));
+    C* block_lse = scratch_.get<C>(kSlotAttention + 4, static_cast<size_t>(Tq));
+    const C scale = C(1) / std::sqrt(static_cast<C>(D));
+    const int64_t group = H / KV;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        const C* q = x + b * Tq * W + h * D;
+        const C* k = y + b * Tk * KW + (h / group) * D;
+        const C* v = y + b * Tk * KW + (KV + h / group) * D;
+        blas_gemm<C>(false, true, Tq, Tk, D, scale, q, W, k, KW, C(0), p, Tk);
+        mask_by_position(p, Tq, Tk, q_pos.as<int32_t>(), k_pos.as<int32_t>());
+        for (int64_t i = 0; i < Tq; ++i) {
+          C* row = p + i * Tk;
+          const C mx = lane_max<C>(Tk, [&](int64_t j) { return row[j]; });
+          if (mx == -std::numeric_limits<C>::infinity()) {  // no key of the block is visible
+            block_lse[i] = mx;
+            std::fill(row, row + Tk, C(0));
+            continue;
+          }
+          for (int64_t j = 0; j < Tk; ++j)
+            row[j] = exp_of(row[j] - mx);
+          const C total = lane_sum<C>(Tk, [&](int64_t j) { return row[j]; });
+          block_lse[i] = mx + std::log(total);
+          const C inv = C(1) / total;
+          for (int64_t j = 0; j < Tk; ++j)
+            row[j] *= inv;
+        }
+        blas_gemm<C>(false, false, Tq, D, Tk, C(1), p, Tk, v, KW, C(0), o, D);
+        C* lse_h = lse.as<C>() + (b * H + h) * Tq;
+        for (int64_t i = 0; i < Tq; ++i) {
+          const C lb = block_lse[i];
+          if (lb == -std::numeric_limits<C>::infinity()) continue;
+          const C la = lse_h[i];
+          const C top = std::max(la, lb);
+          const C merged = top + std::log(std::exp(la - top) + std::exp(lb - top));
+          const C keep = std::exp(la - merged), add = std::exp(lb - merged);
+          C* out_row = out.as<C>() + (b * Tq + i) * HD + h * D;
+          for (int64_t d = 0; d < D; ++d)
+            out_row[d] = keep * out_row[d] + add * o[i * D + d];
+          lse_h[i] = merged;
+        }
+      }
+  });
+}
+
+void CpuBackend::do_attention_block_backward(const Tensor& dq, const Tensor& dkv,
+                                             const Tensor& dout, const Tensor& qkv,
+                                             const Tensor& kv, const Tensor& out, const Tensor& lse,
+                                             const Tensor& q_pos, const Tensor& k_pos,
+                                             const AttentionBlockShape& shape) {
+  const ScopedOp timed(timer_, OpFamily::attention);
+  constexpr std::string_view op = "attention_block_backward";
+  const auto [B, Tq, Tk, H, KV, D] = shape;
+  const int64_t W = shape.qkv_width(), KW = shape.kv_width(), HD = H * D;
+  dispatch_float(qkv.dtype, op, "qkv", [&]<class S>(Tag<S>) {
+    using C = compute_t<S>;
+    constexpr bool narrow = !std::is_same_v<S, C>;
+    const C* x = compute_view(qkv.as<S>(), B * Tq * W,
+                              narrow ? scratch_.get<C>(kSlotAttention + 0, B * Tq * W) : nullptr);
+    const C* y = compute_view(kv.as<S>(), B * Tk * KW,
+                              narrow ? scratch_.get<C>(kSlotAttention + 1, B * Tk * KW) : nullptr);
+    const C* dy = compute_view(dout.as<S>(), B * Tq * HD,
+                               narrow ? scratch_.get<C>(kSlotAttention + 2, B * Tq * HD) : nullptr);
+    C* p = scratch_.get<C>(kSlotAttention + 3, static_cast<size_t>(Tq * Tk));
+    C* dp = scratch_.get<C>(kSlotAttention + 4, static_cast<size_t>(Tq * Tk));
+    C* delta = scratch_.get<C>(kSlotAttention + 5, static_cast<size_t>(Tq));
+    const C scale = C(1) / std::sqrt(static_cast<C>(D));
+    const int64_t group = H / KV;
+    C* dx = dkv.as<C>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t k_col = (h / group) * D, v_col = (KV + h / group) * D;
+        const C* q = x + b * Tq * W + h * D;
+        const C* k = y + b * Tk * KW + k_col;
+        const C* v = y + b * Tk * KW + v_col;
+        const C* dyh = dy + b * Tq * HD + h * D;
+        const C* lse_h = lse.as<C>() + (b * H + h) * Tq;
+        for (int64_t i = 0; i < Tq; ++i) {  // delta = rowsum(dO * O)
+          const C* o = out.as<C>() + (b * Tq + i) * HD + h * D;
+          const C* d = dyh + i * HD;
+          delta[i] = lane_sum<C>(D, [&](int64_t c) { return d[c] * o[c]; });
+        }
+        blas_gemm<C>(false, true, Tq, Tk, D, scale, q, W, k, KW, C(0), p, Tk);
+        mask_by_position(p, Tq, Tk, q_pos.as<int32_t>(), k_pos.as<int32_t>());
+        for (int64_t i = 0; i < Tq; ++i) {
+          const C l = lse_h[i];  // -inf: the row saw no key at all, and has no gradient
+          for (int64_t j = 0; j < Tk; ++j)
+            p[i * Tk + j] = l == -std::numeric_limits<C>::infinity()
+                                ? C(0)
+                                : exp_of(p[i * Tk + j] - l);  // exp(-inf) = 0: masked
+        }
+        blas_gemm<C>(true, false, Tk, D, Tq, C(1), p, Tk, dyh, HD, C(1), dx + b * Tk * KW + v_col,
+                     KW);
+        blas_gemm<C>(false, true, Tq, Tk, D, C(1), dyh, HD, v, KW, C(0), dp, Tk);
+        for (int64_t i = 0; i < Tq; ++i)
+          for (int64_t j = 0; j < Tk; ++j)
+            dp[i * Tk + j] = p[i * Tk + j] * (dp[i * Tk + j] - delta[i]);
+        blas_gemm<C>(false, false, Tq, D, Tk, scale, dp, Tk, k, KW, C(1),
+                     dq.as<C>() + b * Tq * HD + h * D, HD);
+        blas_gemm<C>(true, false, Tk, D, Tq, scale, dp, Tk, q, W, C(1), dx + b * Tk * KW + k_col,
+                     KW);
+      }
   });
 }
 

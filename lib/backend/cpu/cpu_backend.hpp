@@ -173,6 +173,13 @@ class CpuBackend : public Backend {
   void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                              const Tensor& out, const Tensor& lse,
                              const AttentionShape& shape) override;
+  void do_attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                  const Tensor& kv, const Tensor& q_pos, const Tensor& k_pos,
+                                  const AttentionBlockShape& shape) override;
+  void do_attention_block_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout,
+                                   const Tensor& qkv, const Tensor& kv, const Tensor& out,
+                                   const Tensor& lse, const Tensor& q_pos, const Tensor& k_pos,
+                                   const AttentionBlockShape& shape) override;
 
   void do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
                             const Tensor& wpe, int64_t T) override;

@@ -59,4 +59,38 @@ void CudaBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, 
              op, "the attention backward kernels");
 }
 
+void CudaBackend::do_attention_block_forward(const Tensor& out, const Tensor& lse,
+                                             const Tensor& qkv, const Tensor& kv,
+                                             const Tensor& q_pos, const Tensor& k_pos,
+                                             const AttentionBlockShape& shape) {
+  constexpr std::string_view op = "attention_block_forward";
+  const auto [B, Tq, Tk, H, KV, D] = shape;
+  check_attention(op, AttentionShape{B, Tq, H, KV, D});
+  const Storage s = storage_of(op, "qkv", qkv);
+  activate(*impl_, op);
+  check_cuda(
+      kernels::launch_attention_block_forward(s, f32(out), f32(lse), qkv.data, kv.data, i32(q_pos),
+                                              i32(k_pos), B, Tq, Tk, H, KV, D, impl_->stream),
+      op, "the attention block kernel");
+}
+
+void CudaBackend::do_attention_block_backward(const Tensor& dq, const Tensor& dkv,
+                                              const Tensor& dout, const Tensor& qkv,
+                                              const Tensor& kv, const Tensor& out,
+                                              const Tensor& lse, const Tensor& q_pos,
+                                              const Tensor& k_pos,
+                                              const AttentionBlockShape& shape) {
+  constexpr std::string_view op = "attention_block_backward";
+  const auto [B, Tq, Tk, H, KV, D] = shape;
+  check_attention(op, AttentionShape{B, Tq, H, KV, D});
+  const Storage s = storage_of(op, "qkv", qkv);
+  activate(*impl_, op);
+  auto* delta = static_cast<float*>(
+      impl_->scratch_for(kernels::attention_block_scratch_floats(B, H, Tq) * sizeof(float)));
+  check_cuda(kernels::launch_attention_block_backward(
+                 s, f32(dq), f32(dkv), dout.data, qkv.data, kv.data, f32(out), f32(lse), i32(q_pos),
+                 i32(k_pos), B, Tq, Tk, H, KV, D, delta, impl_->stream),
+             op, "the attention block backward kernels");
+}
+
 }  // namespace trainctl::backend::cuda

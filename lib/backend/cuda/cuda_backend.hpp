@@ -113,6 +113,13 @@ class CudaBackend final : public Backend {
   void do_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                              const Tensor& out, const Tensor& lse,
                              const AttentionShape& shape) override;
+  void do_attention_block_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                  const Tensor& kv, const Tensor& q_pos, const Tensor& k_pos,
+                                  const AttentionBlockShape& shape) override;
+  void do_attention_block_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout,
+                                   const Tensor& qkv, const Tensor& kv, const Tensor& out,
+                                   const Tensor& lse, const Tensor& q_pos, const Tensor& k_pos,
+                                   const AttentionBlockShape& shape) override;
   void do_embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
                             const Tensor& wpe, int64_t T) override;
   void do_embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,

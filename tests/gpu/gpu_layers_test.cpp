@@ -336,6 +336,59 @@ TEST_CASE("cuda attention rejects a head size it has no kernel for, naming it") 
                     Catch::Contains("D=48"));
 }
 
+// Context-parallel attention blocks: rank 0 of 2 (chunks 0 and 3 of every sequence, the causal
+// load balance) merges its own block (causal inside) and rank 1's (chunks 1 and 2: all of them
+// visible to chunk 3, none to chunk 0) into f32 out and lse, then accumulates each block's dQ and
+// dK, dV from the final ones.
+TEST_CASE("cuda context-parallel attention blocks match the CPU (GQA, D 32/64, partial masks)") {
+  Harness h;
+  for (const DType dtype : kGpuFloatTypes)
+    for (const int64_t D : {32, 64}) {
+      INFO(label(dtype) << " D=" << D);
+      const int64_t B = 2, H = 4, KV = 2, c = 16, L = 2 * c;
+      const trainctl::backend::AttentionBlockShape s{B, L, L, H, KV, D};
+      auto chunks = [&](int64_t first, int64_t second) {
+        std::vector<int32_t> p;
+        for (const int64_t k : {first, second})
+          for (int64_t t = 0; t < c; ++t)
+            p.push_back(static_cast<int32_t>(k * c + t));
+        return p;
+      };
+      Twin q = h.random(dtype, {B * L, s.qkv_width()}, 0, 0.05, 2.0);
+      Twin own = h.random(dtype, {B * L, s.kv_width()}, 0, 0.05, 2.0);
+      Twin other = h.random(dtype, {B * L, s.kv_width()}, 0, 0.05, 2.0);
+      Twin q_pos = h.output(DType::i32, {L}), other_pos = h.output(DType::i32, {L});
+      h.upload_i32(q_pos, chunks(0, 3));
+      h.upload_i32(other_pos, chunks(1, 2));
+      Twin out = h.output(DType::f32, {B * L, H * D}), lse = h.output(DType::f32, {B, H, L});
+      h.upload(lse, std::vector<double>(static_cast<size_t>(B * H * L), -INFINITY));
+      const std::pair<const Twin*, const Twin*> blocks[] = {{&own, &q_pos}, {&other, &other_pos}};
+      for (const auto& [kv, k_pos] : blocks) {
+        run_both(h, {}, {&out, &lse}, [&](Backend& be, bool g) {
+          be.attention_block_forward(side(out, g), side(lse, g), side(q, g), side(*kv, g),
+                                     side(q_pos, g), side(*k_pos, g), s);
+        });
+        GPU_EXPECT_CLOSE(h, out, "attention block out");
+        GPU_EXPECT_CLOSE(h, lse, "attention block lse");
+        copy_cpu_to_gpu(h, out);
+        copy_cpu_to_gpu(h, lse);
+      }
+      Twin dout = h.random(dtype, {B * L, H * D});
+      Twin dq = h.output(DType::f32, {B * L, H * D});
+      for (const auto& [kv, k_pos] : blocks) {
+        Twin dkv = h.output(DType::f32, {B * L, s.kv_width()});
+        run_both(h, {}, {&dq, &dkv}, [&](Backend& be, bool g) {
+          be.attention_block_backward(side(dq, g), side(dkv, g), side(dout, g), side(q, g),
+                                      side(*kv, g), side(out, g), side(lse, g), side(q_pos, g),
+                                      side(*k_pos, g), s);
+        });
+        GPU_EXPECT_CLOSE(h, dq, "attention block dq");
+        GPU_EXPECT_CLOSE(h, dkv, "attention block dkv");
+        copy_cpu_to_gpu(h, dq);
+      }
+    }
+}
+
 // ---- embedding -----------------------------------------------------------------------------
 
 TEST_CASE("cuda embedding forward and backward equal the CPU bit for bit, repeated tokens") {

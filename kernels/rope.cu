@@ -11,14 +11,15 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads)
-    rope_table_kernel(float2* table, int64_t T, int64_t D, double theta, bool inverse) {
+    rope_table_kernel(float2* table, const int32_t* positions, int64_t T, int64_t D, double theta,
+                      bool inverse) {
   const int64_t half = D / 2;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; k < T * half;
        k += stride) {
     const int64_t t = k / half, i = k % half;
-    const double angle =
-        static_cast<double>(t) * pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+    const double angle = static_cast<double>(positions ? positions[t] : t) *
+                         pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
     const double s = sin(angle);
     table[k] = make_float2(static_cast<float>(cos(angle)), static_cast<float>(inverse ? -s : s));
   }
@@ -50,7 +51,7 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t launch_rope(Storage storage, void* out, const void* x, int64_t N, int64_t width,
                         int64_t T, int64_t rotated_heads, int64_t D, double theta, bool inverse,
-                        float2* table, cudaStream_t stream) {
+                        const int32_t* positions, float2* table, cudaStream_t stream) {
   if (N < 0 || T <= 0 || D <= 0 || D % 2 != 0 || rotated_heads < 0 || rotated_heads * D > width)
     return cudaErrorInvalidValue;
   if (N == 0) return cudaSuccess;
@@ -63,8 +64,8 @@ cudaError_t launch_rope(Storage storage, void* out, const void* x, int64_t N, in
                           (width - rotated) * element, N, cudaMemcpyDeviceToDevice, stream));
   }
   if (rotated == 0) return cudaSuccess;
-  rope_table_kernel<<<grid_for(T * (D / 2), kThreads), kThreads, 0, stream>>>(table, T, D, theta,
-                                                                              inverse);
+  rope_table_kernel<<<grid_for(T * (D / 2), kThreads), kThreads, 0, stream>>>(table, positions, T,
+                                                                              D, theta, inverse);
   TRAINCTL_CUDA_RETURN(cudaGetLastError());
   return dispatch_storage(storage, [&]<class St>(St) {
     using Tp = typename St::T;

@@ -295,10 +295,11 @@ class Backend : public BackendDevice {
 
   // ---- rotary position embedding (rotate-half / GPT-NeoX / Hugging Face Llama convention) ----
   // x, out: [B*T, width]; the first `rotated_heads` heads of D columns of each row are rotated by
-  // the angle of their position t (row % T), the remaining columns are copied. `inverse` applies
-  // the transpose rotation: the backward pass.
+  // the angle of their position t (row % T, or positions[row % T] when given: i32 [T], the global
+  // positions of a sequence's rows under context parallelism), the remaining columns are copied.
+  // `inverse` applies the transpose rotation: the backward pass.
   void rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads, int64_t D,
-            double theta, bool inverse);
+            double theta, bool inverse, const Tensor& positions = {});
 
   // ---- causal attention, softmax scale 1/sqrt(D) ----
   // out [N, H*D] S; lse [B, H, T] A (log-sum-exp of each score row, kept for backward).
@@ -435,7 +436,7 @@ class Backend : public BackendDevice {
                                   const Tensor& gate_up) = 0;
 
   virtual void do_rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads,
-                       int64_t D, double theta, bool inverse) = 0;
+                       int64_t D, double theta, bool inverse, const Tensor& positions) = 0;
 
   virtual void do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                     const AttentionShape& shape) = 0;

@@ -308,7 +308,7 @@ void Backend::swiglu_backward(const Tensor& dgate_up, const Tensor& dout, const 
 // ---- RoPE --------------------------------------------------------------------------------------
 
 void Backend::rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads, int64_t D,
-                   double theta, bool inverse) {
+                   double theta, bool inverse, const Tensor& positions) {
   constexpr std::string_view op = "rope";
   const ArgCheck check = begin(*this, OpFamily::rope, op);
   check.present(op, "x", x);
@@ -325,7 +325,11 @@ void Backend::rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotate
     check.fail(op, fmt::format("{} rotated heads of D={} exceed the row width {}", rotated_heads, D,
                                width));
   if (!(theta > 0)) check.fail(op, fmt::format("theta={} must be positive", theta));
-  do_rope(out, x, T, rotated_heads, D, theta, inverse);
+  if (!positions.empty()) {
+    check.dtype(op, "positions", positions, DType::i32);
+    check.numel(op, "positions", positions, T);
+  }
+  do_rope(out, x, T, rotated_heads, D, theta, inverse, positions);
 }
 
 // ---- attention ---------------------------------------------------------------------------------

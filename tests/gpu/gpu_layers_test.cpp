@@ -279,6 +279,27 @@ TEST_CASE("cuda rope rotates like the CPU, forward, inverse and in place") {
       }
 }
 
+TEST_CASE("cuda rope with explicit positions (context parallel chunks) matches the CPU") {
+  Harness h;
+  for (const DType dtype : kGpuFloatTypes)
+    for (const bool inverse : {false, true}) {
+      INFO(label(dtype) << " inverse=" << inverse);
+      const int64_t B = 2, L = 32, heads = 4, D = 64, width = 6 * D;
+      std::vector<int32_t> positions;  // chunks 1 and 6 of 8 chunks of 16: rank 1 of cp 4
+      for (const int32_t c : {1, 6})
+        for (int32_t t = 0; t < 16; ++t)
+          positions.push_back(c * 16 + t);
+      Twin pos = h.output(DType::i32, {L});
+      h.upload_i32(pos, positions);
+      Twin x = h.random(dtype, {B * L, width});
+      Twin out = h.output(dtype, {B * L, width});
+      run_both(h, {&out}, {}, [&](Backend& be, bool g) {
+        be.rope(side(out, g), side(x, g), L, heads, D, 500000.0, inverse, side(pos, g));
+      });
+      GPU_EXPECT_CLOSE(h, out, "rope with positions out");
+    }
+}
+
 // ---- attention -----------------------------------------------------------------------------
 
 namespace {

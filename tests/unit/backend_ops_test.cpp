@@ -314,6 +314,39 @@ TEST_CASE("rope rotates pairs (i, i + D/2) by t * theta^(-2i/D) and copies the r
   CHECK_THROWS_WITH(cpu().rope(odd, odd, 7, 2, 5, 1e4, false), Catch::Contains("D=5 must be even"));
 }
 
+// Context parallelism: a rank holds chunks r and 2P-1-r of every sequence and rotates them by
+// their global positions; the result is the whole sequence's rotation at those rows, bit for bit.
+TEST_CASE("rope with explicit positions rotates rows as the whole sequence does there") {
+  const int64_t B = 2, T = 12, heads = 3, D = 8, width = heads * D, ranks = 3, chunk = 2;
+  for (DType d : kReferenceTypes) {
+    INFO(dtype_name(d));
+    const Values x = rounded(d, random_values(B * T * width, 61));
+    OwnedTensor whole = make(d, Shape{B * T, width}, x), rotated(d, Shape{B * T, width});
+    cpu().rope(rotated, whole, T, heads, D, 10000.0, false);
+    const Values want_all = read(rotated);
+    for (int64_t r = 0; r < ranks; ++r) {
+      std::vector<int32_t> positions;
+      for (const int64_t c : {r, 2 * ranks - 1 - r})
+        for (int64_t t = 0; t < chunk; ++t)
+          positions.push_back(static_cast<int32_t>(c * chunk + t));
+      const int64_t L = static_cast<int64_t>(positions.size());
+      Values local, want;
+      for (int64_t b = 0; b < B; ++b)
+        for (const int32_t t : positions)
+          for (int64_t c = 0; c < width; ++c) {
+            local.push_back(x[static_cast<size_t>((b * T + t) * width + c)]);
+            want.push_back(want_all[static_cast<size_t>((b * T + t) * width + c)]);
+          }
+      OwnedTensor xt = make(d, Shape{B * L, width}, local), out(d, Shape{B * L, width});
+      const OwnedTensor pos = make_i32(Shape{L}, positions);
+      cpu().rope(out, xt, L, heads, D, 10000.0, false, pos);
+      CHECK(read(out) == want);
+    }
+  }
+  OwnedTensor x(DType::f32, Shape{8, 8}), wrong = make_i32(Shape{3}, {0, 1, 2});
+  CHECK_THROWS_WITH(cpu().rope(x, x, 4, 1, 8, 1e4, false, wrong), Catch::Contains("positions"));
+}
+
 TEST_CASE("attention matches naive causal softmax attention, with GQA, in every dtype") {
   for (const op_cases::AttentionCase& row : rows(op_cases::kAttention, kReference))
     for (DType d : kReferenceTypes) {

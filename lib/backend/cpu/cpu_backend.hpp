@@ -166,7 +166,7 @@ class CpuBackend : public Backend {
                           const Tensor& gate_up) override;
 
   void do_rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads, int64_t D,
-               double theta, bool inverse) override;
+               double theta, bool inverse, const Tensor& positions) override;
 
   void do_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                             const AttentionShape& shape) override;

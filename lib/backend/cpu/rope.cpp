@@ -1,6 +1,7 @@
 // Rotary position embedding, rotate-half convention (GPT-NeoX, Hugging Face Llama): within each
 // rotated head of D columns, pair (i, i + D/2) for i < D/2 is rotated by angle t * theta^(-2i/D)
-// where t = row % T. The inverse (transpose) rotation is the backward pass. out may alias x.
+// where t = row % T, or positions[row % T] when given. The inverse (transpose) rotation is the
+// backward pass. out may alias x.
 #include <cmath>
 #include <cstring>
 #include <string_view>
@@ -10,7 +11,7 @@
 namespace trainctl::backend::cpu {
 
 void CpuBackend::do_rope(const Tensor& out, const Tensor& x, int64_t T, int64_t rotated_heads,
-                         int64_t D, double theta, bool inverse) {
+                         int64_t D, double theta, bool inverse, const Tensor& positions) {
   const ScopedOp timed(timer_, OpFamily::rope);
   constexpr std::string_view op = "rope";
   const int64_t N = x.shape[0];
@@ -20,10 +21,11 @@ void CpuBackend::do_rope(const Tensor& out, const Tensor& x, int64_t T, int64_t 
     using C = compute_t<S>;
     // cos/sin table [T, half], angles computed in double.
     C* table = scratch_.get<C>(kSlotGemmA, static_cast<size_t>(2 * T * half));
+    const int32_t* position = positions.empty() ? nullptr : positions.as<int32_t>();
     for (int64_t t = 0; t < T; ++t)
       for (int64_t i = 0; i < half; ++i) {
-        const double angle =
-            static_cast<double>(t) * std::pow(theta, -2.0 * static_cast<double>(i) / D);
+        const double angle = static_cast<double>(position ? position[t] : t) *
+                             std::pow(theta, -2.0 * static_cast<double>(i) / D);
         table[2 * (t * half + i)] = static_cast<C>(std::cos(angle));
         table[2 * (t * half + i) + 1] =
             static_cast<C>(inverse ? -std::sin(angle) : std::sin(angle));

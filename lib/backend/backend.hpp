@@ -253,6 +253,10 @@ class Backend : public BackendDevice {
  public:
   // ---- elementwise and reductions (any float dtypes; shapes must match in numel) ----
   void cast(const Tensor& dst, const Tensor& src);  // dst = round(src)
+  // dst[r, dst_col + c] = src[r, src_col + c] for every row r and c < cols: a band of columns of
+  // one matrix into another with as many rows, in one dtype (the packed K and V of a qkv row).
+  void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col,
+                    int64_t cols);
   void fill(const Tensor& dst, double value);
   void add(const Tensor& out, const Tensor& a, const Tensor& b);  // out = a + b
   void accumulate(const Tensor& dst, const Tensor& src);          // dst += src
@@ -406,6 +410,8 @@ class Backend : public BackendDevice {
   // What a backend implements: one do_<op> per public op above, same arguments, called only after
   // the family gate and the contract's checks passed.
   virtual void do_cast(const Tensor& dst, const Tensor& src) = 0;
+  virtual void do_copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src,
+                               int64_t src_col, int64_t cols) = 0;
   virtual void do_fill(const Tensor& dst, double value) = 0;
   virtual void do_add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;
   virtual void do_accumulate(const Tensor& dst, const Tensor& src) = 0;

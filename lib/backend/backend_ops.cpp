@@ -140,6 +140,24 @@ void Backend::cast(const Tensor& dst, const Tensor& src) {
   do_cast(dst, src);
 }
 
+void Backend::copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col,
+                           int64_t cols) {
+  constexpr std::string_view op = "copy_columns";
+  const ArgCheck check = begin(*this, OpFamily::elementwise, op);
+  check.present(op, "src", src);
+  check.present(op, "dst", dst);
+  check.dtype(op, "dst", dst, src.dtype);
+  if (dst.shape.rank != 2 || src.shape.rank != 2 || dst.shape[0] != src.shape[0])
+    check.fail(op, fmt::format("dst {} and src {} must be matrices with as many rows",
+                               dst.shape.to_string(), src.shape.to_string()));
+  if (cols < 0 || dst_col < 0 || src_col < 0 || dst_col + cols > dst.shape[1] ||
+      src_col + cols > src.shape[1])
+    check.fail(op, fmt::format("columns [{}, {}) of dst {} or [{}, {}) of src {} out of range",
+                               dst_col, dst_col + cols, dst.shape.to_string(), src_col,
+                               src_col + cols, src.shape.to_string()));
+  do_copy_columns(dst, dst_col, src, src_col, cols);
+}
+
 void Backend::fill(const Tensor& dst, double value) {
   begin(*this, OpFamily::elementwise, "fill").present("fill", "dst", dst);
   do_fill(dst, value);

@@ -39,6 +39,8 @@ RankGroups rank_groups(const Layout& layout, int rank) {
     for (const Layout::AxisInfo& axis : kAxes)
       groups.axes[static_cast<size_t>(axis.axis)] = group_of(layout, rank, {axis.axis});
     groups.dp_ep = group_of(layout, rank, {Axis::dp, Axis::ep});
+    groups.dp_cp = group_of(layout, rank, {Axis::dp, Axis::cp});
+    groups.dp_cp_ep = group_of(layout, rank, {Axis::dp, Axis::cp, Axis::ep});
     return groups;
   });
 }

@@ -32,6 +32,10 @@ struct RankGroups {
   Coordinates coordinates;
   std::array<std::vector<int>, kAxes.size()> axes;  // one group per axis, indexed by Axis
   std::vector<int> dp_ep;
+  // The gradient groups: dp and dp_ep widened by the cp axis (context-parallel ranks hold
+  // different tokens of the same sequences, so their gradients are summed like the dp ranks').
+  // Equal to dp and dp_ep when cp = 1.
+  std::vector<int> dp_cp, dp_cp_ep;
   const std::vector<int>& of(Axis axis) const { return axes[static_cast<size_t>(axis)]; }
 };
 

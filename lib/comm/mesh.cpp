@@ -52,17 +52,20 @@ Mesh Mesh::create(Store& store, int world_size, int rank, const Layout& layout,
     mesh.axes_[static_cast<size_t>(axis.axis)] =
         join(store, std::string(axis.name), mesh.groups_.of(axis.axis), rank, shared, mesh.clock_);
   mesh.dp_ep_ = join(store, "dp_ep", mesh.groups_.dp_ep, rank, shared, mesh.clock_);
+  if (layout.cp > 1) {
+    mesh.dp_cp_ = join(store, "dp_cp", mesh.groups_.dp_cp, rank, shared, mesh.clock_);
+    mesh.dp_cp_ep_ = join(store, "dp_cp_ep", mesh.groups_.dp_cp_ep, rank, shared, mesh.clock_);
+  }
   mesh.background_clock_ = std::make_shared<CommClock>();
   if (options.background_groups) {
     // Every member of a group sees the same sizes and member lists, so all join or none does.
-    if (mesh.groups_.of(Axis::dp).size() > 1)
+    const RankGroups& g = mesh.groups_;
+    if (g.dp_cp.size() > 1)
       mesh.dp_bg_ =
-          join(store, "dp_bg", mesh.groups_.of(Axis::dp), rank, shared, mesh.background_clock_,
-               /*background=*/true);
-    if (mesh.groups_.dp_ep.size() > 1 && mesh.groups_.dp_ep != mesh.groups_.of(Axis::dp))
-      mesh.dp_ep_bg_ =
-          join(store, "dp_ep_bg", mesh.groups_.dp_ep, rank, shared, mesh.background_clock_,
-               /*background=*/true);
+          join(store, "dp_bg", g.dp_cp, rank, shared, mesh.background_clock_, /*background=*/true);
+    if (g.dp_cp_ep.size() > 1 && g.dp_cp_ep != g.dp_cp)
+      mesh.dp_ep_bg_ = join(store, "dp_ep_bg", g.dp_cp_ep, rank, shared, mesh.background_clock_,
+                            /*background=*/true);
   }
   // A rank can finish its side of a group's connections while a peer is still completing its
   // own; were the first to leave then exit (a short job, a test), the peer's rendezvous would fail
@@ -79,7 +82,8 @@ size_t Mesh::buffer_bytes() const {
   size_t bytes = world_ ? world_->buffer_bytes() : 0;
   for (const std::unique_ptr<Communicator>& group : axes_)
     if (group) bytes += group->buffer_bytes();
-  for (const Communicator* group : {dp_ep_.get(), dp_bg_.get(), dp_ep_bg_.get()})
+  for (const Communicator* group :
+       {dp_ep_.get(), dp_cp_.get(), dp_cp_ep_.get(), dp_bg_.get(), dp_ep_bg_.get()})
     if (group) bytes += group->buffer_bytes();
   return bytes;
 }

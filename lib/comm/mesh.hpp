@@ -30,7 +30,7 @@ struct MeshOptions {
   // also wait for the backward issued after it.
   void* cuda_stream = nullptr;
   bool deterministic = false;  // nccl: pin NCCL_ALGO=Ring, NCCL_PROTO=Simple (docs/comm.md)
-  // Also join dp_bg and dp_ep_bg: the dp and dp_ep members a second time, for the gradient
+  // Also join dp_bg and dp_ep_bg: the dp_cp and dp_cp_ep members a second time, for the gradient
   // reduction that a BackgroundReducer runs on its own thread while backward goes on (a context
   // serves one thread at a time). Only groups of more than one rank are joined.
   bool background_groups = false;
@@ -60,8 +60,14 @@ class Mesh {
   Communicator& dp() const { return group(Axis::dp); }
   Communicator& pp() const { return group(Axis::pp); }
   Communicator& dp_ep() const { return *dp_ep_; }
-  // The background twins of dp and dp_ep (MeshOptions::background_groups), for one
-  // BackgroundReducer each; null when not joined or when the group has one rank. When dp and dp_ep
+  Communicator& cp() const { return group(Axis::cp); }
+  // The groups the gradients are summed over, and ZeRO shards over: dp and dp_ep widened by cp
+  // (RankGroups::dp_cp); the same communicators as dp and dp_ep when cp = 1. The data ranks (which
+  // samples a rank reads) stay dp_ep: the cp ranks of a dp rank read the same sequences.
+  Communicator& dp_cp() const { return dp_cp_ ? *dp_cp_ : dp(); }
+  Communicator& dp_cp_ep() const { return dp_cp_ep_ ? *dp_cp_ep_ : dp_ep(); }
+  // The background twins of dp_cp and dp_cp_ep (MeshOptions::background_groups), for one
+  // BackgroundReducer each; null when not joined or when the group has one rank. When the two
   // have the same members (ep 1) both return the same communicator: one context, one worker.
   Communicator* dp_bg() const { return dp_bg_.get(); }
   Communicator* dp_ep_bg() const { return dp_ep_bg_ ? dp_ep_bg_.get() : dp_bg_.get(); }
@@ -84,6 +90,7 @@ class Mesh {
   std::unique_ptr<Communicator> world_;
   std::array<std::unique_ptr<Communicator>, kAxes.size()> axes_;
   std::unique_ptr<Communicator> dp_ep_;
+  std::unique_ptr<Communicator> dp_cp_, dp_cp_ep_;  // null when cp = 1 (dp and dp_ep serve)
   std::unique_ptr<Communicator> dp_bg_, dp_ep_bg_;  // dp_ep_bg_ null when it would equal dp_bg_
   std::shared_ptr<CommClock> clock_;  // shared by the timed communicators of the groups above
   std::shared_ptr<CommClock> background_clock_;  // the _bg groups'

@@ -154,6 +154,16 @@ std::vector<int> group_of(const Layout& layout, int rank, const std::vector<Axis
   return group;
 }
 
+int group_rank(const Layout& layout, const Coordinates& at, const std::vector<Axis>& axes) {
+  int index = 0, stride = 1;
+  for (Axis a : rank_order(layout)) {
+    if (std::find(axes.begin(), axes.end(), a) == axes.end()) continue;
+    index += at.of(a) * stride;
+    stride *= layout.degree(a);
+  }
+  return index;
+}
+
 std::vector<std::vector<int>> all_groups(const Layout& layout, const std::vector<Axis>& axes) {
   std::set<std::vector<int>> unique;
   for (int rank = 0; rank < layout.world_size(); ++rank)

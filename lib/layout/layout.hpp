@@ -3,8 +3,9 @@
 // depends on nothing but the standard library, so every module can take it.
 //
 // An axis is one row of kAxes and one degree field; the rank order (`order`) lists the axes from
-// fastest-varying to slowest ("tp-ep-dp-pp": consecutive ranks share a tp group, so tensor
-// parallel stays inside a node's NVLink domain; pp varies slowest). Megatron's RankGenerator
+// fastest-varying to slowest ("tp-cp-ep-dp-pp": consecutive ranks share a tp group, so tensor
+// parallel stays inside a node's NVLink domain, context parallel next to it; pp varies slowest),
+// Megatron's default order. Megatron's RankGenerator
 // idea, torchtitan's ParallelDims value, without globals.
 #pragma once
 
@@ -15,7 +16,7 @@
 
 namespace trainctl {
 
-enum class Axis { tp, ep, dp, pp };
+enum class Axis { tp, cp, ep, dp, pp };
 
 // Activation recomputation in backward: none, the attention core only, or whole blocks.
 enum class Recompute { none, selective, full };
@@ -23,12 +24,15 @@ inline constexpr std::array<std::string_view, 3> kRecomputeNames{"none", "select
 
 // A rank's index along each axis.
 struct Coordinates {
-  int tp = 0, ep = 0, dp = 0, pp = 0;
+  int tp = 0, cp = 0, ep = 0, dp = 0, pp = 0;
   int of(Axis axis) const;
 };
 
 struct Layout {
   int tp = 1;    // tensor parallel: each layer's heads and ffn columns split
+  int cp = 1;    // context parallel: each sequence's tokens split (attention passes keys and
+                 // values around a ring); the cp ranks of a dp rank share its data and sum their
+                 // gradients with the dp ranks'
   int ep = 1;    // expert parallel: the experts of an MoE layer split
   int dp = 1;    // data parallel: the batch split, gradients summed
   int pp = 1;    // pipeline parallel: the layers split into stages
@@ -40,16 +44,16 @@ struct Layout {
   // all-gather before each column-parallel GEMM and a reduce-scatter after each row-parallel one.
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;
-  std::string order = "tp-ep-dp-pp";  // the rank order, fastest axis first
+  std::string order = "tp-cp-ep-dp-pp";  // the rank order, fastest axis first
 
   int degree(Axis axis) const { return this->*field(axis); }
   int& degree(Axis axis) { return this->*field(axis); }
   int world_size() const;
-  // "tp2 ep1 dp2 pp1"
+  // "tp2 cp1 ep1 dp2 pp1"
   std::string degrees() const;
-  // "tp2 ep1 dp2 pp1 (order tp-ep-dp-pp)"
+  // "tp2 cp1 ep1 dp2 pp1 (order tp-cp-ep-dp-pp)"
   std::string to_string() const;
-  // The world size as a formula: "tp*ep*dp*pp = 2*1*2*1 = 4".
+  // The world size as a formula: "tp*cp*ep*dp*pp = 2*1*1*2*1 = 4".
   std::string world_formula() const;
   // What makes this layout impossible by itself, one message per problem (a degree below 1, zero
   // outside 0..3, sequence parallel without tp, an order that is not a permutation of the axes);
@@ -72,8 +76,9 @@ struct Layout {
 // Every axis, in the default rank order (fastest first). A new axis is an Axis value, a degree
 // in Layout, an index in Coordinates and one row here; the mesh, the planner and the recipe's
 // layout checks take it from this table.
-inline constexpr std::array<Layout::AxisInfo, 4> kAxes{{
+inline constexpr std::array<Layout::AxisInfo, 5> kAxes{{
     {Axis::tp, "tp", &Layout::tp, &Coordinates::tp},
+    {Axis::cp, "cp", &Layout::cp, &Coordinates::cp},
     {Axis::ep, "ep", &Layout::ep, &Coordinates::ep},
     {Axis::dp, "dp", &Layout::dp, &Coordinates::dp},
     {Axis::pp, "pp", &Layout::pp, &Coordinates::pp},
@@ -99,6 +104,8 @@ Coordinates coordinates_of(const Layout& layout, int rank);
 // fastest along the axis that comes first in layout.order. A rank's index in the list is its rank
 // within the group.
 std::vector<int> group_of(const Layout& layout, int rank, const std::vector<Axis>& axes);
+// The index of the rank at `at` in its group spanning `axes`: its position in group_of's list.
+int group_rank(const Layout& layout, const Coordinates& at, const std::vector<Axis>& axes);
 // Every group spanning `axes`, ordered by first member: the whole partition of the world.
 std::vector<std::vector<int>> all_groups(const Layout& layout, const std::vector<Axis>& axes);
 

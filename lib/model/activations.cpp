@@ -115,6 +115,24 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
   d_norm_in = scratch.take(S, {rows, C});
   if (!par.last_stage()) out_grad = scratch.take(S, {rows, C});
   if (!par.first_stage()) in_grad = scratch.take(S, {rows, C});
+  if (cp_on()) {  // the ring's blocks and accumulators, and the positions
+    const int64_t KVW = 2 * KV * D;
+    cp.kv[0] = scratch.take(S, {N, KVW});
+    cp.kv[1] = scratch.take(S, {N, KVW});
+    cp.dkv[0] = scratch.take(A, {N, KVW});
+    cp.dkv[1] = scratch.take(A, {N, KVW});
+    cp.out = scratch.take(A, {N, H * D});
+    cp.dq = scratch.take(A, {N, H * D});
+    cp.dqkv = scratch.take(A, {N, W});
+    cp.positions = scratch.take(DType::i32, {T});
+    cp.ring_positions.clear();
+    for (int r = 0; r < par.cp_size(); ++r)
+      cp.ring_positions.push_back(scratch.take(DType::i32, {T}));
+    if (par.first_stage() && cfg.position == PositionKind::learned) {
+      row_positions = scratch.take(DType::i32, {N});
+      position_rows = scratch.take(S, {N, C});
+    }
+  }
   if (tp.split_rows()) {
     tp.gathered = scratch.take(S, {N, C});
     tp.partial = scratch.take(S, {N, C});
@@ -155,6 +173,18 @@ void Transformer::Impl::plan_activations() {
       scratch2(base + kept.peak() + shared.peak(), false);
   assign(kept2, shared2, scratch2);
   if (tp_on()) be.fill(tp.ones, 1.0);
+  if (cp_on()) {
+    const std::vector<int32_t> mine = cp_positions(par.cp_rank());
+    be.copy_from_host(cp.positions, mine.data());
+    for (int r = 0; r < par.cp_size(); ++r)
+      be.copy_from_host(cp.ring_positions[static_cast<size_t>(r)], cp_positions(r).data());
+    if (!row_positions.empty()) {
+      std::vector<int32_t> rows;
+      for (int64_t b = 0; b < B; ++b)
+        rows.insert(rows.end(), mine.begin(), mine.end());
+      be.copy_from_host(row_positions, rows.data());
+    }
+  }
 }
 
 }  // namespace trainctl::model

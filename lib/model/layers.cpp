@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <optional>
+#include <vector>
 
 namespace trainctl::model {
 
@@ -192,16 +193,91 @@ void Norm::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Ten
 
 // ---- Attention ------------------------------------------------------------------------------
 
+void ContextParallel::pass(const Tensor& send, const Tensor& receive) const {
+  const int P = comm->size(), r = comm->rank();
+  std::vector<size_t> sent(static_cast<size_t>(P), 0), received(sent);
+  sent[static_cast<size_t>((r + 1) % P)] = send.bytes();
+  received[static_cast<size_t>((r + P - 1) % P)] = receive.bytes();
+  comm->all_to_allv(send.data, sent, receive.data, received);
+}
+
+namespace {
+
+// Context parallel: the rank's queries against every rank's key/value block, one ring step at a
+// time (the block held is passed on, the next one received), merged into the running output
+// and lse (A); the output rounded to S once at the end.
+void ring_forward(Backend& be, const Attention& a, const ContextParallel& cp,
+                  const Attention::Saved& s, int64_t B, int64_t T) {
+  const int P = cp.comm->size(), r = cp.comm->rank();
+  const int64_t HD = a.heads * a.head_dim, KVW = 2 * a.kv_heads * a.head_dim;
+  const backend::AttentionBlockShape shape{B, T, T, a.heads, a.kv_heads, a.head_dim};
+  be.fill(cp.out, 0.0);
+  be.fill(s.lse, -INFINITY);
+  be.copy_columns(cp.kv[0], 0, s.qkv, HD, KVW);
+  for (int step = 0; step < P; ++step) {
+    const Tensor& held = cp.kv[step % 2];
+    if (step + 1 < P) cp.pass(held, cp.kv[(step + 1) % 2]);
+    be.attention_block_forward(cp.out, s.lse, s.qkv, held, cp.positions,
+                               cp.ring_positions[static_cast<size_t>((r - step + P) % P)], shape);
+  }
+  be.cast(s.attn_out, cp.out);
+}
+
+// Its backward: each block travels the ring again with its key/value gradients, every rank adding
+// its queries' share; after the last step the gradients go back to their owner. dqkv (S) gets
+// the rank's dq and its own block's dk, dv.
+void ring_backward(Backend& be, const Attention& a, const ContextParallel& cp,
+                   const Attention::Saved& s, const Tensor& dattn, const Tensor& dqkv, int64_t B,
+                   int64_t T) {
+  const int P = cp.comm->size(), r = cp.comm->rank();
+  const int64_t HD = a.heads * a.head_dim, KVW = 2 * a.kv_heads * a.head_dim;
+  const backend::AttentionBlockShape shape{B, T, T, a.heads, a.kv_heads, a.head_dim};
+  be.cast(cp.out, s.attn_out);
+  be.fill(cp.dq, 0.0);
+  be.copy_columns(cp.kv[0], 0, s.qkv, HD, KVW);
+  be.fill(cp.dkv[0], 0.0);
+  int at = 0;
+  for (int step = 0; step < P; ++step) {
+    at = step % 2;
+    be.attention_block_backward(cp.dq, cp.dkv[at], dattn, s.qkv, cp.kv[at], cp.out, s.lse,
+                                cp.positions,
+                                cp.ring_positions[static_cast<size_t>((r - step + P) % P)], shape);
+    if (step + 1 < P) {
+      cp.pass(cp.kv[at], cp.kv[1 - at]);
+      cp.pass(cp.dkv[at], cp.dkv[1 - at]);
+    }
+  }
+  // The block held last is rank r + 1's: its gradients go home, and rank r - 1 returns ours.
+  Tensor own = cp.dkv[at];
+  if (P > 1) {
+    cp.pass(cp.dkv[at], cp.dkv[1 - at]);
+    own = cp.dkv[1 - at];
+  }
+  be.copy_columns(cp.dqkv, 0, cp.dq, 0, HD);
+  be.copy_columns(cp.dqkv, HD, own, 0, KVW);
+  be.cast(dqkv, cp.dqkv);
+}
+
+bool cp_active(const ContextParallel* cp) {
+  return cp != nullptr && cp->active();
+}
+
+}  // namespace
+
 void Attention::forward(Backend& be, const Tensor& out, const Tensor& x, int64_t B, int64_t T,
                         const Saved& s, const Scratch& scratch) const {
   const Tensor whole = tp_active(tp) ? tp->gather(x) : x;
+  const Tensor positions = cp_active(cp) ? cp->positions : Tensor{};
   if (rope) {
     qkv.forward(be, scratch.qkv_raw, whole);
-    be.rope(s.qkv, scratch.qkv_raw, T, heads + kv_heads, head_dim, rope_theta, false);
+    be.rope(s.qkv, scratch.qkv_raw, T, heads + kv_heads, head_dim, rope_theta, false, positions);
   } else {
     qkv.forward(be, s.qkv, whole);
   }
-  be.attention_forward(s.attn_out, s.lse, s.qkv, shape(B, T));
+  if (cp_active(cp))
+    ring_forward(be, *this, *cp, s, B, T);
+  else
+    be.attention_forward(s.attn_out, s.lse, s.qkv, shape(B, T));
   if (tp_active(tp))
     row_parallel_forward(be, proj, *tp, out, s.attn_out);
   else
@@ -212,9 +288,13 @@ void Attention::backward(Backend& be, const Tensor& dx, const Tensor& dout, cons
                          int64_t B, int64_t T, const Saved& s, const Scratch& scratch) const {
   const bool sharded = tp_active(tp);
   proj.backward(be, scratch.dattn, sharded ? tp->gather(dout) : dout, s.attn_out);
-  be.attention_backward(scratch.dqkv, scratch.dattn, s.qkv, s.attn_out, s.lse, shape(B, T));
+  if (cp_active(cp))
+    ring_backward(be, *this, *cp, s, scratch.dattn, scratch.dqkv, B, T);
+  else
+    be.attention_backward(scratch.dqkv, scratch.dattn, s.qkv, s.attn_out, s.lse, shape(B, T));
   if (rope)
-    be.rope(scratch.dqkv_raw, scratch.dqkv, T, heads + kv_heads, head_dim, rope_theta, true);
+    be.rope(scratch.dqkv_raw, scratch.dqkv, T, heads + kv_heads, head_dim, rope_theta, true,
+            cp_active(cp) ? cp->positions : Tensor{});
   const Tensor dqkv = rope ? scratch.dqkv_raw : scratch.dqkv;
   if (!sharded) {
     qkv.backward(be, dx, dqkv, x);

@@ -68,6 +68,24 @@ struct TensorParallel {
   Tensor amax_of(int i) const { return amax.rows(i, 1); }
 };
 
+// The context-parallel group as attention sees it: this rank holds T tokens of every sequence at
+// global positions `positions`; rank r's are `ring_positions[r]`. Attention merges every rank's
+// key/value block into its queries' output, passing the blocks around the ring (rank r sends to
+// r + 1 and receives from r - 1); backward sends each block's key/value gradients along with it
+// and returns them to their owner at the end.
+struct ContextParallel {
+  comm::Communicator* comm = nullptr;  // null: cp = 1
+  Tensor positions;                    // [T] i32
+  std::vector<Tensor> ring_positions;  // per cp rank, [T] i32
+  // Scratch: the key/value block held and the one arriving [N, 2 KV D] S; their gradients
+  // [N, 2 KV D] A; the running output (forward) or the output in A (backward) [N, H D] A; dq
+  // [N, H D] A; the assembled dqkv [N, (H + 2 KV) D] A.
+  Tensor kv[2], dkv[2], out, dq, dqkv;
+  bool active() const { return comm != nullptr; }
+  // Sends `send` to the next rank and receives the previous rank's into `receive`.
+  void pass(const Tensor& send, const Tensor& receive) const;
+};
+
 // y[N, out] = x[N, in] W^T + b.   Optional bias: a Param whose value is empty.
 // fp8 (ModelConfig::fp8): the three GEMMs take fp8 operands with per-tensor scales (see
 // backend::GemmArgs): x and W in e4m3; dy in e4m3 (Fp8Mode::e4m3) or e5m2 (Fp8Mode::hybrid).
@@ -107,7 +125,8 @@ struct Attention {
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   bool rope = false;
   double rope_theta = 10000.0;
-  const TensorParallel* tp = nullptr;  // qkv column-parallel, proj row-parallel
+  const TensorParallel* tp = nullptr;   // qkv column-parallel, proj row-parallel
+  const ContextParallel* cp = nullptr;  // the ring over the sequence's chunks (T local tokens)
   struct Saved {
     Tensor qkv;       // [N, (H+2KV)D] after RoPE
     Tensor attn_out;  // [N, H*D]

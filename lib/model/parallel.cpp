@@ -12,6 +12,7 @@ ModelParallel ModelParallel::from_mesh(const comm::Mesh& mesh, int zero) {
   p.at = mesh.groups().coordinates;
   if (p.layout.tp > 1) p.tp = &mesh.tp();
   if (p.layout.ep > 1) p.ep = &mesh.ep();
+  if (p.layout.cp > 1) p.cp = &mesh.cp();
   return p;
 }
 

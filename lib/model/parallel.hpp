@@ -29,6 +29,13 @@
 // micro-batch at the source, exactly as on one rank. With tp > 1 each expert MLP is itself
 // tensor-parallel (fc1 column, fc2 row with an all-reduce over tp of the expert buffer).
 //
+// Context parallel over `cp` (size P, rank c): each sequence of T tokens is cut into 2P chunks and
+// rank c holds chunks c and 2P-1-c (T/P tokens; the pairing gives every rank the same causal
+// attention work). forward() still takes whole sequences and keeps the rank's tokens. Learned
+// positions and RoPE use the global positions; attention meets every rank's keys and values one
+// block at a time around the cp ring (backend attention_block_*); the loss is summed over cp. All
+// parameters are replicated over cp; their gradients are summed with the dp ranks' (Mesh::dp_cp).
+//
 // Pipeline parallel over pp stages: stage s holds layers [first_layer, end_layer); the first stage
 // also the embeddings, the last the final norm and the head. With tied embeddings and pp > 1 the
 // last stage holds a copy of embed.wte (ParamSpec::tied_copy) whose gradient the trainer sums with
@@ -50,6 +57,7 @@ struct ModelParallel {
   // The groups of the tp and ep axes; null means a degree of 1.
   comm::Communicator* tp = nullptr;
   comm::Communicator* ep = nullptr;
+  comm::Communicator* cp = nullptr;
   // Layers per stage (size layout.pp, summing to the model's layers); empty: as even as possible,
   // the earlier stages taking the remainder (8 layers over 3 stages: 3, 3, 2).
   std::vector<int> stage_layers;
@@ -63,16 +71,21 @@ struct ModelParallel {
   int tp_size() const { return tp ? tp->size() : 1; }
   int tp_rank() const { return tp ? tp->rank() : 0; }
   int ep_size() const { return ep ? ep->size() : 1; }
+  int cp_size() const { return cp ? cp->size() : 1; }
+  int cp_rank() const { return cp ? cp->rank() : 0; }
   int ep_rank() const { return ep ? ep->rank() : 0; }
   int pp_rank() const { return at.pp; }  // this rank's pipeline stage
   int pp_size() const { return layout.pp; }
   bool first_stage() const { return pp_rank() == 0; }
   bool last_stage() const { return pp_rank() == pp_size() - 1; }
   // ZeRO-1 and 2: the optimizer state (fp32 master weights, Adam moments) of this rank covers
-  // only its part of the flat parameter buffer, one of zero_parts() parts (the dp degree); 1: all
-  // of it. ZeRO-2 keeps the reduced gradients of that part only (ParamStore's sharded gradients).
-  int zero_parts() const { return layout.zero >= 1 ? layout.dp : 1; }
-  int zero_rank() const { return layout.zero >= 1 ? at.dp : 0; }
+  // only its part of the flat parameter buffer, one of zero_parts() parts (dp * cp: the gradient
+  // group, comm::Mesh::dp_cp); 1: all of it. ZeRO-2 keeps the reduced gradients of that part only
+  // (ParamStore's sharded gradients).
+  int zero_parts() const { return layout.zero >= 1 ? layout.dp * layout.cp : 1; }
+  int zero_rank() const {
+    return layout.zero >= 1 ? group_rank(layout, at, {Axis::dp, Axis::cp}) : 0;
+  }
   bool shard_grads() const { return layout.zero >= 2; }
   // ZeRO-3 keeps the values of that part only; each block's are gathered when it runs.
   bool shard_values() const { return layout.zero >= 3; }

@@ -11,8 +11,8 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
       be(backend),
       par(parallel),
       B(micro_batch),
-      T(config.seq_len),
-      N(micro_batch * config.seq_len),
+      T(config.seq_len / parallel.cp_size()),
+      N(micro_batch * (config.seq_len / parallel.cp_size())),
       rows(N),
       stage(checked_stage(config, parallel)),
       store(backend, build_param_table(config, parallel), config.storage, parallel.zero_parts(),
@@ -22,6 +22,15 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
     throw std::invalid_argument("activation_slots = " + std::to_string(par.activation_slots) +
                                 " must be >= 1");
   if (par.tp && par.tp->size() > 1) tp.comm = par.tp;
+  if (par.cp && par.cp->size() > 1) {
+    const int P = par.cp->size();
+    if (cfg.seq_len % (2 * P) != 0)
+      throw std::invalid_argument(
+          "context parallel cuts each sequence into 2 * cp chunks: seq_len " +
+          std::to_string(cfg.seq_len) + " % (2 * cp " + std::to_string(P) +
+          ") = " + std::to_string(cfg.seq_len % (2 * P)) + ", must be 0");
+    cp.comm = par.cp;
+  }
   if (par.layout.sequence_parallel) {
     if (!tp.active())
       throw std::invalid_argument(
@@ -91,10 +100,15 @@ void Transformer::Impl::build_block(size_t index) {
   const std::string l = "layers." + std::to_string(i);
   b.ln1 = norm(l + ".attn_norm");
   b.ln2 = norm(l + ".mlp_norm");
-  b.attn = Attention{linear(l + ".attn.qkv"), linear(l + ".attn.proj"),
-                     cfg.heads / tps,         cfg.kv_heads / tps,
-                     cfg.head_dim(),          cfg.position == PositionKind::rope,
-                     cfg.rope_theta,          &tp};
+  b.attn = Attention{linear(l + ".attn.qkv"),
+                     linear(l + ".attn.proj"),
+                     cfg.heads / tps,
+                     cfg.kv_heads / tps,
+                     cfg.head_dim(),
+                     cfg.position == PositionKind::rope,
+                     cfg.rope_theta,
+                     &tp,
+                     &cp};
   if (cfg.is_moe_layer(i)) {
     Moe moe;
     moe.router = Linear{param(l + ".moe.router.weight"), Param{}};
@@ -170,11 +184,22 @@ Slot& Transformer::Impl::slot_at(int slot, const char* what) {
   return slots[static_cast<size_t>(slot)];
 }
 
+std::vector<int32_t> Transformer::Impl::cp_positions(int r) const {
+  const int P = par.cp_size();
+  const int64_t chunk = cfg.seq_len / (2 * P);
+  std::vector<int32_t> positions;
+  for (const int64_t c : {int64_t{r}, int64_t{2 * P - 1 - r}})
+    for (int64_t t = 0; t < chunk; ++t)
+      positions.push_back(static_cast<int32_t>(c * chunk + t));
+  return positions;
+}
+
 ForwardResult Transformer::Impl::forward(const int32_t* host_tokens, const int32_t* host_targets,
                                          int slot_index) {
   Slot& s = slot_at(slot_index, "forward");
   s.valid_targets = 0;
-  for (int64_t i = 0; i < N; ++i) {
+  const int64_t whole = B * cfg.seq_len;  // the micro-batch's tokens, on every cp rank
+  for (int64_t i = 0; i < whole; ++i) {
     if (host_tokens[i] < 0 || host_tokens[i] >= cfg.vocab || host_targets[i] >= cfg.vocab)
       throw std::out_of_range("token id " +
                               std::to_string(std::max(host_tokens[i], host_targets[i])) +
@@ -182,17 +207,37 @@ ForwardResult Transformer::Impl::forward(const int32_t* host_tokens, const int32
                               " is outside the vocabulary [0, " + std::to_string(cfg.vocab) + ")");
     s.valid_targets += host_targets[i] >= 0;
   }
+  if (cp_on()) {  // this rank's rows of every sequence
+    const std::vector<int32_t> positions = cp_positions(par.cp_rank());
+    cp_tokens.clear();
+    cp_targets.clear();
+    for (int64_t b = 0; b < B; ++b)
+      for (const int32_t t : positions) {
+        cp_tokens.push_back(host_tokens[b * cfg.seq_len + t]);
+        cp_targets.push_back(host_targets[b * cfg.seq_len + t]);
+      }
+    host_tokens = cp_tokens.data();
+    host_targets = cp_targets.data();
+  }
   be.copy_from_host(s.tokens, host_tokens);
   be.copy_from_host(s.targets, host_targets);
   if (par.first_stage()) {
     announce(embedding_ranges);  // a tied head on this stage is embed.wte: announced here
+    // Context parallel: positions are global, so wpe's rows are looked up by row_positions and
+    // added (by tp rank 0 only under tp) rather than taken as row % T.
+    const Tensor positions = cp_on() ? Tensor{} : wpe.value;
+    const bool add_positions = cp_on() && !wpe.value.empty() && par.tp_rank() == 0;
+    if (add_positions) be.embedding_forward(position_rows, row_positions, wpe.value, Tensor{}, T);
     if (!tp_on()) {
-      be.embedding_forward(s.resid[0], s.tokens, wte.value, wpe.value, T);
+      be.embedding_forward(s.resid[0], s.tokens, wte.value, positions, T);
+      if (add_positions) be.accumulate(s.resid[0], position_rows);
     } else {
       // Each rank looks up its vocabulary rows (zeros elsewhere); positions are added by tp
       // rank 0 only, so the sum over tp holds them once.
-      be.embedding_forward_shard(tp.partial_for(s.resid[0]), s.tokens, wte.value,
-                                 tp.comm->rank() == 0 ? wpe.value : Tensor{}, T, vocab_begin);
+      const Tensor sum = tp.partial_for(s.resid[0]);
+      be.embedding_forward_shard(sum, s.tokens, wte.value,
+                                 tp.comm->rank() == 0 ? positions : Tensor{}, T, vocab_begin);
+      if (add_positions) be.accumulate(sum, position_rows);
       tp.reduce(s.resid[0]);
     }
   }
@@ -230,6 +275,8 @@ ForwardResult Transformer::Impl::forward(const int32_t* host_tokens, const int32
     } else {
       total = vocab_parallel_loss(s, host_targets);
     }
+    // Context parallel: each rank scored its own tokens; valid_targets counts the whole batch.
+    if (cp_on()) cp.comm->all_reduce_sum(&total, 1, DType::f64);
     result.loss = s.valid_targets ? total / static_cast<double>(s.valid_targets) : 0.0;
   }
   result.objective =
@@ -273,10 +320,16 @@ void Transformer::Impl::backward(double grad_scale, int slot_index) {
     if (sharded) block_grads_done(i, grad_slot);
   }
   if (par.first_stage()) {
+    // Context parallel: wpe's gradient goes to the rows' global positions (every tp rank adds
+    // the same, as without cp).
+    const Tensor dpositions = cp_on() ? Tensor{} : wpe.grad;
+    const Tensor d = tp.gather(d_resid);
     if (!tp_on())
-      be.embedding_backward(wte.grad, wpe.grad, d_resid, s.tokens, T);
+      be.embedding_backward(wte.grad, dpositions, d, s.tokens, T);
     else
-      be.embedding_backward_shard(wte.grad, wpe.grad, tp.gather(d_resid), s.tokens, T, vocab_begin);
+      be.embedding_backward_shard(wte.grad, dpositions, d, s.tokens, T, vocab_begin);
+    if (cp_on() && !wpe.grad.empty())
+      be.embedding_backward(wpe.grad, Tensor{}, d, row_positions, T);
     report_ready(embedding_ranges);
   } else {
     be.cast(in_grad, d_resid);
@@ -325,7 +378,7 @@ double Transformer::Impl::forward_flops_per_token() const {
     } else {
       flops += 2.0 * C * cfg.fc1_rows(cfg.ffn_hidden) + 2.0 * cfg.ffn_hidden * C;
     }
-    flops += 4.0 * T * cfg.heads * D;
+    flops += 4.0 * cfg.seq_len * cfg.heads * D;
   }
   return flops + 2.0 * C * cfg.vocab;
 }

@@ -56,7 +56,7 @@ struct Transformer::Impl {
   ModelConfig cfg;
   Backend& be;
   ModelParallel par;
-  int64_t B, T, N;
+  int64_t B, T, N;  // T: the tokens of a sequence on this rank (seq_len / cp), N = B * T
   int64_t rows;  // token rows of the residual stream on this rank: N, or N / tp (sequence parallel)
   StageRange stage;
   ParamStore store;
@@ -65,6 +65,14 @@ struct Transformer::Impl {
   Norm final_norm;
   TensorParallel tp;
   int64_t vocab_begin = 0, local_vocab = 0;
+  // Context parallel: the ring, the global position of each of the N rows (learned positions),
+  // the [N, C] rows of wpe at those positions, and forward()'s copies of the rank's tokens.
+  ContextParallel cp;
+  Tensor row_positions, position_rows;
+  std::vector<int32_t> cp_tokens, cp_targets;
+  bool cp_on() const { return cp.active(); }
+  // The global positions of cp rank r's T tokens of a sequence: chunks r and 2P-1-r.
+  std::vector<int32_t> cp_positions(int r) const;
 
   // Activations and scratch.
   backend::Allocation memory;

@@ -300,7 +300,7 @@ SaveRole save_role(const model::Transformer& model, const Trainer& trainer) {
   SaveRole role;
   if (const comm::Mesh* mesh = trainer.mesh()) {
     const comm::Coordinates& c = mesh->groups().coordinates;
-    role = {c.tp, c.ep, c.dp, false};
+    role = {c.tp, c.ep, mesh->dp_cp().rank(), false};  // dp: the replica (cp ranks are replicas)
   }
   role.zero = model.parallel().zero_parts() > 1;
   return role;

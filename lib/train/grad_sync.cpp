@@ -101,9 +101,9 @@ GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Tra
         (params.grads_sharded() ? "sharded" : "whole") + " and its values " +
         (params.values_sharded() ? "sharded" : "whole") +
         ": build it with ModelParallel layout.zero = the trainer's ZeRO stage");
-  NormOwnership owner{mesh.tp().rank(), mesh.ep().rank(), mesh.dp().rank(), zero_, 0, 0};
+  NormOwnership owner{mesh.tp().rank(), mesh.ep().rank(), mesh.dp_cp().rank(), zero_, 0, 0};
   if (zero_) {
-    const int dp = mesh.dp().size(), rank = mesh.dp().rank();
+    const int dp = mesh.dp_cp().size(), rank = mesh.dp_cp().rank();
     zero_bounds_ = model::zero_partition(params.table(), dp);
     const int64_t begin = zero_bounds_[static_cast<size_t>(rank)];
     const int64_t end = zero_bounds_[static_cast<size_t>(rank) + 1];
@@ -170,8 +170,8 @@ GradSync::GradSync(const comm::Mesh& mesh, backend::Backend& backend, model::Tra
 GradSync::~GradSync() = default;
 
 void GradSync::plan_overlap() {
-  const comm::Communicator& dp = mesh_.dp();
-  const comm::Communicator& dp_ep = mesh_.dp_ep();
+  const comm::Communicator& dp = mesh_.dp_cp();
+  const comm::Communicator& dp_ep = mesh_.dp_cp_ep();
   // Without the background twin of a group that has something to reduce, the blocking path.
   if ((dp.size() > 1 && !mesh_.dp_bg()) || (dp_ep.size() > 1 && !mesh_.dp_ep_bg())) return;
   if (mesh_.dp_bg()) dp_reducer_ = std::make_unique<comm::BackgroundReducer>(*mesh_.dp_bg());
@@ -340,14 +340,14 @@ void GradSync::reduce_gradients() {
     // Without overlap each bucket's all-reduce blocks, after backward (the overlap path above
     // starts bucket k while backward still produces the buckets before it).
     for (const GradBucket& bucket : buckets_) {
-      comm::Communicator& group = bucket.expert ? mesh_.dp() : mesh_.dp_ep();
+      comm::Communicator& group = bucket.expert ? mesh_.dp_cp() : mesh_.dp_cp_ep();
       if (group.size() < 2) continue;
       const Tensor part = range_of(grads, bucket.begin, bucket.end);
       group.all_reduce_sum(part.data, static_cast<size_t>(part.numel()), part.dtype);
     }
     return;
   }
-  comm::Communicator& dp = mesh_.dp();
+  comm::Communicator& dp = mesh_.dp_cp();
   if (dp.size() > 1) {
     const std::vector<size_t> counts = model::zero_shares(zero_bounds_, 0, grads.numel());
     dp.reduce_scatter_sum_v(grads.data, zero_part_.data(), counts, grads.dtype);
@@ -371,7 +371,7 @@ void GradSync::reduce_part_over_ep() {
 }
 
 void GradSync::take_reduced_part() {
-  if (mesh_.dp().size() < 2) return;  // nothing was reduce-scattered: the part is the buffer
+  if (mesh_.dp_cp().size() < 2) return;  // nothing was reduce-scattered: the part is the buffer
   const model::ParamStore& params = model_.params();
   const Tensor mine = range_of(params.grads(), params.optimizer_begin(), params.optimizer_end());
   if (mine.numel() > 0) be_.cast(mine, zero_part_.view(mine.dtype, {mine.numel()}));
@@ -398,7 +398,7 @@ void GradSync::slot_wanted(int slot) {
 
 void GradSync::block_done(int layer, int slot) {
   model::ParamStore& params = model_.params();
-  comm::Communicator& dp = mesh_.dp();
+  comm::Communicator& dp = mesh_.dp_cp();
   if (dp.size() < 2) {  // the part is the whole buffer: nothing to reduce
     params.fold_block_grads(layer);
     return;
@@ -451,7 +451,7 @@ void GradSync::fold_slot(int slot) {
 void GradSync::reduce_outer_regions() {
   model::ParamStore& params = model_.params();
   const Tensor part = params.grad_part();
-  comm::Communicator& dp = mesh_.dp();
+  comm::Communicator& dp = mesh_.dp_cp();
   if (dp.size() < 2) {  // the part is the whole buffer
     params.fold_outer_grads();
     return;
@@ -492,7 +492,7 @@ void GradSync::gather_parameters() {
     param_gather_->part_updated();
     return;
   }
-  if (!zero_ || mesh_.dp().size() < 2) return;
+  if (!zero_ || mesh_.dp_cp().size() < 2) return;
   finish_gather();
   const model::ParamStore& params = model_.params();
   const Tensor values = params.values();
@@ -506,7 +506,7 @@ void GradSync::gather_parameters() {
     std::vector<size_t> bytes = model::zero_shares(zero_bounds_, 0, values.numel());
     for (size_t& count : bytes)
       count *= item;
-    mesh_.dp().all_gather_v(copy.data, values.data, bytes);
+    mesh_.dp_cp().all_gather_v(copy.data, values.data, bytes);
     return;
   }
   // One fence for every bucket: the optimizer's update and the copy above are what they read.

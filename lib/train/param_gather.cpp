@@ -30,8 +30,8 @@ ParamGather::ParamGather(const comm::Mesh& mesh, backend::Backend& backend,
     throw std::invalid_argument(
         "ParamGather: the model keeps its values whole: build it with ModelParallel layout.zero "
         "= 3");
-  bounds_ = model::zero_partition(params.table(), mesh.dp().size());
-  const int rank = mesh.dp().rank();
+  bounds_ = model::zero_partition(params.table(), mesh.dp_cp().size());
+  const int rank = mesh.dp_cp().rank();
   if (params.optimizer_begin() != bounds_[static_cast<size_t>(rank)] ||
       params.optimizer_end() != bounds_[static_cast<size_t>(rank) + 1])
     throw std::invalid_argument(
@@ -72,14 +72,14 @@ int ParamGather::start(int layer, int keep) {
     work_[static_cast<size_t>(slot)] = reducer_->start_all_gather_v(
         input, output.data, std::move(bytes), [issued] { issued->wait(); });
   } else {
-    mesh_.dp().all_gather_v(input, output.data, bytes);
+    mesh_.dp_cp().all_gather_v(input, output.data, bytes);
   }
   return slot;
 }
 
 void ParamGather::values_wanted(int layer, int next) {
   model::ParamStore& params = model_.params();
-  if (mesh_.dp().size() < 2) {  // the part is the whole buffer
+  if (mesh_.dp_cp().size() < 2) {  // the part is the whole buffer
     params.load_block_values(layer);
     return;
   }
@@ -95,7 +95,7 @@ void ParamGather::values_wanted(int layer, int next) {
 void ParamGather::part_updated() {
   model::ParamStore& params = model_.params();
   wait_all();
-  if (mesh_.dp().size() < 2) {
+  if (mesh_.dp_cp().size() < 2) {
     params.refresh_from_part();
     return;
   }
@@ -110,8 +110,8 @@ void ParamGather::part_updated() {
     const int64_t begin = std::clamp(region.begin, first, params.optimizer_end());
     const void* input =
         static_cast<const char*>(part.data) + static_cast<size_t>(begin - first) * item;
-    mesh_.dp().all_gather_v(input, params.outer_values(r).data,
-                            share_bytes(bounds_, region.begin, region.end, item));
+    mesh_.dp_cp().all_gather_v(input, params.outer_values(r).data,
+                               share_bytes(bounds_, region.begin, region.end, item));
   }
 }
 

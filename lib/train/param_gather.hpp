@@ -36,7 +36,7 @@ namespace trainctl::train {
 
 class ParamGather : public model::BlockValueSource {
  public:
-  // `model` must keep sharded values (ModelParallel layout.zero = 3) partitioned over mesh.dp().
+  // `model` must keep sharded values (ModelParallel layout.zero = 3) partitioned over mesh.dp_cp().
   // reducer: a background reducer of the dp group (null: blocking gathers); it must outlive this.
   ParamGather(const comm::Mesh& mesh, backend::Backend& backend, model::Transformer& model,
               comm::BackgroundReducer* reducer);
@@ -50,7 +50,7 @@ class ParamGather : public model::BlockValueSource {
   // Waits for every gather still running (before anything writes the part).
   void wait_all();
 
-  bool prefetches() const { return reducer_ != nullptr && mesh_.dp().size() > 1; }
+  bool prefetches() const { return reducer_ != nullptr && mesh_.dp_cp().size() > 1; }
   // Seconds the training thread waited for background gathers (exposed), since construction.
   double wait_seconds() const { return wait_seconds_; }
   // Gathers started (blocking or in the background) and those values_wanted found already

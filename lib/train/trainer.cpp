@@ -380,7 +380,7 @@ double Trainer::evaluate() {
   // gather every block's values, so there all data ranks run the same number of forwards (a rank
   // without a batch left repeats one and ignores it).
   const bool lockstep = mesh_ && (mesh_->ep().size() > 1 ||
-                                  (model_.params().values_sharded() && mesh_->dp().size() > 1));
+                                  (model_.params().values_sharded() && mesh_->dp_cp().size() > 1));
   const int64_t rounds = lockstep ? (batches + data_ranks_ - 1) / data_ranks_ : batches;
   double total = 0;
   for (int64_t round = 0; round < rounds; ++round) {

@@ -26,11 +26,11 @@ TEST_CASE("layout errors show the formula and the fix", "[comm][layout]") {
   Layout layout{.tp = 2, .ep = 1, .dp = 2, .pp = 1};
   CHECK_NOTHROW(validate(layout, 4));
   const std::string mismatch = layout_error(layout, 8);
-  CHECK_THAT(mismatch, Catch::Contains("tp*ep*dp*pp = 2*1*2*1 = 4 != world size 8"));
+  CHECK_THAT(mismatch, Catch::Contains("tp*cp*ep*dp*pp = 2*1*1*2*1 = 4 != world size 8"));
   layout.dp = 0;
   CHECK_THAT(layout_error(layout, 0), Catch::Contains("dp = 0"));
   Layout bad_order{.tp = 2, .order = "tp-dp-pp"};
-  CHECK_THAT(layout_error(bad_order, 2), Catch::Contains("lacks axis ep"));
+  CHECK_THAT(layout_error(bad_order, 2), Catch::Contains("lacks axis cp"));
   bad_order.order = "tp-ep-dp-xx";
   CHECK_THAT(layout_error(bad_order, 2), Catch::Contains("unknown axis 'xx'"));
   bad_order.order = "tp-tp-dp-pp";
@@ -97,7 +97,7 @@ TEST_CASE("pp4 and dp3: odd and single-axis layouts", "[comm][layout]") {
 }
 
 TEST_CASE("another order string changes which axis is fastest", "[comm][layout]") {
-  const Layout layout{.tp = 2, .dp = 2, .order = "dp-tp-ep-pp"};
+  const Layout layout{.tp = 2, .dp = 2, .order = "dp-tp-cp-ep-pp"};
   CHECK(rank_groups(layout, 0).of(Axis::dp) == Ranks{0, 1});
   CHECK(rank_groups(layout, 0).of(Axis::tp) == Ranks{0, 2});
   CHECK(rank_groups(layout, 3).coordinates.dp == 1);

@@ -69,5 +69,5 @@ TEST_CASE("mesh refuses a layout that does not fit the world before any rendezvo
   const comm_test::TempDir temp;
   FileStore store(temp.path);
   CHECK_THROWS_WITH(Mesh::create(store, 8, 0, Layout{.tp = 2, .dp = 2}),
-                    Catch::Contains("tp*ep*dp*pp = 2*1*2*1 = 4 != world size 8"));
+                    Catch::Contains("tp*cp*ep*dp*pp = 2*1*1*2*1 = 4 != world size 8"));
 }

@@ -150,10 +150,10 @@ TEST_CASE("memory model matches the engine on every stage of pp2 with its 1F1B s
     // 1F1B with 8 micro-batches: stage 0 holds two in flight, the last stage one.
     const topology::ClusterSpec machine = planner::cpu_machine();
     CHECK(
-        planner::estimate_rank_memory(r, machine, layout(1, 2, 1, 1, k), {0, 0, 0, 0}).in_flight ==
+        planner::estimate_rank_memory(r, machine, layout(1, 2, 1, 1, k), {0, 0, 0, 0, 0}).in_flight ==
         2);
     CHECK(
-        planner::estimate_rank_memory(r, machine, layout(1, 2, 1, 1, k), {0, 0, 0, 1}).in_flight ==
+        planner::estimate_rank_memory(r, machine, layout(1, 2, 1, 1, k), {0, 0, 0, 0, 1}).in_flight ==
         1);
   }
 }
@@ -266,20 +266,20 @@ TEST_CASE(
   // ZeRO-1 on a CPU: GradSync's reduced part plus Gloo's staging of every rank's copy of it.
   for (int dp_rank = 0; dp_rank < 2; ++dp_rank) {
     const planner::MemoryEstimate m =
-        planner::estimate_rank_memory(r, machine, layout(1, 1, 2, 1, k, 1), {0, 0, dp_rank, 0});
+        planner::estimate_rank_memory(r, machine, layout(1, 1, 2, 1, k, 1), {0, 0, 0, dp_rank, 0});
     const double part = m.optimizer / 8;  // fp32: two f32 moments per element
     CHECK(m.comm_buffers == part * 4 + part * 2 * 4);
   }
   // pp2 with tied embeddings: first and last stage keep the peer's wte gradient.
   for (int stage = 0; stage < 2; ++stage) {
     const planner::MemoryEstimate m =
-        planner::estimate_rank_memory(r, machine, layout(1, 2, 1, 1, k), {0, 0, 0, stage});
+        planner::estimate_rank_memory(r, machine, layout(1, 2, 1, 1, k), {0, 0, 0, 0, stage});
     CHECK(m.comm_buffers == wte * 4);
   }
   // Both (dp2 x pp2, ZeRO-1): the part and the peer gradient are separate buffers.
   for (int stage = 0; stage < 2; ++stage) {
     const planner::MemoryEstimate m =
-        planner::estimate_rank_memory(r, machine, layout(1, 2, 2, 1, k, 1), {0, 0, 0, stage});
+        planner::estimate_rank_memory(r, machine, layout(1, 2, 2, 1, k, 1), {0, 0, 0, 0, stage});
     const double part = m.optimizer / 8;
     CHECK(m.comm_buffers == part * 4 + wte * 4 + part * 2 * 4);
   }

@@ -136,6 +136,8 @@ class CpuBackend : public Backend {
   void do_copy_from_host(const Tensor& dst, const void* src) override;
 
   void do_cast(const Tensor& dst, const Tensor& src) override;
+  void do_copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col,
+                       int64_t cols) override;
   void do_fill(const Tensor& dst, double value) override;
   void do_add(const Tensor& out, const Tensor& a, const Tensor& b) override;
   void do_accumulate(const Tensor& dst, const Tensor& src) override;

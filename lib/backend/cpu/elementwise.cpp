@@ -3,6 +3,7 @@
 // once. Reductions: sequential or lane sums (fast_math.hpp) in double, the same bits on every run.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "backend/cpu/cpu_backend.hpp"
@@ -24,6 +25,19 @@ bool is_fp8(DType d) {
 }
 
 }  // namespace
+
+void CpuBackend::do_copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src,
+                                 int64_t src_col, int64_t cols) {
+  const ScopedOp timed(timer_, OpFamily::elementwise);
+  const size_t item = tensor::dtype_size(src.dtype);
+  const int64_t rows = src.shape[0];
+  const auto* from = static_cast<const char*>(src.data);
+  auto* to = static_cast<char*>(dst.data);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(to + static_cast<size_t>(r * dst.shape[1] + dst_col) * item,
+                from + static_cast<size_t>(r * src.shape[1] + src_col) * item,
+                static_cast<size_t>(cols) * item);
+}
 
 void CpuBackend::do_cast(const Tensor& dst, const Tensor& src) {
   const ScopedOp timed(timer_, OpFamily::elementwise);

@@ -38,6 +38,21 @@ void CudaBackend::do_cast(const Tensor& dst, const Tensor& src) {
       "the cast kernel");
 }
 
+void CudaBackend::do_copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src,
+                                  int64_t src_col, int64_t cols) {
+  constexpr std::string_view op = "copy_columns";
+  const size_t item = tensor::dtype_size(src.dtype);
+  activate(*impl_, op);
+  if (cols == 0 || src.shape[0] == 0) return;
+  check_cuda(
+      cudaMemcpy2DAsync(static_cast<char*>(dst.data) + dst_col * item,
+                        static_cast<size_t>(dst.shape[1]) * item,
+                        static_cast<const char*>(src.data) + src_col * item,
+                        static_cast<size_t>(src.shape[1]) * item, static_cast<size_t>(cols) * item,
+                        static_cast<size_t>(src.shape[0]), cudaMemcpyDeviceToDevice, impl_->stream),
+      op, "cudaMemcpy2DAsync");
+}
+
 void CudaBackend::do_fill(const Tensor& dst, double value) {
   constexpr std::string_view op = "fill";
   const auto type = storage_type(op, "dst", dst.dtype);

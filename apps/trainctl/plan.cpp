@@ -89,6 +89,8 @@ planner::Variant parse_layout(const std::string& text, const recipe::Recipe& r, 
       v.pp = number;
     else if (key == "ep")
       v.ep = number;
+    else if (key == "cp")
+      v.cp = number;
     else if (key == "zero")
       v.zero = number;
     else if (key == "sp" || key == "sequence_parallel") {
@@ -102,10 +104,10 @@ planner::Variant parse_layout(const std::string& text, const recipe::Recipe& r, 
       dp_given = true;
     } else {
       throw std::invalid_argument(fmt::format(
-          "--layout key '{}' is unknown: use tp, pp, dp, ep, zero, sp, mb and recompute", key));
+          "--layout key '{}' is unknown: use tp, pp, dp, ep, cp, zero, sp, mb and recompute", key));
     }
   }
-  const int64_t others = int64_t{v.tp} * v.pp * v.ep;
+  const int64_t others = int64_t{v.tp} * v.pp * v.ep * v.cp;
   if (!dp_given && others > 0 && world % others == 0) v.dp = static_cast<int>(world / others);
   if (v.micro_batch < 1)
     throw std::invalid_argument(fmt::format("--layout mb={}: must be >= 1", v.micro_batch));

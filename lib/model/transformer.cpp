@@ -29,6 +29,10 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
           "context parallel cuts each sequence into 2 * cp chunks: seq_len " +
           std::to_string(cfg.seq_len) + " % (2 * cp " + std::to_string(P) +
           ") = " + std::to_string(cfg.seq_len % (2 * P)) + ", must be 0");
+    if (cfg.moe.experts > 0)
+      throw std::invalid_argument(
+          "context parallel with MoE layers is not supported: each cp rank would route and drop "
+          "its own chunks, not the micro-batch");
     cp.comm = par.cp;
   }
   if (par.layout.sequence_parallel) {

@@ -129,12 +129,12 @@ Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, trainctl:
   const double W = static_cast<double>(s.W / tp), HD = static_cast<double>(s.H / tp * s.D);
   unless_full(r, z.stats);  // ln1 mean/rstd
   unless_full(r, z.stats);
-  if_none(r * s.C, z.storage);                                      // ln1_out
-  unless_full(n * W, z.storage);                                    // qkv
-  unless_full(n * HD, z.storage);                                   // attention output
-  unless_full(static_cast<double>(B * (s.H / tp) * s.T), z.stats);  // log-sum-exp [B, H, T]
-  unless_full(r * s.C, z.storage);                                  // x_mid
-  unless_full(r, z.stats);                                          // ln2 mean/rstd
+  if_none(r * s.C, z.storage);                                        // ln1_out
+  unless_full(n * W, z.storage);                                      // qkv
+  unless_full(n * HD, z.storage);                                     // attention output
+  unless_full(static_cast<double>(N / B * B * (s.H / tp)), z.stats);  // log-sum-exp [B, H, T]
+  unless_full(r * s.C, z.storage);                                    // x_mid
+  unless_full(r, z.stats);                                            // ln2 mean/rstd
   unless_full(r, z.stats);
   if_none(r * s.C, z.storage);  // ln2_out
   if (!moe) {
@@ -184,6 +184,23 @@ double stage_scratch(const ModelShape& s, const Sizes& z, const StageShape& st, 
   }
   if (t > 1) take(static_cast<double>(std::max(N, expert_rows)), z.storage);  // ones (bias grads)
   const double W = static_cast<double>(s.W / t), HD = static_cast<double>(s.H / t * s.D);
+  if (lay.cp > 1) {  // the ring's key/value blocks and accumulators, and the positions
+    const double kv = static_cast<double>(2 * s.KV / t * s.D);
+    take(n * kv, z.storage);  // the block held
+    take(n * kv, z.storage);  // the block arriving
+    take(n * kv, z.stats);    // their gradients
+    take(n * kv, z.stats);
+    take(n * HD, z.stats);  // the running output
+    take(n * HD, z.stats);  // dq
+    take(n * W, z.stats);   // the assembled dqkv
+    const double local_tokens = static_cast<double>(N / lay.micro_batch);
+    for (int rank = 0; rank <= lay.cp; ++rank)
+      take(local_tokens, 4);  // this rank's positions, and every rank's
+    if (st.first && s.learned_positions) {
+      take(n, 4);                // each row's global position
+      take(n * s.C, z.storage);  // wpe's rows at those positions
+    }
+  }
   if (s.rope) take(n * W, z.storage);
   take(n * HD, z.storage);
   take(n * W, z.storage);
@@ -229,7 +246,9 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
     block_elements += end - begin;
     largest_block = std::max(largest_block, end - begin);
   }
-  const bool zero = lay.zero && lay.dp > 1, zero2 = lay.zero >= 2, zero3 = lay.zero >= 3;
+  // ZeRO shards over the gradient group: the dp ranks and their context-parallel peers.
+  const int zero_group = lay.dp * lay.cp;
+  const bool zero = lay.zero && zero_group > 1, zero2 = lay.zero >= 2, zero3 = lay.zero >= 3;
   const bool cpu = cluster.gpus_per_node == 0;
   // ZeRO-2 and 3 sum the block and outer gradients in precision.reduce_dtype: with bf16 GradSync
   // keeps a bf16 copy of a block per slot and of an outer region, and receives bf16 shares.
@@ -273,16 +292,16 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
       // a block at a time (on the background group with overlap) and the outer regions after
       // backward (on dp).
       if (cpu)
-        x.comm += zero2 ? static_cast<double>(b + o) * lay.dp * reduce_item
-                        : static_cast<double>(p) * lay.dp * z.grad;
+        x.comm += zero2 ? static_cast<double>(b + o) * zero_group * reduce_item
+                        : static_cast<double>(p) * zero_group * z.grad;
     }
     return x;
   };
   Sharded mine = sharded(elements, 0, 0);
   if (zero) {
-    const std::vector<int64_t> bounds = model::zero_partition(tensors, lay.dp);
+    const std::vector<int64_t> bounds = model::zero_partition(tensors, zero_group);
     const std::vector<size_t> parts = model::zero_shares(bounds, 0, elements);
-    std::vector<int64_t> block_shares(static_cast<size_t>(lay.dp)), outer_shares(block_shares);
+    std::vector<int64_t> block_shares(static_cast<size_t>(zero_group)), outer_shares(block_shares);
     // The ranks a range overlaps are consecutive: from the part holding its first element on.
     auto largest_share = [&](int64_t begin, int64_t end, std::vector<int64_t>& shares) {
       if (end <= begin) return;
@@ -298,7 +317,7 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
     largest_share(blocks.empty() ? elements : blocks.back().second, elements, outer_shares);
     // The rank asked for, or the one whose rank-dependent bytes add up most.
     double most = -1;
-    for (int k = 0; k < lay.dp; ++k) {
+    for (int k = 0; k < zero_group; ++k) {
       if (zero_rank >= 0 && k != zero_rank) continue;
       const size_t i = static_cast<size_t>(k);
       const Sharded x = sharded(static_cast<int64_t>(parts[i]), block_shares[i], outer_shares[i]);
@@ -313,7 +332,8 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   m.grads = mine.grads;
 
   // ---- activations: activation_slots copies of the kept set, one shared set, the scratch ----
-  const int64_t N = int64_t{lay.micro_batch} * s.T;
+  // Context parallel: a rank holds seq_len / cp tokens of each sequence.
+  const int64_t N = int64_t{lay.micro_batch} * (s.T / lay.cp);
   const bool sp = lay.sequence_parallel && lay.tp > 1;
   const int64_t R = sp ? N / lay.tp : N;  // token rows of the residual stream and the norms
   const double n = static_cast<double>(N), rows = static_cast<double>(R);
@@ -374,7 +394,7 @@ MemoryEstimate estimate_rank_memory(const recipe::Recipe& recipe,
                                     const topology::ClusterSpec& cluster, const Variant& layout,
                                     const Coordinates& at, const MemoryOptions& options) {
   return rank_memory(recipe, shape_of(recipe), sizes_of(recipe.model.storage), cluster, layout,
-                     options, at.pp, at.dp);
+                     options, at.pp, group_rank(layout, at, {Axis::dp, Axis::cp}));
 }
 
 MemoryEstimate estimate_memory(const recipe::Recipe& recipe, const topology::ClusterSpec& cluster,

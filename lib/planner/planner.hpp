@@ -87,6 +87,7 @@ struct TimeEstimate {
   double compute_s = 0;       // FLOPs on the critical path over achievable throughput
   double tp_comm_s = 0;       // tensor-parallel all-reduce time on the critical path
   double ep_comm_s = 0;       // expert all-to-all
+  double cp_comm_s = 0;       // context-parallel ring passes of key/value blocks
   double pp_p2p_s = 0;        // pipeline sends on the critical path
   double bubble_s = 0;        // pipeline fill and drain: (pp - 1) stage times
   double dp_comm_s = 0;       // whole gradient sync (all-reduce, or ZeRO reduce-scatter+all-gather)
@@ -98,7 +99,7 @@ struct TimeEstimate {
   double mfu = 0;  // model_flops / (step_s * GPUs * peak)
   double bubble_share() const { return step_s > 0 ? bubble_s / step_s : 0; }
   double comm_share() const {
-    return step_s > 0 ? (tp_comm_s + ep_comm_s + pp_p2p_s + dp_exposed_s) / step_s : 0;
+    return step_s > 0 ? (tp_comm_s + ep_comm_s + cp_comm_s + pp_p2p_s + dp_exposed_s) / step_s : 0;
   }
 };
 
@@ -132,6 +133,11 @@ struct Rejection {
   Variant layout;      // degrees (micro_batch etc. of the variant that came closest)
   std::string reason;  // "does not fit: 93.1 GiB > 80.0 GiB" / "does not divide: formula"
 };
+
+// The search tries context parallelism (cp 2, 4, 8, 16) only where each rank keeps at least this
+// many tokens of a sequence: long contexts, what Megatron and torchtitan use it for; shorter
+// sequences are split by tp and dp (`--layout cp=N` still scores any cp).
+inline constexpr int kMinContextTokens = 4096;
 
 struct SearchOptions {
   std::vector<trainctl::Recompute> recompute{

@@ -16,6 +16,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 std::string degrees(const Variant& l) {
   std::string s = fmt::format("tp={} pp={} dp={}", l.tp, l.pp, l.dp);
+  if (l.cp > 1) s += fmt::format(" cp={}", l.cp);
   if (l.ep > 1) s += fmt::format(" ep={}", l.ep);
   if (l.sequence_parallel) s += " sp";
   return s;
@@ -24,6 +25,7 @@ std::string degrees(const Variant& l) {
 std::string cell(const Variant& l, int rank) {
   const Coordinates c = coordinates_of(l, rank);
   std::string s = fmt::format("s{}.d{}.t{}", c.pp, c.dp, c.tp);
+  if (l.cp > 1) s += fmt::format(".c{}", c.cp);
   if (l.ep > 1) s += fmt::format(".e{}", c.ep);
   return s;
 }
@@ -40,8 +42,9 @@ std::string format_rank_grid(const Variant& layout, const topology::ClusterSpec&
   const int gpn = std::max(1, cluster.gpus_per_node);
   const int nodes = std::max(1, layout.world_size() / gpn);
   std::string out =
-      fmt::format("GPU placement of {} (cell = s<pp stage>.d<dp replica>.t<tp rank>{}):\n",
-                  degrees(layout), layout.ep > 1 ? ".e<ep rank>" : "");
+      fmt::format("GPU placement of {} (cell = s<pp stage>.d<dp replica>.t<tp rank>{}{}):\n",
+                  degrees(layout), layout.cp > 1 ? ".c<cp rank>" : "",
+                  layout.ep > 1 ? ".e<ep rank>" : "");
   std::vector<int> shown;
   for (int n = 0; n < nodes && n < max_nodes - 1; ++n)
     shown.push_back(n);
@@ -74,11 +77,12 @@ std::string memory_line(const MemoryEstimate& m, double headroom) {
 
 std::string time_line(const TimeEstimate& t) {
   return fmt::format(
-      "step {}: {} micro-batches; compute {}, tp comm {}, ep all-to-all {}, pipeline sends {}, "
+      "step {}: {} micro-batches; compute {}, tp comm {}, ep all-to-all {}, {}pipeline sends {}, "
       "bubble {}, gradient sync {} ({} exposed)",
       seconds(t.step_s), t.micro_batches, seconds(t.compute_s), seconds(t.tp_comm_s),
-      seconds(t.ep_comm_s), seconds(t.pp_p2p_s), seconds(t.bubble_s), seconds(t.dp_comm_s),
-      seconds(t.dp_exposed_s));
+      seconds(t.ep_comm_s),
+      t.cp_comm_s > 0 ? fmt::format("cp ring {}, ", seconds(t.cp_comm_s)) : std::string(),
+      seconds(t.pp_p2p_s), seconds(t.bubble_s), seconds(t.dp_comm_s), seconds(t.dp_exposed_s));
 }
 
 }  // namespace
@@ -166,6 +170,7 @@ nlohmann::json layout_json(const Variant& l) {
           {"pp", l.pp},
           {"dp", l.dp},
           {"ep", l.ep},
+          {"cp", l.cp},
           {"micro_batch", l.micro_batch},
           {"zero", l.zero},
           {"sequence_parallel", l.sequence_parallel},
@@ -186,9 +191,9 @@ nlohmann::json memory_json(const MemoryEstimate& m, double headroom) {
 }
 
 nlohmann::json time_json(const TimeEstimate& t) {
-  return {{"step", t.step_s},       {"compute", t.compute_s},      {"tp_comm", t.tp_comm_s},
-          {"ep_comm", t.ep_comm_s}, {"pp_p2p", t.pp_p2p_s},        {"bubble", t.bubble_s},
-          {"dp_comm", t.dp_comm_s}, {"dp_exposed", t.dp_exposed_s}};
+  return {{"step", t.step_s},       {"compute", t.compute_s}, {"tp_comm", t.tp_comm_s},
+          {"ep_comm", t.ep_comm_s}, {"cp_comm", t.cp_comm_s}, {"pp_p2p", t.pp_p2p_s},
+          {"bubble", t.bubble_s},   {"dp_comm", t.dp_comm_s}, {"dp_exposed", t.dp_exposed_s}};
 }
 
 nlohmann::json preview_json(const Plan& plan) {

@@ -46,8 +46,9 @@ Variant::Variant(int tp_degree, int pp_degree, int dp_degree, int ep_degree, int
 }
 
 std::string Variant::describe() const {
-  return fmt::format("tp={} pp={} dp={} ep={} mb={} zero={} recompute={}{}", tp, pp, dp, ep,
+  return fmt::format("tp={} pp={} dp={} ep={} mb={} zero={} recompute={}{}{}", tp, pp, dp, ep,
                      micro_batch, zero, recipe::to_string(recompute),
+                     cp > 1 ? fmt::format(" cp={}", cp) : std::string(),
                      sequence_parallel ? " sp=1" : "");
 }
 
@@ -70,6 +71,11 @@ std::string check_divisibility(const recipe::Recipe& r, const Variant& l) {
         "parallel.pp <= model.layers fails: {} > {} (each pipeline stage needs "
         "at least one layer)",
         l.pp, m.layers);
+  if (l.cp > 1 && m.seq_len % (2 * l.cp) != 0)
+    return not_divisible("model.seq_len", m.seq_len, "(2 * cp)", 2 * l.cp) +
+           " (each cp rank holds two of the 2 * cp chunks of a sequence)";
+  if (l.cp > 1 && r.model.moe.experts > 0)
+    return fmt::format("cp = {} with an MoE model is not supported", l.cp);
   if (l.ep > 1 && r.model.moe.experts == 0) return fmt::format("ep = {} needs an MoE model", l.ep);
   if (r.model.moe.experts > 0 && r.model.moe.experts % l.ep != 0)
     return not_divisible("moe.experts", r.model.moe.experts, "ep", l.ep);
@@ -121,68 +127,76 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
   int smallest_replicas = std::numeric_limits<int>::max();
   for (int tp : divisors(world)) {
     for (int pp : divisors(world / tp)) {
-      for (int ep : ep_choices) {
-        if ((world / tp / pp) % ep != 0) continue;
-        const int dp = world / tp / pp / ep;
-        Variant degrees{tp, pp, dp, ep, 1, 0, trainctl::Recompute::none};
-        // Degree-level rules first (one rejection per tuple).
-        const std::string degree_rule = check_divisibility(r, degrees);
-        // Tuples the model divides into, whatever the batch: how few replicas the GPUs allow.
-        if (degree_rule.empty() || degree_rule.starts_with("global_batch"))
-          smallest_replicas = std::min(smallest_replicas, dp * ep);
-        if (!degree_rule.empty()) {
-          plan.rejected.push_back({degrees, "does not divide: " + degree_rule});
-          continue;
-        }
-        const int per_replica = r.training.global_batch / (dp * ep);
-        bool found = false;
-        Candidate best;
-        double closest = std::numeric_limits<double>::max();
-        Variant closest_layout = degrees;
-        int tried = 0;
-        for (int mb : divisors(per_replica)) {
-          if (mb > options.max_micro_batch) break;
-          for (int zero : options.zero) {
-            if (zero && dp == 1) continue;  // ZeRO shards over dp: nothing to shard
-            for (trainctl::Recompute mode : options.recompute)
-              for (const bool sp : options.sequence_parallel) {
-                // Sequence parallel splits the tokens over tp: only with tp > 1 and whole shares.
-                if (sp && (tp == 1 || r.model.seq_len % tp != 0)) continue;
-                Variant l{tp, pp, dp, ep, mb, zero, mode};
-                l.sequence_parallel = sp;
-                ++plan.variants_evaluated;
-                ++tried;
-                const MemoryEstimate mem = estimate_memory(r, cluster, l, options.memory);
-                if (mem.total() > capacity) {
-                  if (mem.total() < closest) {
-                    closest = mem.total();
-                    closest_layout = l;
-                  }
-                  continue;
-                }
-                ++plan.variants_feasible;
-                const TimeEstimate time = estimate_time(r, cluster, l, options.time);
-                if (!found || time.step_s < best.time.step_s) {
-                  best = Candidate{l, mem, time, capacity - mem.total()};
-                  found = true;
-                }
-              }
+      for (int ep : ep_choices)
+        for (const int cp : {1, 2, 4, 8, 16}) {
+          if ((world / tp / pp) % ep != 0 || (world / tp / pp / ep) % cp != 0) continue;
+          // Context parallel where it can pay: a dense model whose sequences split into 2 * cp
+          // chunks of a rank's at least kMinContextTokens tokens (--layout previews any cp).
+          if (cp > 1 && (r.model.moe.experts > 0 || r.model.seq_len % (2 * cp) != 0 ||
+                         r.model.seq_len / cp < kMinContextTokens))
+            continue;
+          const int dp = world / tp / pp / ep / cp;
+          Variant degrees{tp, pp, dp, ep, 1, 0, trainctl::Recompute::none};
+          degrees.cp = cp;
+          // Degree-level rules first (one rejection per tuple).
+          const std::string degree_rule = check_divisibility(r, degrees);
+          // Tuples the model divides into, whatever the batch: how few replicas the GPUs allow.
+          if (degree_rule.empty() || degree_rule.starts_with("global_batch"))
+            smallest_replicas = std::min(smallest_replicas, dp * ep);
+          if (!degree_rule.empty()) {
+            plan.rejected.push_back({degrees, "does not divide: " + degree_rule});
+            continue;
           }
+          const int per_replica = r.training.global_batch / (dp * ep);
+          bool found = false;
+          Candidate best;
+          double closest = std::numeric_limits<double>::max();
+          Variant closest_layout = degrees;
+          int tried = 0;
+          for (int mb : divisors(per_replica)) {
+            if (mb > options.max_micro_batch) break;
+            for (int zero : options.zero) {
+              if (zero && dp * cp == 1) continue;  // ZeRO shards over dp x cp: nothing to shard
+              for (trainctl::Recompute mode : options.recompute)
+                for (const bool sp : options.sequence_parallel) {
+                  // Sequence parallel splits the tokens over tp: only with tp > 1 and whole shares.
+                  if (sp && (tp == 1 || r.model.seq_len % tp != 0)) continue;
+                  Variant l{tp, pp, dp, ep, mb, zero, mode};
+                  l.cp = cp;
+                  l.sequence_parallel = sp;
+                  ++plan.variants_evaluated;
+                  ++tried;
+                  const MemoryEstimate mem = estimate_memory(r, cluster, l, options.memory);
+                  if (mem.total() > capacity) {
+                    if (mem.total() < closest) {
+                      closest = mem.total();
+                      closest_layout = l;
+                    }
+                    continue;
+                  }
+                  ++plan.variants_feasible;
+                  const TimeEstimate time = estimate_time(r, cluster, l, options.time);
+                  if (!found || time.step_s < best.time.step_s) {
+                    best = Candidate{l, mem, time, capacity - mem.total()};
+                    found = true;
+                  }
+                }
+            }
+          }
+          if (found)
+            plan.ranked.push_back(best);
+          else if (tried == 0)
+            plan.rejected.push_back(
+                {degrees, fmt::format("no variant allowed: ZeRO needs dp > 1 (dp = {}) and the "
+                                      "search options allow only zero > 0",
+                                      dp)});
+          else
+            plan.rejected.push_back(
+                {closest_layout,
+                 fmt::format("does not fit: {:.1f} GiB > {:.1f} GiB (best variant: "
+                             "{})",
+                             closest / kGiB, cluster.gpu.memory_gib, closest_layout.describe())});
         }
-        if (found)
-          plan.ranked.push_back(best);
-        else if (tried == 0)
-          plan.rejected.push_back(
-              {degrees, fmt::format("no variant allowed: ZeRO needs dp > 1 (dp = {}) and the "
-                                    "search options allow only zero > 0",
-                                    dp)});
-        else
-          plan.rejected.push_back(
-              {closest_layout,
-               fmt::format("does not fit: {:.1f} GiB > {:.1f} GiB (best variant: "
-                           "{})",
-                           closest / kGiB, cluster.gpu.memory_gib, closest_layout.describe())});
-      }
     }
   }
   std::sort(plan.ranked.begin(), plan.ranked.end(), [](const Candidate& a, const Candidate& b) {
@@ -250,9 +264,10 @@ Preview preview_layout(const recipe::Recipe& r, const Plan& plan, const Variant&
   p.headroom_bytes = capacity - p.memory.total();
   if (layout.world_size() != plan.world)
     p.problem = fmt::format(
-        "uses tp * pp * dp * ep = {} GPUs; the cluster has {} ({} node(s) x {}): plan for its "
+        "uses tp * {}pp * dp * ep = {} GPUs; the cluster has {} ({} node(s) x {}): plan for its "
         "world with --nodes/--gpus-per-node, or change the degrees",
-        layout.world_size(), plan.world, cluster.nodes, cluster.gpus_per_node);
+        layout.cp > 1 ? "cp * " : "", layout.world_size(), plan.world, cluster.nodes,
+        cluster.gpus_per_node);
   if (p.memory.total() > capacity)
     p.problem += fmt::format("{}does not fit: {:.1f} GiB > {:.1f} GiB per GPU",
                              p.problem.empty() ? "" : "; and it ", p.memory.total() / kGiB,

@@ -80,14 +80,19 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
       fp8 ? cluster.gpu.peak_tflops_fp8 * 1e12 * efficiency : flops_per_s;
   const bool full = lay.recompute == trainctl::Recompute::full;
   const double passes = full ? 4.0 : 3.0;  // forward, backward (2x), recompute forward
-  const double n = static_cast<double>(lay.micro_batch) * s.T;
+  // A micro-batch's tokens on one rank: context parallel keeps seq_len / cp of each sequence.
+  const double n = static_cast<double>(lay.micro_batch) * (s.T / lay.cp);
   const double hidden_bytes = n * s.C * z.storage;
 
+  // Rank order tp-cp-ep-dp-pp: each group spans the ranks of the axes before it.
   const Link tp_link = link_for_span(cluster, lay.tp);
-  const Link ep_link = link_for_span(cluster, lay.tp * lay.ep);
-  const Link dp_link = link_for_span(cluster, lay.tp * lay.ep * lay.dp);
-  // Adjacent stages are tp*ep*dp ranks apart: another node unless a whole stage shares one.
-  const Link pp_link = link_for_span(cluster, 2 * lay.tp * lay.ep * lay.dp);
+  const Link cp_link = link_for_span(cluster, lay.tp * lay.cp);
+  const Link ep_link = link_for_span(cluster, lay.tp * lay.cp * lay.ep);
+  const Link dp_link = link_for_span(cluster, lay.tp * lay.cp * lay.ep * lay.dp);
+  // Adjacent stages are tp*cp*ep*dp ranks apart: another node unless a whole stage shares one.
+  const Link pp_link = link_for_span(cluster, 2 * lay.tp * lay.cp * lay.ep * lay.dp);
+  // Gradients are summed, and ZeRO shards, over the dp and cp ranks together.
+  const int dp_group = lay.dp * lay.cp;
   const double collectives_per_layer = full ? 6.0 : 4.0;  // 2 fwd + 2 bwd (+ 2 recompute)
   // Ring passes over tp of one [N, C] activation per layer. Without sequence parallelism two
   // all-reduces (two passes each) per forward, backward and full recompute. With it, the forward
@@ -101,7 +106,8 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   t.micro_batches = std::max(1, r.training.global_batch / (lay.micro_batch * lay.dp * lay.ep));
   // The slowest stage sets the pace: stages differ by their layers (even, or parallel.pp_layers),
   // where MoE layers fall, and the head (last).
-  double worst_stage = -1, worst_compute = 0, worst_tp = 0, worst_ep = 0, worst_p2p = 0;
+  double worst_stage = -1, worst_compute = 0, worst_tp = 0, worst_ep = 0, worst_cp = 0,
+         worst_p2p = 0;
   int layers = 0;  // of the slowest stage
   for (int stage = 0; stage < lay.pp; ++stage) {
     const bool last = stage == lay.pp - 1;
@@ -130,13 +136,25 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
                            ring_seconds(n * s.K * s.C * z.storage / lay.tp, lay.ep, ep_link, 1.0);
     const double p2p =
         lay.pp > 1 ? 2.0 * (hidden_bytes / lay.tp / pp_link.bytes_per_s + pp_link.latency_s) : 0.0;
-    const double total = compute + tp_comm + ep_comm + p2p;
+    // Context parallel, per layer: the ring passes a key/value block cp - 1 times in forward
+    // (again with full recompute); backward passes the block with its gradients cp - 1 times and
+    // the gradients home once. Blocking: the engine does not yet overlap them with compute.
+    const double kv_elements = n * 2.0 * static_cast<double>(s.KV / lay.tp * s.D);
+    auto hop = [&](double bytes) { return bytes / cp_link.bytes_per_s + cp_link.latency_s; };
+    const double cp_comm =
+        lay.cp > 1
+            ? layers_here * ((full ? 2.0 : 1.0) * (lay.cp - 1) * hop(kv_elements * z.storage) +
+                             (lay.cp - 1) * hop(kv_elements * (z.storage + z.stats)) +
+                             hop(kv_elements * z.stats))
+            : 0.0;
+    const double total = compute + tp_comm + ep_comm + cp_comm + p2p;
     if (total > worst_stage) {
       worst_stage = total;
       layers = layers_here;
       worst_compute = compute;
       worst_tp = tp_comm;
       worst_ep = ep_comm;
+      worst_cp = cp_comm;
       worst_p2p = p2p;
     }
   }
@@ -144,6 +162,7 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   t.compute_s = m * worst_compute;
   t.tp_comm_s = m * worst_tp;
   t.ep_comm_s = m * worst_ep;
+  t.cp_comm_s = m * worst_cp;
   t.pp_p2p_s = m * worst_p2p;
   t.bubble_s = (lay.pp - 1) * worst_stage;
 
@@ -166,16 +185,16 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   };
   // ZeRO shards over dp only: with ep > 1 everything is reduce-scattered over dp and the part's
   // non-expert share all-reduced over ep (after the wait, exposed); the gather is over dp.
-  const int shared_group = lay.zero ? lay.dp : lay.dp * lay.ep;
-  double reduce_s = reduce(shared_bytes, shared_group) + reduce(expert_bytes, lay.dp);
-  const double ep_part_s = lay.zero && lay.ep > 1
-                               ? ring_seconds(shared_bytes / lay.dp * z.grad, lay.ep, ep_link, 2.0)
-                               : 0.0;
+  const int shared_group = lay.zero ? dp_group : dp_group * lay.ep;
+  double reduce_s = reduce(shared_bytes, shared_group) + reduce(expert_bytes, dp_group);
+  const double ep_part_s =
+      lay.zero && lay.ep > 1 ? ring_seconds(shared_bytes / dp_group * z.grad, lay.ep, ep_link, 2.0)
+                             : 0.0;
   const double one_pass = worst_compute / passes;        // one forward of the stage's micro-batch
   const double backward_pass = (passes - 1) * one_pass;  // its backward (and recompute)
   const bool overlapped = r.parallel.overlap_grad_sync;
   double gather_s = 0;
-  if (lay.zero >= 2 && lay.dp > 1) {
+  if (lay.zero >= 2 && dp_group > 1) {
     // ZeRO-2 and 3 reduce-scatter each micro-batch's block gradients as its backward ends, and
     // the embedding, final norm and head (kept whole) once per step, blocking, after backward.
     const double outer = static_cast<double>(s.embedding + s.final_norm + s.head) * per_gpu;
@@ -194,11 +213,11 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
       // after the step the embedding, final norm and head are gathered once, blocking.
       const int blocks = std::max(1, layers);
       const double block_elements = (shared_bytes + expert_bytes - outer) / blocks;
-      const double one = ring_seconds(block_elements * z.storage, lay.dp, dp_link, 1.0);
+      const double one = ring_seconds(block_elements * z.storage, dp_group, dp_link, 1.0);
       const double repeated = m * std::max(0, blocks - 2);
       const double forward_gathers = repeated + std::min(blocks, 2);
       const double backward_gathers = repeated;
-      const double outer_gather_s = ring_seconds(outer * z.storage, lay.dp, dp_link, 1.0);
+      const double outer_gather_s = ring_seconds(outer * z.storage, dp_group, dp_link, 1.0);
       gather_s = (forward_gathers + backward_gathers) * one + outer_gather_s;
       forward_link = (forward_gathers - 1) * one / m;
       backward_link += backward_gathers * one / m;
@@ -206,7 +225,7 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     } else {
       // ZeRO-2's bucketed all-gather of all updated parameters hides behind the next step's
       // first forward, which waits for each bucket only as it reaches it.
-      gather_s = gather(shared_bytes, shared_group) + gather(expert_bytes, lay.dp);
+      gather_s = gather(shared_bytes, shared_group) + gather(expert_bytes, dp_group);
       exposed += std::max(0.0, gather_s - one_pass);
     }
     // Gathers and reduce-scatters queue on one link: each micro-batch's forward hides its
@@ -221,7 +240,7 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     // behind that backward, and ZeRO-1's bucketed all-gather of the updated parameters behind
     // the next step's first forward (1 of the `passes` forward-equivalents of one stage time):
     // that forward waits for each bucket only as it reaches it.
-    gather_s = gather(shared_bytes, shared_group) + gather(expert_bytes, lay.dp);
+    gather_s = gather(shared_bytes, shared_group) + gather(expert_bytes, dp_group);
     t.dp_comm_s = reduce_s + gather_s + ep_part_s;
     t.dp_exposed_s = ep_part_s + (overlapped ? std::max(0.0, reduce_s - backward_pass) +
                                                    std::max(0.0, gather_s - one_pass)

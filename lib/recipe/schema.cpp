@@ -197,6 +197,10 @@ std::vector<KeySpec> build_schema() {
   t.push_back(row<B(parallel, dp)>("parallel.dp", 1, at_least(1), "data-parallel degree"));
   t.push_back(row<B(parallel, tp)>("parallel.tp", 1, at_least(1), "tensor-parallel degree"));
   t.push_back(row<B(parallel, pp)>("parallel.pp", 1, at_least(1), "pipeline-parallel degree"));
+  t.push_back(row<B(parallel, cp)>(
+      "parallel.cp", 1, at_least(1),
+      "context-parallel degree: each sequence split over cp ranks, attention passing keys and "
+      "values around a ring"));
   t.push_back(row<B(parallel, ep)>("parallel.ep", 1, at_least(1), "expert-parallel degree"));
   t.push_back(
       row<B(parallel, zero)>("parallel.zero", 0, closed(0, 3),

@@ -33,7 +33,7 @@ def main(binary, root):
         # inspect, text
         r = cli_util.run_ok(binary, ["ckpt", "inspect", run_dir], root)
         check("using step_00000006" in r.stderr, f"no selection line\n{r.describe()}")
-        for text in ("step         6\n", "recipe hash  ", "layout       dp=1", "model        ",
+        for text in ("step         6\n", "recipe hash  ", "layout       cp=1 dp=1", "model        ",
                      "layers=2", "state        step 6, tokens 3072", "rank_0.bin",
                      "model: 28 tensors", "master: 28 tensors", "adam_m: 28 tensors",
                      "adam_v: 28 tensors", "total: 112 tensors"):

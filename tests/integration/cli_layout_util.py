@@ -66,7 +66,7 @@ def layout_sets(layout):
             sets.append("parallel.sequence_parallel=true")
             continue
         axis, degree = part.rstrip("0123456789"), part[len(part.rstrip("0123456789")):]
-        check(axis in ("dp", "tp", "pp", "ep", "zero") and degree, f"bad layout {layout!r}")
+        check(axis in ("dp", "tp", "pp", "ep", "cp", "zero") and degree, f"bad layout {layout!r}")
         sets.append(f"parallel.{axis}={degree}")
     return sets
 

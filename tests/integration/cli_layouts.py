@@ -13,7 +13,9 @@ dp2 x tp2 x pp2 (8 ranks), a MoE model with ep2, tp2 (tensor-parallel experts) a
 (tokens are dropped at capacity: the test checks that dropping really happens, and happens alike),
 ep2 x dp2 with ZeRO-2 and 3 (each ep rank's part holds its own experts), and a Llama model with
 grouped-query attention at tp2; with sequence parallelism (the norms and residual stream on 1/tp
-of the tokens): gpt tp2 and dp2 x tp2 x pp2, llama tp2, moe ep2 x tp2. Then the same layout run twice is
+of the tokens): gpt tp2 and dp2 x tp2 x pp2, llama tp2, moe ep2 x tp2; with context parallelism
+(each sequence's chunks split over ranks, attention around a ring): gpt cp2, cp2 x dp2 with ZeRO-1,
+cp2 x pp2, llama cp2 x tp2 with sequence parallelism. Then the same layout run twice is
 bit-identical (losses, and the checkpoint's bytes of every tensor). Every run's memory per
 category is what the planner's model planned for its rank 0, to the byte (comm under tp: at most
 64 KiB above). A dp2 ZeRO-3 run with the block gradients summed in bf16 (precision.reduce_dtype)
@@ -54,6 +56,10 @@ LAYOUTS = [
     ("gpt", "dp2-tp2-pp2-sp"),
     ("moe", "ep2-tp2-sp"),
     ("llama", "tp2-sp"),
+    ("gpt", "cp2"),
+    ("gpt", "dp2-cp2-zero1"),
+    ("gpt", "cp2-pp2"),
+    ("llama", "cp2-tp2-sp"),
 ]
 REPEAT = ("gpt", "tp2-pp2")
 ODD_STEPS = 10
@@ -74,7 +80,7 @@ def check_comm_fields(records, layout, label):
     zero."""
     degrees = {part.rstrip("0123456789"): int(part[len(part.rstrip("0123456789")):])
                for part in layout.split("-") if part != "sp"}
-    overlaps = degrees.get("dp", 1) > 1 or degrees.get("ep", 1) > 1
+    overlaps = any(degrees.get(axis, 1) > 1 for axis in ("dp", "ep", "cp"))
     for step, record in records.items():
         check(record.get("comm_ms", -1) >= 0, f"{label}: step {step} has no comm_ms: {record}")
         check(("comm_background_ms" in record) == overlaps,

@@ -65,6 +65,19 @@ def main(binary, root):
         activations[sp] = preview["memory_bytes"]["activations"]
     check(activations[1] < activations[0],
           f"sequence parallelism does not shrink the activations: {activations}")
+    # Context parallelism (cp=2) is scored with its ring: a rank's activations halve, and the
+    # step has a cp ring time.
+    previews = {}
+    for cp in (1, 2):
+        result = cli_util.run_ok(binary, ["plan", "recipes/tiny.yaml", "--cluster", H100,
+                                          "--nodes", "2", "--layout", f"cp={cp},mb=1", "--json"],
+                                 root)
+        previews[cp] = json.loads(result.stdout)["preview"]
+    one, two = previews[1], previews[2]
+    check(two["layout"]["cp"] == 2 and two["layout"]["dp"] == 8
+          and two["time_seconds"]["cp_comm"] > 0 and one["time_seconds"]["cp_comm"] == 0
+          and two["memory_bytes"]["activations"] < one["memory_bytes"]["activations"],
+          f"--layout cp=2,mb=1: not scored as context parallel: {two} (cp=1: {one})")
     for layout, says in (("tp=3", "does not divide: model.heads % tp = 4 % 3"),
                          ("sp=1", "sequence_parallel with tp = 1; it splits the tokens"),
                          ("dp=16,mb=8", "global_batch % (micro_batch * dp * ep)")):
@@ -73,7 +86,7 @@ def main(binary, root):
         check(says in result.stdout, f"--layout {layout}: not '{says}'\n{result.describe()}")
     for layout, says in (("tp=x", "--layout tp=x: not a whole number"),
                          ("sp=2", "--layout sp=2: use 0 or 1"),
-                         ("cp=2", "--layout key 'cp' is unknown"),
+                         ("xp=2", "--layout key 'xp' is unknown"),
                          ("recompute=some", "--layout recompute=some: use none, selective or "
                                             "full")):
         result = cli_util.run(binary, ["plan", "recipes/tiny.yaml", "--cluster", H100,

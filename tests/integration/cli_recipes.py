@@ -87,7 +87,8 @@ def validate_plan(binary, root, tmp):
                                               tmp).stdout)
             p, t = section(dump, "parallel"), section(dump, "training")
             own = {"tp": int(p["tp"]), "pp": int(p["pp"]), "dp": int(p["dp"]), "ep": int(p["ep"]),
-                   "zero": int(p["zero"]), "recompute": p["recompute"],
+                   "cp": int(p["cp"]), "zero": int(p["zero"]), "recompute": p["recompute"],
+                   "sequence_parallel": p["sequence_parallel"] == "true",
                    "micro_batch": int(t["micro_batch"])}
             first = plan["ranked"][0]["layout"]
             check(first == own, f"{name}: the planner now ranks {first} first, the recipe says "

@@ -5,11 +5,13 @@ had never stopped.
 A run at dp2 x tp2 saves at step 10 (its schedule is that of a 20-step run) and stops. Copies of its
 run directory resume to step 20 at pp2, at dp4, at dp2 with ZeRO-1, 2 and 3
 (`trainctl resume DIR --set parallel...`; ZeRO-1 and 2 gather each step's parameters while the next
-forward runs, ZeRO-3 each block's before it runs), and at tp2 with sequence parallelism. All six
+forward runs, ZeRO-3 each block's before it runs), at tp2 with sequence parallelism and at cp2
+(context parallel). All seven
 continue the single-rank 20-step run within the layout tolerance: steps 11..20 have the same loss
 and token count (the global sample position carried over, so no sample is skipped or repeated when
 the number of data ranks changes from 2 to 1 or 4), and the final weights match. Each resumed
-checkpoint's state says it has consumed exactly 20 * global_batch samples."""
+checkpoint's state says it has consumed exactly 20 * global_batch samples. A cp2 run's checkpoint
+at step 10 resumes on one rank the same way."""
 import json
 import os
 import shutil
@@ -45,7 +47,7 @@ def body(binary, root):
         check(position == HALF * 4, f"{saved}/checkpoints/{name} records sample position "
                                     f"{position}; expected {HALF} steps * 4 = {HALF * 4}")
 
-        for target in ("pp2", "dp4", "dp2-zero1", "dp2-zero2", "dp2-zero3", "tp2-sp"):
+        for target in ("pp2", "dp4", "dp2-zero1", "dp2-zero2", "dp2-zero3", "tp2-sp", "cp2"):
             run_dir = os.path.join(tmp, f"resume-{target}")
             shutil.copytree(saved, run_dir)
             sets = ["parallel.dp=1", "parallel.tp=1", *lu.layout_sets(target),
@@ -61,6 +63,21 @@ def body(binary, root):
             position, name = sampler_position(run_dir)
             check(position == STEPS * 4, f"{label}: {name} records sample position {position}; "
                                          f"expected {STEPS * 4}")
+
+        # A context-parallel run's checkpoint resumes on one rank: the cp ranks held the same
+        # weights, and the sample position is the data ranks' (cp ranks read the same samples).
+        saved_cp = os.path.join(tmp, "cp2")
+        lu.train(binary, root, saved_cp, "gpt", "cp2", HALF, SCHEDULE)
+        lu.check_losses(straight, saved_cp, "cp2 first half", 1, HALF)
+        run_dir = os.path.join(tmp, "resume-cp2-to-1")
+        shutil.copytree(saved_cp, run_dir)
+        sets = ["parallel.cp=1", f"training.steps={STEPS}"]
+        cli_util.run_ok(binary, ["resume", run_dir, *[a for s in sets for a in ("--set", s)]], root)
+        lu.check_losses(straight, run_dir, "cp2 -> 1", 1, STEPS)
+        lu.check_weights(want_weights, lu.final_weights(binary, root, run_dir), "cp2 -> 1")
+        position, name = sampler_position(run_dir)
+        check(position == STEPS * 4, f"cp2 -> 1: {name} records sample position {position}; "
+                                     f"expected {STEPS * 4}")
 
 
 if __name__ == "__main__":

@@ -474,3 +474,20 @@ TEST_CASE("cross-entropy matches log-softmax, ignores negative targets, backward
       CHECK(rel_error(read(dl), ref_d) < tolerance(d));
     }
 }
+
+TEST_CASE("copy_columns copies a band of columns between matrices with as many rows") {
+  for (DType d : kReferenceTypes) {
+    INFO(dtype_name(d));
+    const Values x = rounded(d, random_values(4 * 7, 62));
+    OwnedTensor src = make(d, Shape{4, 7}, x), dst = make(d, Shape{4, 5}, Values(20, -1.0));
+    cpu().copy_columns(dst, 1, src, 3, 4);
+    const Values got = read(dst);
+    for (int64_t r = 0; r < 4; ++r)
+      for (int64_t c = 0; c < 5; ++c)
+        CHECK(got[static_cast<size_t>(r * 5 + c)] ==
+              (c >= 1 ? x[static_cast<size_t>(r * 7 + 3 + c - 1)] : -1.0));
+  }
+  OwnedTensor a(DType::f32, Shape{4, 5}), b(DType::f32, Shape{4, 7}), c(DType::f32, Shape{3, 7});
+  CHECK_THROWS_WITH(cpu().copy_columns(a, 2, b, 0, 4), Catch::Contains("out of range"));
+  CHECK_THROWS_WITH(cpu().copy_columns(a, 0, c, 0, 2), Catch::Contains("as many rows"));
+}

@@ -70,12 +70,14 @@ struct Measured {
 Measured engine_rank(const recipe::Recipe& r, const planner::Variant& layout, int rank,
                      backend::Backend& cpu) {
   const Coordinates at = coordinates_of(layout, rank);
-  ShapeOnlyCommunicator tp("tp", at.tp, layout.tp), ep("ep", at.ep, layout.ep);
+  ShapeOnlyCommunicator tp("tp", at.tp, layout.tp), ep("ep", at.ep, layout.ep),
+      cp("cp", at.cp, layout.cp);
   model::ModelParallel parallel;
   parallel.layout = layout;
   parallel.at = at;
   if (layout.tp > 1) parallel.tp = &tp;
   if (layout.ep > 1) parallel.ep = &ep;
+  if (layout.cp > 1) parallel.cp = &cp;
   parallel.stage_layers = r.parallel.pp_layers;
   const int micro_batches = r.training.global_batch / (layout.micro_batch * layout.dp * layout.ep);
   parallel.activation_slots = std::max(1, std::min(layout.pp - at.pp, micro_batches));
@@ -149,12 +151,10 @@ TEST_CASE("memory model matches the engine on every stage of pp2 with its 1F1B s
     check_every_rank(r, layout(1, 2, 1, 1, k));
     // 1F1B with 8 micro-batches: stage 0 holds two in flight, the last stage one.
     const topology::ClusterSpec machine = planner::cpu_machine();
-    CHECK(
-        planner::estimate_rank_memory(r, machine, layout(1, 2, 1, 1, k), {0, 0, 0, 0, 0}).in_flight ==
-        2);
-    CHECK(
-        planner::estimate_rank_memory(r, machine, layout(1, 2, 1, 1, k), {0, 0, 0, 0, 1}).in_flight ==
-        1);
+    CHECK(planner::estimate_rank_memory(r, machine, layout(1, 2, 1, 1, k), {0, 0, 0, 0, 0})
+              .in_flight == 2);
+    CHECK(planner::estimate_rank_memory(r, machine, layout(1, 2, 1, 1, k), {0, 0, 0, 0, 1})
+              .in_flight == 1);
   }
 }
 
@@ -243,6 +243,23 @@ TEST_CASE("memory model matches the engine on every rank with sequence paralleli
   check_every_rank(recipe_for(kDense[3]), sp(layout(2, 1, 2, 1, kDense[3], 3)));
   for (const ModelCase& k : kMoe)
     check_every_rank(recipe_for(k), sp(layout(2, 1, 1, 2, k)));
+}
+
+// Context parallel: each rank holds seq_len / cp tokens of every sequence (48 / 2 and 48 / 3) and
+// the ring's blocks, accumulators and positions; with tp, pp, sequence parallelism and ZeRO-3.
+TEST_CASE("memory model matches the engine on every rank with context parallelism") {
+  auto with_cp = [](planner::Variant v, int cp, bool sp = false) {
+    v.cp = cp;
+    v.sequence_parallel = sp;
+    return v;
+  };
+  for (const ModelCase& k : kDense) {
+    const recipe::Recipe r = recipe_for(k);
+    check_every_rank(r, with_cp(layout(1, 1, 1, 1, k), 2));
+    check_every_rank(r, with_cp(layout(1, 1, 1, 1, k), 3));
+    check_every_rank(r, with_cp(layout(2, 2, 1, 1, k), 2, true));
+  }
+  check_every_rank(recipe_for(kDense[3]), with_cp(layout(1, 1, 2, 1, kDense[3], 3), 2));
 }
 
 TEST_CASE("memory model matches the engine on every rank of ep2 and ep2 x tp2 MoE layouts") {

@@ -86,6 +86,22 @@ std::shared_ptr<Work> BackgroundReducer::start_all_gather_v(const void* input, v
                  });
 }
 
+std::shared_ptr<Work> BackgroundReducer::start_all_to_allv(const void* input,
+                                                           std::vector<size_t> send_bytes,
+                                                           void* output,
+                                                           std::vector<size_t> recv_bytes,
+                                                           std::function<void()> ready) {
+  size_t total = 0;
+  for (size_t b : send_bytes)
+    total += b;
+  return enqueue("all_to_allv of " + std::to_string(total) + " bytes",
+                 [this, input, output, send_bytes = std::move(send_bytes),
+                  recv_bytes = std::move(recv_bytes), ready = std::move(ready)] {
+                   if (ready) ready();
+                   communicator_->all_to_allv(input, send_bytes, output, recv_bytes);
+                 });
+}
+
 std::shared_ptr<Work> BackgroundReducer::enqueue(std::string what,
                                                  std::function<void()> operation) {
   auto work = std::make_shared<Work>();

@@ -84,6 +84,12 @@ class BackgroundReducer {
                                            std::vector<size_t> bytes,
                                            std::function<void()> ready = {});
 
+  // Queues Communicator::all_to_allv(input, send_bytes, output, recv_bytes); `ready` as above.
+  // (The context-parallel ring passes its key/value blocks this way while attention computes.)
+  std::shared_ptr<Work> start_all_to_allv(const void* input, std::vector<size_t> send_bytes,
+                                          void* output, std::vector<size_t> recv_bytes,
+                                          std::function<void()> ready = {});
+
   const Communicator& communicator() const { return *communicator_; }
 
  private:

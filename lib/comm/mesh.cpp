@@ -66,6 +66,9 @@ Mesh Mesh::create(Store& store, int world_size, int rank, const Layout& layout,
     if (g.dp_cp_ep.size() > 1 && g.dp_cp_ep != g.dp_cp)
       mesh.dp_ep_bg_ = join(store, "dp_ep_bg", g.dp_cp_ep, rank, shared, mesh.background_clock_,
                             /*background=*/true);
+    if (g.of(Axis::cp).size() > 1)
+      mesh.cp_bg_ = join(store, "cp_bg", g.of(Axis::cp), rank, shared, mesh.background_clock_,
+                         /*background=*/true);
   }
   // A rank can finish its side of a group's connections while a peer is still completing its
   // own; were the first to leave then exit (a short job, a test), the peer's rendezvous would fail
@@ -83,7 +86,7 @@ size_t Mesh::buffer_bytes() const {
   for (const std::unique_ptr<Communicator>& group : axes_)
     if (group) bytes += group->buffer_bytes();
   for (const Communicator* group :
-       {dp_ep_.get(), dp_cp_.get(), dp_cp_ep_.get(), dp_bg_.get(), dp_ep_bg_.get()})
+       {dp_ep_.get(), dp_cp_.get(), dp_cp_ep_.get(), dp_bg_.get(), dp_ep_bg_.get(), cp_bg_.get()})
     if (group) bytes += group->buffer_bytes();
   return bytes;
 }

@@ -71,6 +71,9 @@ class Mesh {
   // have the same members (ep 1) both return the same communicator: one context, one worker.
   Communicator* dp_bg() const { return dp_bg_.get(); }
   Communicator* dp_ep_bg() const { return dp_ep_bg_ ? dp_ep_bg_.get() : dp_bg_.get(); }
+  // The cp members a second time (with background_groups and cp > 1), for the context-parallel
+  // ring's exchanges on a worker thread while attention computes; null otherwise.
+  Communicator* cp_bg() const { return cp_bg_.get(); }
 
   // Wall time this process has spent inside calls of any of its communicators (all groups), for
   // the share of step time spent communicating. Monotonic; callers take differences.
@@ -92,6 +95,7 @@ class Mesh {
   std::unique_ptr<Communicator> dp_ep_;
   std::unique_ptr<Communicator> dp_cp_, dp_cp_ep_;  // null when cp = 1 (dp and dp_ep serve)
   std::unique_ptr<Communicator> dp_bg_, dp_ep_bg_;  // dp_ep_bg_ null when it would equal dp_bg_
+  std::unique_ptr<Communicator> cp_bg_;
   std::shared_ptr<CommClock> clock_;  // shared by the timed communicators of the groups above
   std::shared_ptr<CommClock> background_clock_;  // the _bg groups'
 };

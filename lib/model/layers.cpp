@@ -1,6 +1,7 @@
 #include "model/layers.hpp"
 
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -193,13 +194,29 @@ void Norm::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Ten
 
 // ---- Attention ------------------------------------------------------------------------------
 
-void ContextParallel::pass(const Tensor& send, const Tensor& receive) const {
+std::shared_ptr<comm::Work> ContextParallel::pass(const Tensor& send, const Tensor& receive) const {
   const int P = comm->size(), r = comm->rank();
   std::vector<size_t> sent(static_cast<size_t>(P), 0), received(sent);
   sent[static_cast<size_t>((r + 1) % P)] = send.bytes();
   received[static_cast<size_t>((r + P - 1) % P)] = receive.bytes();
+  if (ring) {
+    std::function<void()> ready;
+    if (backend) {
+      std::shared_ptr<Backend::Fence> written = backend->fence();
+      ready = [written] { written->wait(); };
+    }
+    return ring->start_all_to_allv(send.data, std::move(sent), receive.data, std::move(received),
+                                   std::move(ready));
+  }
   comm->all_to_allv(send.data, sent, receive.data, received);
+  return nullptr;
 }
+
+namespace {
+void finish(const std::shared_ptr<comm::Work>& work) {
+  if (work) work->wait();
+}
+}  // namespace
 
 namespace {
 
@@ -215,10 +232,13 @@ void ring_forward(Backend& be, const Attention& a, const ContextParallel& cp,
   be.fill(s.lse, -INFINITY);
   be.copy_columns(cp.kv[0], 0, s.qkv, HD, KVW);
   for (int step = 0; step < P; ++step) {
+    // The next block travels while this one's attention computes (both only read `held`).
     const Tensor& held = cp.kv[step % 2];
-    if (step + 1 < P) cp.pass(held, cp.kv[(step + 1) % 2]);
+    const std::shared_ptr<comm::Work> next =
+        step + 1 < P ? cp.pass(held, cp.kv[(step + 1) % 2]) : nullptr;
     be.attention_block_forward(cp.out, s.lse, s.qkv, held, cp.positions,
                                cp.ring_positions[static_cast<size_t>((r - step + P) % P)], shape);
+    finish(next);
   }
   be.cast(s.attn_out, cp.out);
 }
@@ -239,18 +259,20 @@ void ring_backward(Backend& be, const Attention& a, const ContextParallel& cp,
   int at = 0;
   for (int step = 0; step < P; ++step) {
     at = step % 2;
+    // The next block's keys and values travel while this one's gradients compute; its gradients
+    // can go only once they are complete.
+    const std::shared_ptr<comm::Work> next =
+        step + 1 < P ? cp.pass(cp.kv[at], cp.kv[1 - at]) : nullptr;
     be.attention_block_backward(cp.dq, cp.dkv[at], dattn, s.qkv, cp.kv[at], cp.out, s.lse,
                                 cp.positions,
                                 cp.ring_positions[static_cast<size_t>((r - step + P) % P)], shape);
-    if (step + 1 < P) {
-      cp.pass(cp.kv[at], cp.kv[1 - at]);
-      cp.pass(cp.dkv[at], cp.dkv[1 - at]);
-    }
+    finish(next);
+    if (step + 1 < P) finish(cp.pass(cp.dkv[at], cp.dkv[1 - at]));
   }
   // The block held last is rank r + 1's: its gradients go home, and rank r - 1 returns ours.
   Tensor own = cp.dkv[at];
   if (P > 1) {
-    cp.pass(cp.dkv[at], cp.dkv[1 - at]);
+    finish(cp.pass(cp.dkv[at], cp.dkv[1 - at]));
     own = cp.dkv[1 - at];
   }
   be.copy_columns(cp.dqkv, 0, cp.dq, 0, HD);

@@ -12,9 +12,11 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.hpp"
+#include "comm/background_reducer.hpp"
 #include "comm/communicator.hpp"
 #include "model/config.hpp"
 #include "model/params.hpp"
@@ -75,6 +77,11 @@ struct TensorParallel {
 // and returns them to their owner at the end.
 struct ContextParallel {
   comm::Communicator* comm = nullptr;  // null: cp = 1
+  // Overlap: passes run on this reducer's worker (its own cp group) while attention computes,
+  // each after a fence of `backend` (the block's device writes complete first). Null: the passes
+  // block, before each block's attention.
+  comm::BackgroundReducer* ring = nullptr;
+  Backend* backend = nullptr;
   Tensor positions;                    // [T] i32
   std::vector<Tensor> ring_positions;  // per cp rank, [T] i32
   // Scratch: the key/value block held and the one arriving [N, 2 KV D] S; their gradients
@@ -82,8 +89,9 @@ struct ContextParallel {
   // [N, H D] A; the assembled dqkv [N, (H + 2 KV) D] A.
   Tensor kv[2], dkv[2], out, dq, dqkv;
   bool active() const { return comm != nullptr; }
-  // Sends `send` to the next rank and receives the previous rank's into `receive`.
-  void pass(const Tensor& send, const Tensor& receive) const;
+  // Sends `send` to the next rank and receives the previous rank's into `receive`: blocking, or
+  // started on `ring` and returned to wait for (null when it already finished).
+  std::shared_ptr<comm::Work> pass(const Tensor& send, const Tensor& receive) const;
 };
 
 // y[N, out] = x[N, in] W^T + b.   Optional bias: a Param whose value is empty.

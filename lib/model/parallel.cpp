@@ -13,6 +13,7 @@ ModelParallel ModelParallel::from_mesh(const comm::Mesh& mesh, int zero) {
   if (p.layout.tp > 1) p.tp = &mesh.tp();
   if (p.layout.ep > 1) p.ep = &mesh.ep();
   if (p.layout.cp > 1) p.cp = &mesh.cp();
+  p.cp_background = mesh.cp_bg();
   return p;
 }
 

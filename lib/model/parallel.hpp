@@ -58,6 +58,9 @@ struct ModelParallel {
   comm::Communicator* tp = nullptr;
   comm::Communicator* ep = nullptr;
   comm::Communicator* cp = nullptr;
+  // The cp members joined a second time (Mesh::cp_bg): with it the ring passes the next key/value
+  // block on a worker thread while attention computes on the one held; null: blocking passes.
+  comm::Communicator* cp_background = nullptr;
   // Layers per stage (size layout.pp, summing to the model's layers); empty: as even as possible,
   // the earlier stages taking the remainder (8 layers over 3 stages: 3, 3, 2).
   std::vector<int> stage_layers;

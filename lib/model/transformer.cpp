@@ -34,6 +34,11 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
           "context parallel with MoE layers is not supported: each cp rank would route and drop "
           "its own chunks, not the micro-batch");
     cp.comm = par.cp;
+    if (par.cp_background) {
+      cp_ring = std::make_unique<comm::BackgroundReducer>(*par.cp_background);
+      cp.ring = cp_ring.get();
+      cp.backend = &be;
+    }
   }
   if (par.layout.sequence_parallel) {
     if (!tp.active())

@@ -6,6 +6,7 @@
 // Dimension legend: see layers.hpp.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -68,6 +69,7 @@ struct Transformer::Impl {
   // Context parallel: the ring, the global position of each of the N rows (learned positions),
   // the [N, C] rows of wpe at those positions, and forward()'s copies of the rank's tokens.
   ContextParallel cp;
+  std::unique_ptr<comm::BackgroundReducer> cp_ring;  // with ModelParallel::cp_background
   Tensor row_positions, position_rows;
   std::vector<int32_t> cp_tokens, cp_targets;
   bool cp_on() const { return cp.active(); }

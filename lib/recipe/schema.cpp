@@ -222,7 +222,8 @@ std::vector<KeySpec> build_schema() {
       "parallel.overlap_grad_sync", true, none(),
       "reduce each gradient bucket (zero 2 and 3: each block) while backward still runs, with "
       "zero 1 or 2 gather the updated parameters while the next forward runs, and with zero 3 "
-      "gather the next block's parameters while a block computes (results are identical)"));
+      "gather the next block's parameters while a block computes, and with cp pass the ring's "
+      "next key/value block while attention computes (results are identical)"));
   // precision
   t.push_back(row<B(model, storage)>("precision.compute", DType::bf16, none(),
                                      "compute dtype (fp64: CPU reference only)"));

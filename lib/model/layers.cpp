@@ -1,5 +1,6 @@
 #include "model/layers.hpp"
 
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <optional>
@@ -208,15 +209,18 @@ std::shared_ptr<comm::Work> ContextParallel::pass(const Tensor& send, const Tens
     return ring->start_all_to_allv(send.data, std::move(sent), receive.data, std::move(received),
                                    std::move(ready));
   }
+  const auto start = std::chrono::steady_clock::now();
   comm->all_to_allv(send.data, sent, receive.data, received);
+  waited_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return nullptr;
 }
 
-namespace {
-void finish(const std::shared_ptr<comm::Work>& work) {
-  if (work) work->wait();
+void ContextParallel::finish(const std::shared_ptr<comm::Work>& work) const {
+  if (!work) return;
+  const auto start = std::chrono::steady_clock::now();
+  work->wait();
+  waited_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
-}  // namespace
 
 namespace {
 
@@ -238,7 +242,7 @@ void ring_forward(Backend& be, const Attention& a, const ContextParallel& cp,
         step + 1 < P ? cp.pass(held, cp.kv[(step + 1) % 2]) : nullptr;
     be.attention_block_forward(cp.out, s.lse, s.qkv, held, cp.positions,
                                cp.ring_positions[static_cast<size_t>((r - step + P) % P)], shape);
-    finish(next);
+    cp.finish(next);
   }
   be.cast(s.attn_out, cp.out);
 }
@@ -266,13 +270,13 @@ void ring_backward(Backend& be, const Attention& a, const ContextParallel& cp,
     be.attention_block_backward(cp.dq, cp.dkv[at], dattn, s.qkv, cp.kv[at], cp.out, s.lse,
                                 cp.positions,
                                 cp.ring_positions[static_cast<size_t>((r - step + P) % P)], shape);
-    finish(next);
-    if (step + 1 < P) finish(cp.pass(cp.dkv[at], cp.dkv[1 - at]));
+    cp.finish(next);
+    if (step + 1 < P) cp.finish(cp.pass(cp.dkv[at], cp.dkv[1 - at]));
   }
   // The block held last is rank r + 1's: its gradients go home, and rank r - 1 returns ours.
   Tensor own = cp.dkv[at];
   if (P > 1) {
-    finish(cp.pass(cp.dkv[at], cp.dkv[1 - at]));
+    cp.finish(cp.pass(cp.dkv[at], cp.dkv[1 - at]));
     own = cp.dkv[1 - at];
   }
   be.copy_columns(cp.dqkv, 0, cp.dq, 0, HD);

@@ -92,6 +92,11 @@ struct ContextParallel {
   // Sends `send` to the next rank and receives the previous rank's into `receive`: blocking, or
   // started on `ring` and returned to wait for (null when it already finished).
   std::shared_ptr<comm::Work> pass(const Tensor& send, const Tensor& receive) const;
+  // Waits for a started pass (null: nothing to wait for).
+  void finish(const std::shared_ptr<comm::Work>& work) const;
+  // Seconds the passes held up the calling thread: a blocking pass whole, an overlapped one
+  // only as long as it outlasted the compute it ran beside (the exposed exchange).
+  mutable double waited_s = 0;
 };
 
 // y[N, out] = x[N, in] W^T + b.   Optional bias: a Param whose value is empty.

@@ -122,6 +122,9 @@ class Transformer {
   ActivationBytes activation_bytes() const;
   // Forward FLOPs per token (matmuls + attention scores), for throughput and MFU.
   double forward_flops_per_token() const;
+  // Context parallel: seconds the ring's key/value passes have held up this thread so far
+  // (blocking passes whole, overlapped ones only past the attention beside them); 0 without cp.
+  double ring_wait_seconds() const;
 
  private:
   struct Impl;

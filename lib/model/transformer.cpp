@@ -482,5 +482,8 @@ ActivationBytes Transformer::activation_bytes() const {
 double Transformer::forward_flops_per_token() const {
   return impl_->forward_flops_per_token();
 }
+double Transformer::ring_wait_seconds() const {
+  return impl_->cp.waited_s;
+}
 
 }  // namespace trainctl::model

@@ -121,6 +121,7 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
     cp.kv[1] = scratch.take(S, {N, KVW});
     cp.dkv[0] = scratch.take(A, {N, KVW});
     cp.dkv[1] = scratch.take(A, {N, KVW});
+    cp.dkv_local = scratch.take(A, {N, KVW});
     cp.out = scratch.take(A, {N, H * D});
     cp.dq = scratch.take(A, {N, H * D});
     cp.dqkv = scratch.take(A, {N, W});

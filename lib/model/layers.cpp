@@ -248,8 +248,10 @@ void ring_forward(Backend& be, const Attention& a, const ContextParallel& cp,
 }
 
 // Its backward: each block travels the ring again with its key/value gradients, every rank adding
-// its queries' share; after the last step the gradients go back to their owner. dqkv (S) gets
-// the rank's dq and its own block's dk, dv.
+// its queries' share; after the last step the gradients go back to their owner. A rank computes
+// its share into dkv_local while both the next block's keys and values and the held block's
+// gradients so far are still arriving, then adds them (ring-flash-attention's order, the same
+// with blocking passes). dqkv (S) gets the rank's dq and its own block's dk, dv.
 void ring_backward(Backend& be, const Attention& a, const ContextParallel& cp,
                    const Attention::Saved& s, const Tensor& dattn, const Tensor& dqkv, int64_t B,
                    int64_t T) {
@@ -259,26 +261,28 @@ void ring_backward(Backend& be, const Attention& a, const ContextParallel& cp,
   be.cast(cp.out, s.attn_out);
   be.fill(cp.dq, 0.0);
   be.copy_columns(cp.kv[0], 0, s.qkv, HD, KVW);
-  be.fill(cp.dkv[0], 0.0);
   int at = 0;
+  std::shared_ptr<comm::Work> arriving;  // the held block's gradients from the ranks before
   for (int step = 0; step < P; ++step) {
     at = step % 2;
-    // The next block's keys and values travel while this one's gradients compute; its gradients
-    // can go only once they are complete.
     const std::shared_ptr<comm::Work> next =
         step + 1 < P ? cp.pass(cp.kv[at], cp.kv[1 - at]) : nullptr;
-    be.attention_block_backward(cp.dq, cp.dkv[at], dattn, s.qkv, cp.kv[at], cp.out, s.lse,
+    be.fill(cp.dkv_local, 0.0);
+    be.attention_block_backward(cp.dq, cp.dkv_local, dattn, s.qkv, cp.kv[at], cp.out, s.lse,
                                 cp.positions,
                                 cp.ring_positions[static_cast<size_t>((r - step + P) % P)], shape);
     cp.finish(next);
-    if (step + 1 < P) cp.finish(cp.pass(cp.dkv[at], cp.dkv[1 - at]));
+    cp.finish(arriving);
+    if (step == 0)
+      be.cast(cp.dkv[at], cp.dkv_local);  // the rank's own block: nobody added to it yet
+    else
+      be.accumulate(cp.dkv[at], cp.dkv_local);
+    // On to the next rank, which needs them only after its own share of that block; at the last
+    // step the block held is rank r + 1's, so its gradients go home and rank r - 1 returns ours.
+    arriving = P > 1 ? cp.pass(cp.dkv[at], cp.dkv[1 - at]) : nullptr;
   }
-  // The block held last is rank r + 1's: its gradients go home, and rank r - 1 returns ours.
-  Tensor own = cp.dkv[at];
-  if (P > 1) {
-    cp.finish(cp.pass(cp.dkv[at], cp.dkv[1 - at]));
-    own = cp.dkv[1 - at];
-  }
+  cp.finish(arriving);
+  const Tensor own = P > 1 ? cp.dkv[1 - at] : cp.dkv[at];
   be.copy_columns(cp.dqkv, 0, cp.dq, 0, HD);
   be.copy_columns(cp.dqkv, HD, own, 0, KVW);
   be.cast(dqkv, cp.dqkv);

@@ -85,9 +85,9 @@ struct ContextParallel {
   Tensor positions;                    // [T] i32
   std::vector<Tensor> ring_positions;  // per cp rank, [T] i32
   // Scratch: the key/value block held and the one arriving [N, 2 KV D] S; their gradients
-  // [N, 2 KV D] A; the running output (forward) or the output in A (backward) [N, H D] A; dq
-  // [N, H D] A; the assembled dqkv [N, (H + 2 KV) D] A.
-  Tensor kv[2], dkv[2], out, dq, dqkv;
+  // [N, 2 KV D] A, and this rank's share of the held block's; the running output (forward) or
+  // the output in A (backward) [N, H D] A; dq [N, H D] A; the assembled dqkv [N, (H + 2 KV) D] A.
+  Tensor kv[2], dkv[2], dkv_local, out, dq, dqkv;
   bool active() const { return comm != nullptr; }
   // Sends `send` to the next rank and receives the previous rank's into `receive`: blocking, or
   // started on `ring` and returned to wait for (null when it already finished).

@@ -190,6 +190,7 @@ double stage_scratch(const ModelShape& s, const Sizes& z, const StageShape& st, 
     take(n * kv, z.storage);  // the block arriving
     take(n * kv, z.stats);    // their gradients
     take(n * kv, z.stats);
+    take(n * kv, z.stats);  // this rank's share of the held block's gradients
     take(n * HD, z.stats);  // the running output
     take(n * HD, z.stats);  // dq
     take(n * W, z.stats);   // the assembled dqkv

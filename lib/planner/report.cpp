@@ -41,10 +41,9 @@ std::string format_rank_grid(const Variant& layout, const topology::ClusterSpec&
                              int max_nodes) {
   const int gpn = std::max(1, cluster.gpus_per_node);
   const int nodes = std::max(1, layout.world_size() / gpn);
-  std::string out =
-      fmt::format("GPU placement of {} (cell = s<pp stage>.d<dp replica>.t<tp rank>{}{}):\n",
-                  degrees(layout), layout.cp > 1 ? ".c<cp rank>" : "",
-                  layout.ep > 1 ? ".e<ep rank>" : "");
+  std::string out = fmt::format(
+      "GPU placement of {} (cell = s<pp stage>.d<dp replica>.t<tp rank>{}{}):\n", degrees(layout),
+      layout.cp > 1 ? ".c<cp rank>" : "", layout.ep > 1 ? ".e<ep rank>" : "");
   std::vector<int> shown;
   for (int n = 0; n < nodes && n < max_nodes - 1; ++n)
     shown.push_back(n);

@@ -139,8 +139,8 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     // Context parallel, per layer: the ring passes a key/value block cp - 1 times in forward
     // (again with full recompute); backward passes the block with its gradients cp - 1 times and
     // the gradients home once. Counted whole: an upper bound, since with overlap_grad_sync the
-    // engine passes the key/value blocks beside attention (measured: about half of the exchange
-    // hidden at cp2, BENCHMARKS.md); the gradients' passes are exposed.
+    // engine passes the blocks and their gradients beside attention (BENCHMARKS.md); only the
+    // gradients' last return is exposed.
     const double kv_elements = n * 2.0 * static_cast<double>(s.KV / lay.tp * s.D);
     auto hop = [&](double bytes) { return bytes / cp_link.bytes_per_s + cp_link.latency_s; };
     const double cp_comm =

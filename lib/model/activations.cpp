@@ -175,7 +175,7 @@ void Transformer::Impl::plan_activations() {
   assign(kept2, shared2, scratch2);
   if (tp_on()) be.fill(tp.ones, 1.0);
   if (cp_on()) {
-    const std::vector<int32_t> mine = cp_positions(par.cp_rank());
+    const std::vector<int32_t>& mine = cp_local;
     be.copy_from_host(cp.positions, mine.data());
     for (int r = 0; r < par.cp_size(); ++r)
       be.copy_from_host(cp.ring_positions[static_cast<size_t>(r)], cp_positions(r).data());

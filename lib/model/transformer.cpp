@@ -34,6 +34,7 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
           "context parallel with MoE layers is not supported: each cp rank would route and drop "
           "its own chunks, not the micro-batch");
     cp.comm = par.cp;
+    cp_local = cp_positions(par.cp_rank());
     if (par.cp_background) {
       cp_ring = std::make_unique<comm::BackgroundReducer>(*par.cp_background);
       cp.ring = cp_ring.get();
@@ -217,11 +218,10 @@ ForwardResult Transformer::Impl::forward(const int32_t* host_tokens, const int32
     s.valid_targets += host_targets[i] >= 0;
   }
   if (cp_on()) {  // this rank's rows of every sequence
-    const std::vector<int32_t> positions = cp_positions(par.cp_rank());
     cp_tokens.clear();
     cp_targets.clear();
     for (int64_t b = 0; b < B; ++b)
-      for (const int32_t t : positions) {
+      for (const int32_t t : cp_local) {
         cp_tokens.push_back(host_tokens[b * cfg.seq_len + t]);
         cp_targets.push_back(host_targets[b * cfg.seq_len + t]);
       }

@@ -73,8 +73,10 @@ struct Transformer::Impl {
   Tensor row_positions, position_rows;
   std::vector<int32_t> cp_tokens, cp_targets;
   bool cp_on() const { return cp.active(); }
-  // The global positions of cp rank r's T tokens of a sequence: chunks r and 2P-1-r.
+  // The global positions of cp rank r's T tokens of a sequence: chunks r and 2P-1-r; this rank's,
+  // computed once.
   std::vector<int32_t> cp_positions(int r) const;
+  std::vector<int32_t> cp_local;
 
   // Activations and scratch.
   backend::Allocation memory;

@@ -115,7 +115,7 @@ struct Tally {
 // does. Only the head-, ffn- and expert-ffn-wide tensors are tp shards; the norms and the
 // residual stream hold R token rows (N, or N / tp with sequence parallelism).
 Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, trainctl::Recompute mode,
-                        int64_t N, int64_t R, int64_t B, int tp) {
+                        int64_t N, int64_t R, int tp) {
   const bool full = mode == trainctl::Recompute::full;
   const bool none = mode == trainctl::Recompute::none;
   Tally t;
@@ -129,12 +129,12 @@ Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, trainctl:
   const double W = static_cast<double>(s.W / tp), HD = static_cast<double>(s.H / tp * s.D);
   unless_full(r, z.stats);  // ln1 mean/rstd
   unless_full(r, z.stats);
-  if_none(r * s.C, z.storage);                                        // ln1_out
-  unless_full(n * W, z.storage);                                      // qkv
-  unless_full(n * HD, z.storage);                                     // attention output
-  unless_full(static_cast<double>(N / B * B * (s.H / tp)), z.stats);  // log-sum-exp [B, H, T]
-  unless_full(r * s.C, z.storage);                                    // x_mid
-  unless_full(r, z.stats);                                            // ln2 mean/rstd
+  if_none(r * s.C, z.storage);                              // ln1_out
+  unless_full(n * W, z.storage);                            // qkv
+  unless_full(n * HD, z.storage);                           // attention output
+  unless_full(n * static_cast<double>(s.H / tp), z.stats);  // log-sum-exp [B, H, T]: N rows
+  unless_full(r * s.C, z.storage);                          // x_mid
+  unless_full(r, z.stats);                                  // ln2 mean/rstd
   unless_full(r, z.stats);
   if_none(r * s.C, z.storage);  // ln2_out
   if (!moe) {
@@ -344,12 +344,12 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   double shared_peak = 0;
   const int dense_layers = st.layers - st.moe_layers;
   if (dense_layers > 0) {
-    const Tally d = block_activations(s, z, false, lay.recompute, N, R, lay.micro_batch, lay.tp);
+    const Tally d = block_activations(s, z, false, lay.recompute, N, R, lay.tp);
     kept += d.kept * dense_layers;
     shared_peak = std::max(shared_peak, d.shared);
   }
   if (st.moe_layers > 0) {
-    const Tally e = block_activations(s, z, true, lay.recompute, N, R, lay.micro_batch, lay.tp);
+    const Tally e = block_activations(s, z, true, lay.recompute, N, R, lay.tp);
     kept += e.kept * st.moe_layers;
     shared_peak = std::max(shared_peak, e.shared);
   }

@@ -184,12 +184,17 @@ void CpuBackend::do_attention_backward(const Tensor& dqkv, const Tensor& dout, c
 
 namespace {
 
-// Row i of p (Tk scores): -inf where key j is not visible from query i.
+// p[Tq, Tk] = scale q k^T (q rows of leading dimension ldq, k rows of ldk), -inf where key j is
+// not visible from query i (k_pos[j] > q_pos[i]): one head's scores against one block.
 template <class C>
-void mask_by_position(C* p, int64_t Tq, int64_t Tk, const int32_t* q_pos, const int32_t* k_pos) {
+void block_scores(C* p, const C* q, int64_t ldq, const C* k, int64_t ldk, int64_t Tq, int64_t Tk,
+                  int64_t D, C scale, const Tensor& q_pos, const Tensor& k_pos) {
+  blas_gemm<C>(false, true, Tq, Tk, D, scale, q, ldq, k, ldk, C(0), p, Tk);
+  const int32_t* qp = q_pos.as<int32_t>();
+  const int32_t* kp = k_pos.as<int32_t>();
   for (int64_t i = 0; i < Tq; ++i)
     for (int64_t j = 0; j < Tk; ++j)
-      if (k_pos[j] > q_pos[i]) p[i * Tk + j] = -std::numeric_limits<C>::infinity();
+      if (kp[j] > qp[i]) p[i * Tk + j] = -std::numeric_limits<C>::infinity();
 }
 
 }  // namespace
@@ -218,8 +223,7 @@ void CpuBackend::do_attention_block_forward(const Tensor& out, const Tensor& lse
         const C* q = x + b * Tq * W + h * D;
         const C* k = y + b * Tk * KW + (h / group) * D;
         const C* v = y + b * Tk * KW + (KV + h / group) * D;
-        blas_gemm<C>(false, true, Tq, Tk, D, scale, q, W, k, KW, C(0), p, Tk);
-        mask_by_position(p, Tq, Tk, q_pos.as<int32_t>(), k_pos.as<int32_t>());
+        block_scores(p, q, W, k, KW, Tq, Tk, D, scale, q_pos, k_pos);
         for (int64_t i = 0; i < Tq; ++i) {
           C* row = p + i * Tk;
           const C mx = lane_max<C>(Tk, [&](int64_t j) { return row[j]; });
@@ -291,8 +295,7 @@ void CpuBackend::do_attention_block_backward(const Tensor& dq, const Tensor& dkv
           const C* d = dyh + i * HD;
           delta[i] = lane_sum<C>(D, [&](int64_t c) { return d[c] * o[c]; });
         }
-        blas_gemm<C>(false, true, Tq, Tk, D, scale, q, W, k, KW, C(0), p, Tk);
-        mask_by_position(p, Tq, Tk, q_pos.as<int32_t>(), k_pos.as<int32_t>());
+        block_scores(p, q, W, k, KW, Tq, Tk, D, scale, q_pos, k_pos);
         for (int64_t i = 0; i < Tq; ++i) {
           const C l = lse_h[i];  // -inf: the row saw no key at all, and has no gradient
           for (int64_t j = 0; j < Tk; ++j)

@@ -77,17 +77,23 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
       if (b.mlp) {
         a.mlp_s = {keep_unless_full(S, {N, dense_F1}), keep_if_none(S, {N, dense_F})};
       } else {
-        const int64_t E = cfg.moe.experts, k = cfg.moe.top_k, cap = b.moe->capacity(N);
+        // Context parallel: the route covers the micro-batch (every cp rank's tokens), the
+        // buffers this rank's tokens, at most N per expert.
+        const int64_t E = cfg.moe.experts, k = cfg.moe.top_k, routed = routed_tokens();
+        const int64_t cap = cp_on() ? std::min(b.moe->capacity(routed), N) : b.moe->capacity(N);
         backend::RouterArgs& r = a.moe_s.route;
-        r.logits = keep_unless_full(S, {N, E});
-        r.probs = keep_unless_full(A, {N, E});
-        r.expert_idx = keep_unless_full(DType::i32, {N, k});
-        r.gates = keep_unless_full(A, {N, k});
-        r.slot = keep_unless_full(DType::i32, {N, k});
+        r.logits = keep_unless_full(S, {routed, E});
+        r.probs = keep_unless_full(A, {routed, E});
+        r.expert_idx = keep_unless_full(DType::i32, {routed, k});
+        r.gates = keep_unless_full(A, {routed, k});
+        r.slot = keep_unless_full(DType::i32, {routed, k});
         r.counts = keep_unless_full(DType::i32, {E});
         r.load = keep_unless_full(A, {E});
         r.top_k = k;
-        r.capacity = cap;
+        r.capacity = b.moe->capacity(routed);
+        a.moe_s.capacity = cap;
+        a.moe_s.slot = cp_on() ? keep_unless_full(DType::i32, {N, k}) : r.slot;
+        a.moe_s.gates = cp_on() ? keep_unless_full(A, {N, k}) : r.gates;
         a.moe_s.expert_in = keep_unless_full(S, {E * cap, C});
         a.moe_s.expert_out = keep_unless_full(S, {E * cap, C});
         a.moe_s.expert = {keep_unless_full(S, {E * cap, expert_F1}),
@@ -160,6 +166,15 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
       moe_scratch.send = scratch.take(S, {R, C});
       moe_scratch.recv = scratch.take(S, {R, C});
     }
+    if (moe_cp.active()) {  // the micro-batch's logits and gate gradients, and the row maps
+      const int64_t routed = routed_tokens(), E = cfg.moe.experts, k = cfg.moe.top_k;
+      moe_cp.logits = scratch.take(S, {routed, E});
+      moe_cp.dgates = scratch.take(A, {routed, k});
+      moe_cp.dgates_whole = scratch.take(A, {routed, k});
+      moe_cp.dlogits_whole = scratch.take(S, {routed, E});
+      moe_cp.to_whole = scratch.take(DType::i32, {routed});
+      moe_cp.own = scratch.take(DType::i32, {N});
+    }
   }
 }
 
@@ -184,6 +199,19 @@ void Transformer::Impl::plan_activations() {
       for (int64_t b = 0; b < B; ++b)
         rows.insert(rows.end(), mine.begin(), mine.end());
       be.copy_from_host(row_positions, rows.data());
+    }
+    if (moe_cp.active()) {  // rank r's rows of sequence b sit at b * seq_len + its positions
+      std::vector<int32_t> to_whole;
+      for (int r = 0; r < par.cp_size(); ++r) {
+        const std::vector<int32_t> theirs = cp_positions(r);
+        for (int64_t b = 0; b < B; ++b)
+          for (const int32_t t : theirs)
+            to_whole.push_back(static_cast<int32_t>(b * cfg.seq_len + t));
+      }
+      const auto mine_begin = to_whole.begin() + static_cast<std::ptrdiff_t>(par.cp_rank() * N);
+      moe_cp.own_host.assign(mine_begin, mine_begin + static_cast<std::ptrdiff_t>(N));
+      be.copy_from_host(moe_cp.to_whole, to_whole.data());
+      be.copy_from_host(moe_cp.own, moe_cp.own_host.data());
     }
   }
 }

@@ -401,7 +401,7 @@ void exchange(comm::Communicator& ep, const Tensor& from, const Tensor& to) {
 }  // namespace
 
 void Moe::run_experts(Backend& be, const Tensor& out, const Saved& s) const {
-  const int64_t cap = s.route.capacity, local = static_cast<int64_t>(experts.size());
+  const int64_t cap = s.capacity, local = static_cast<int64_t>(experts.size());
   for (int64_t b = 0; b < static_cast<int64_t>(s.block_counts.size()); ++b) {
     const int64_t count = s.block_counts[static_cast<size_t>(b)];
     if (count == 0) continue;
@@ -426,30 +426,60 @@ backend::RouterLosses Moe::forward(Backend& be, const Tensor& out_rows, const Te
   const bool split = tp_active(tp) && tp->split_rows();
   const Tensor x = split ? tp->gather(x_rows) : x_rows;
   const Tensor out = split ? tp->partial_for(out_rows) : out_rows;
-  router.forward(be, s.route.logits, x);
-  const backend::RouterLosses losses = be.moe_router_forward(s.route);
-  s.counts.resize(static_cast<size_t>(num_experts()));
-  be.copy_to_host(s.counts.data(), s.route.counts);
+  const bool context = cp != nullptr && cp->active();
+  const size_t E = static_cast<size_t>(num_experts());
+  backend::RouterLosses losses;
+  s.counts.resize(E);
+  if (!context) {
+    router.forward(be, s.route.logits, x);
+    losses = be.moe_router_forward(s.route);
+    be.copy_to_host(s.counts.data(), s.route.counts);
+    s.own_counts = s.counts;
+  } else {
+    // The micro-batch's logits in its order (scratch.dlogits holds this rank's meanwhile), routed
+    // here as on every cp rank; then this rank's assignments, renumbered per expert in order.
+    router.forward(be, scratch.dlogits, x);
+    cp->comm->all_gather(scratch.dlogits.data, cp->logits.data, scratch.dlogits.bytes());
+    be.moe_permute(s.route.logits, cp->logits, cp->to_whole);
+    losses = be.moe_router_forward(s.route);
+    be.copy_to_host(s.counts.data(), s.route.counts);
+    const int64_t k = top_k, n = static_cast<int64_t>(cp->own_host.size());
+    cp->slot_host.resize(static_cast<size_t>(s.route.slot.numel()));
+    be.copy_to_host(cp->slot_host.data(), s.route.slot);
+    cp->own_slot_host.assign(static_cast<size_t>(n * k), -1);
+    s.own_counts.assign(E, 0);
+    for (int64_t j = 0; j < k; ++j)  // slot j, then token: the order the route filled them in
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t routed =
+            cp->slot_host[static_cast<size_t>(cp->own_host[static_cast<size_t>(i)] * k + j)];
+        if (routed < 0) continue;
+        const size_t e = static_cast<size_t>(routed / s.route.capacity);
+        cp->own_slot_host[static_cast<size_t>(i * k + j)] =
+            static_cast<int32_t>(static_cast<int64_t>(e) * s.capacity + s.own_counts[e]++);
+      }
+    be.copy_from_host(s.slot, cp->own_slot_host.data());
+    be.moe_permute_backward(s.gates, s.route.gates, cp->own);
+  }
   if (ep == nullptr) {
-    be.moe_permute(s.expert_in, x, s.route.slot);
-    s.block_counts = s.counts;
+    be.moe_permute(s.expert_in, x, s.slot);
+    s.block_counts = s.own_counts;
     run_experts(be, s.expert_out, s);
   } else {
-    be.moe_permute(scratch.send, x, s.route.slot);
+    be.moe_permute(scratch.send, x, s.slot);
     exchange(*ep, scratch.send, s.expert_in);
-    s.block_counts.resize(s.counts.size());
-    ep->all_to_all(s.counts.data(), s.block_counts.data(),
-                   s.counts.size() / static_cast<size_t>(ep->size()) * sizeof(int32_t));
+    s.block_counts.resize(E);
+    ep->all_to_all(s.own_counts.data(), s.block_counts.data(),
+                   E / static_cast<size_t>(ep->size()) * sizeof(int32_t));
     run_experts(be, scratch.recv, s);
     exchange(*ep, scratch.recv, s.expert_out);
   }
-  be.moe_unpermute(out, s.expert_out, s.route.gates, s.route.slot);
+  be.moe_unpermute(out, s.expert_out, s.gates, s.slot);
   if (split) be.cast(out_rows, tp->local_rows(out));
   return losses;
 }
 
 void Moe::activate(Backend& be, const Saved& s) const {
-  const int64_t cap = s.route.capacity, local = static_cast<int64_t>(experts.size());
+  const int64_t cap = s.capacity, local = static_cast<int64_t>(experts.size());
   for (int64_t b = 0; b < static_cast<int64_t>(s.block_counts.size()); ++b) {
     const int64_t count = s.block_counts[static_cast<size_t>(b)];
     if (count > 0)
@@ -465,13 +495,13 @@ void Moe::backward(Backend& be, const Tensor& dx_rows, const Tensor& dout_rows,
   const bool split = tp_active(tp) && tp->split_rows();
   const Tensor dx = split ? tp->partial_for(dx_rows) : dx_rows;
   be.moe_unpermute_backward(scratch.dexpert_out, scratch.dgates,
-                            split ? tp->gather(dout_rows) : dout_rows, s.expert_out, s.route.gates,
-                            s.route.slot);
+                            split ? tp->gather(dout_rows) : dout_rows, s.expert_out, s.gates,
+                            s.slot);
   // The execution-layout gradients: the source-layout buffers themselves on one ep rank.
   const Tensor exec_dout = ep ? scratch.recv : scratch.dexpert_out;
   const Tensor exec_din = ep ? scratch.send : scratch.dexpert_in;
   if (ep) exchange(*ep, scratch.dexpert_out, exec_dout);
-  const int64_t cap = s.route.capacity, local = static_cast<int64_t>(experts.size());
+  const int64_t cap = s.capacity, local = static_cast<int64_t>(experts.size());
   for (int64_t b = 0; b < static_cast<int64_t>(s.block_counts.size()); ++b) {
     const int64_t count = s.block_counts[static_cast<size_t>(b)];
     if (count == 0) continue;
@@ -486,9 +516,17 @@ void Moe::backward(Backend& be, const Tensor& dx_rows, const Tensor& dout_rows,
   }
   if (tp_active(tp)) tp->all_reduce(exec_din);
   if (ep) exchange(*ep, exec_din, scratch.dexpert_in);
-  be.moe_permute_backward(dx, scratch.dexpert_in, s.route.slot);
-  be.moe_router_backward(scratch.dlogits, scratch.dgates, s.route, aux_loss_coef, z_loss_coef,
-                         loss_grad_scale);
+  be.moe_permute_backward(dx, scratch.dexpert_in, s.slot);
+  if (cp == nullptr || !cp->active()) {
+    be.moe_router_backward(scratch.dlogits, scratch.dgates, s.route, aux_loss_coef, z_loss_coef,
+                           loss_grad_scale);
+  } else {  // the micro-batch's gate gradients in its order, and this rank's rows of the result
+    cp->comm->all_gather(scratch.dgates.data, cp->dgates.data, scratch.dgates.bytes());
+    be.moe_permute(cp->dgates_whole, cp->dgates, cp->to_whole);
+    be.moe_router_backward(cp->dlogits_whole, cp->dgates_whole, s.route, aux_loss_coef, z_loss_coef,
+                           loss_grad_scale);
+    be.moe_permute_backward(scratch.dlogits, cp->dlogits_whole, cp->own);
+  }
   router.backward(be, scratch.dx_router, scratch.dlogits, split ? tp->gather(x_rows) : x_rows);
   be.accumulate(dx, scratch.dx_router);
   if (split) be.cast(dx_rows, tp->local_rows(dx));

@@ -99,6 +99,27 @@ struct ContextParallel {
   mutable double waited_s = 0;
 };
 
+// The context-parallel group as a MoE layer sees it. Routing is not token-local: capacity, the
+// order in which slots fill and the balance loss depend on the whole micro-batch. So each rank's
+// router logits are gathered over cp into the micro-batch's order and every rank routes the whole
+// micro-batch (the same bits everywhere, and the same as one rank); a rank then takes its own
+// tokens' assignments, renumbered densely per expert in the same order, and sends only its own
+// tokens through the experts. Backward gathers the gate gradients the same way, runs the router's
+// backward for the micro-batch and keeps its rows, so each token's router gradient (balance and z
+// terms included) is counted by one rank and the sum over the gradient group is one rank's.
+struct MoeContext {
+  comm::Communicator* comm = nullptr;  // null: cp = 1
+  Tensor to_whole;                     // [P*N] i32: the micro-batch row of each gathered row
+  Tensor own;                          // [N] i32: the micro-batch rows of this rank's tokens
+  std::vector<int32_t> own_host;       // the same on the host
+  // Scratch: the gathered logits [P*N, E] S (then in the micro-batch's order in Saved::route);
+  // the gathered gate gradients [P*N, k] A, and in the micro-batch's order; the router's logit
+  // gradients for the micro-batch [P*N, E] S.
+  Tensor logits, dgates, dgates_whole, dlogits_whole;
+  std::vector<int32_t> slot_host, own_slot_host;  // the routed slots, and this rank's renumbered
+  bool active() const { return comm != nullptr; }
+};
+
 // y[N, out] = x[N, in] W^T + b.   Optional bias: a Param whose value is empty.
 // fp8 (ModelConfig::fp8): the three GEMMs take fp8 operands with per-tensor scales (see
 // backend::GemmArgs): x and W in e4m3; dy in e4m3 (Fp8Mode::e4m3) or e5m2 (Fp8Mode::hybrid).
@@ -188,6 +209,9 @@ struct Mlp {
 // at rows b*cap, `block_counts[b]` of them valid. With P = 1 both layouts are the same buffer.
 // With tp the experts are tensor-parallel: the expert outputs of all blocks are all-reduced over
 // tp in one call, then each block gets its fc2 bias; the input gradients likewise.
+// Context parallel (cp active): see MoeContext. The route covers the micro-batch; `slot`, `gates`
+// and `own_counts` describe this rank's N tokens in buffers of `capacity` = min(the route's
+// capacity, N) rows per expert (a token takes an expert once, so N always suffice).
 struct Moe {
   Linear router;                // [E, C], no bias
   std::vector<Mlp> experts;     // this rank's experts: views into the stacked [E/P, ...] parameters
@@ -198,22 +222,28 @@ struct Moe {
   double aux_loss_coef = 0, z_loss_coef = 0;
   const TensorParallel* tp = nullptr;
   comm::Communicator* ep = nullptr;  // null: every expert is local
+  MoeContext* cp = nullptr;          // null or inactive: cp = 1
 
   int64_t num_experts() const {
     return total_experts > 0 ? total_experts : static_cast<int64_t>(experts.size());
   }
   int64_t capacity(int64_t tokens) const;  // slots per expert
   struct Saved {
-    backend::RouterArgs route;    // logits, probs, expert_idx, gates, slot, counts, load
+    backend::RouterArgs route;  // logits, probs, expert_idx, gates, slot, counts, load
+    // This rank's tokens: their rows in the expert buffers [N, k] i32 and gates [N, k] A (the
+    // route's own without cp), and the buffers' rows per expert.
+    Tensor slot, gates;
+    int64_t capacity = 0;
     Tensor expert_in;             // [E*cap, C] execution layout: the rows the local experts ran on
     Tensor expert_out;            // [E*cap, C] source layout: the outputs for this rank's tokens
     Mlp::Saved expert;            // [E*cap, F1] / [E*cap, F] execution layout
-    std::vector<int32_t> counts;  // host copy of route.counts (this rank's tokens)
+    std::vector<int32_t> counts;  // host copy of route.counts (the routed tokens)
+    std::vector<int32_t> own_counts;    // this rank's tokens kept per expert (cp; else counts)
     std::vector<int32_t> block_counts;  // valid rows of each execution block
   };
   struct Scratch {
     Tensor dexpert_in, dexpert_out;  // [E*cap, C] source layout
-    Tensor dgates;                   // [N, k] A
+    Tensor dgates;                   // [N, k] A (this rank's tokens)
     Tensor dlogits;                  // [N, E]
     Tensor dx_router;                // [N, C]
     Mlp::Scratch expert;             // [E*cap, ...], row views taken per expert

@@ -29,11 +29,9 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
           "context parallel cuts each sequence into 2 * cp chunks: seq_len " +
           std::to_string(cfg.seq_len) + " % (2 * cp " + std::to_string(P) +
           ") = " + std::to_string(cfg.seq_len % (2 * P)) + ", must be 0");
-    if (cfg.moe.experts > 0)
-      throw std::invalid_argument(
-          "context parallel with MoE layers is not supported: each cp rank would route and drop "
-          "its own chunks, not the micro-batch");
     cp.comm = par.cp;
+    for (int layer = stage.first; layer < stage.end; ++layer)
+      if (cfg.is_moe_layer(layer)) moe_cp.comm = par.cp;  // this stage routes
     cp_local = cp_positions(par.cp_rank());
     if (par.cp_background) {
       cp_ring = std::make_unique<comm::BackgroundReducer>(*par.cp_background);
@@ -140,6 +138,7 @@ void Transformer::Impl::build_block(size_t index) {
     moe.z_loss_coef = cfg.moe.z_loss_coef;
     moe.tp = &tp;
     moe.ep = par.ep && par.ep->size() > 1 ? par.ep : nullptr;
+    moe.cp = &moe_cp;
     b.moe = std::move(moe);
   } else {
     b.mlp = Mlp{linear(l + ".mlp.fc1"), linear(l + ".mlp.fc2"), cfg.activation, &tp};
@@ -268,7 +267,7 @@ ForwardResult Transformer::Impl::forward(const int32_t* host_tokens, const int32
       int64_t kept_assignments = 0;
       for (int32_t c : a.moe_s.counts)
         kept_assignments += c;
-      result.dropped_tokens.push_back(N * cfg.moe.top_k - kept_assignments);
+      result.dropped_tokens.push_back(routed_tokens() * cfg.moe.top_k - kept_assignments);
       result.moe_layers.push_back(b.layer);
     }
   }

@@ -69,10 +69,13 @@ struct Transformer::Impl {
   // Context parallel: the ring, the global position of each of the N rows (learned positions),
   // the [N, C] rows of wpe at those positions, and forward()'s copies of the rank's tokens.
   ContextParallel cp;
+  MoeContext moe_cp;                                 // the MoE layers' view of the cp group
   std::unique_ptr<comm::BackgroundReducer> cp_ring;  // with ModelParallel::cp_background
   Tensor row_positions, position_rows;
   std::vector<int32_t> cp_tokens, cp_targets;
   bool cp_on() const { return cp.active(); }
+  // The tokens a MoE layer routes together: the micro-batch's, on every cp rank.
+  int64_t routed_tokens() const { return cp_on() ? B * cfg.seq_len : N; }
   // The global positions of cp rank r's T tokens of a sequence: chunks r and 2P-1-r; this rank's,
   // computed once.
   std::vector<int32_t> cp_positions(int r) const;

@@ -110,12 +110,19 @@ struct Tally {
   double kept = 0, shared = 0;
 };
 
+// Rows per expert of a MoE layer's buffers (lib/model assign()): the capacity for N tokens; under
+// context parallelism, where the route covers the micro-batch's N * cp tokens and the buffers
+// this rank's N, the capacity for N * cp but at most N (a token takes an expert once).
+int64_t expert_capacity(const ModelShape& s, int64_t N, int cp) {
+  return cp > 1 ? std::min(s.capacity(N * cp), N) : s.capacity(N);
+}
+
 // One block's activations for one micro-batch of N tokens on one tp rank, split into what stays
 // until backward (kept) and what the recompute region reuses across layers (shared), as assign()
 // does. Only the head-, ffn- and expert-ffn-wide tensors are tp shards; the norms and the
 // residual stream hold R token rows (N, or N / tp with sequence parallelism).
 Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, trainctl::Recompute mode,
-                        int64_t N, int64_t R, int tp) {
+                        int64_t N, int64_t R, int tp, int cp) {
   const bool full = mode == trainctl::Recompute::full;
   const bool none = mode == trainctl::Recompute::none;
   Tally t;
@@ -142,14 +149,20 @@ Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, trainctl:
     if_none(n * static_cast<double>(s.F / tp), z.storage);       // activation output
     return t;
   }
-  const double rows = static_cast<double>(s.E * s.capacity(N));    // every expert's slots
-  unless_full(n * s.E, z.storage);                                 // router logits
-  unless_full(n * s.E, z.stats);                                   // probs
-  unless_full(n * s.K, 4);                                         // expert index
-  unless_full(n * s.K, z.stats);                                   // gates
-  unless_full(n * s.K, 4);                                         // slot
-  unless_full(s.E, 4);                                             // counts
-  unless_full(s.E, z.stats);                                       // load
+  // The route covers the micro-batch: under cp, every cp rank's tokens.
+  const double routed = n * cp;
+  const double rows = static_cast<double>(s.E * expert_capacity(s, N, cp));  // every expert's
+  unless_full(routed * s.E, z.storage);                                      // router logits
+  unless_full(routed * s.E, z.stats);                                        // probs
+  unless_full(routed * s.K, 4);                                              // expert index
+  unless_full(routed * s.K, z.stats);                                        // gates
+  unless_full(routed * s.K, 4);                                              // slot
+  unless_full(s.E, 4);                                                       // counts
+  unless_full(s.E, z.stats);                                                 // load
+  if (cp > 1) {
+    unless_full(n * s.K, 4);        // this rank's tokens' slots
+    unless_full(n * s.K, z.stats);  // and gates
+  }
   unless_full(rows * s.C, z.storage);                              // expert_in
   unless_full(rows * s.C, z.storage);                              // expert_out
   unless_full(rows * static_cast<double>(s.EF1 / tp), z.storage);  // expert fc1 output
@@ -163,7 +176,7 @@ double stage_scratch(const ModelShape& s, const Sizes& z, const StageShape& st, 
   const int t = lay.tp;
   const double n = static_cast<double>(N), r = static_cast<double>(R);
   const int dense_layers = st.layers - st.moe_layers;
-  const int64_t expert_rows = st.moe_layers > 0 ? s.E * s.capacity(N) : 0;
+  const int64_t expert_rows = st.moe_layers > 0 ? s.E * expert_capacity(s, N, lay.cp) : 0;
   double scratch = 0;
   auto take = [&](double count, double size) { scratch += round64(count * size); };
   if (st.last) {
@@ -222,6 +235,15 @@ double stage_scratch(const ModelShape& s, const Sizes& z, const StageShape& st, 
     if (lay.ep > 1) {
       take(rows * s.C, z.storage);  // all-to-all send
       take(rows * s.C, z.storage);  // all-to-all receive
+    }
+    if (lay.cp > 1) {  // the micro-batch's gathered logits and gate gradients, the row maps
+      const double routed = n * lay.cp;
+      take(routed * s.E, z.storage);  // gathered logits
+      take(routed * s.K, z.stats);    // gathered gate gradients
+      take(routed * s.K, z.stats);    // in the micro-batch's order
+      take(routed * s.E, z.storage);  // the router's logit gradients
+      take(routed, 4);                // each gathered row's place in the micro-batch
+      take(n, 4);                     // this rank's rows
     }
   }
   return scratch;
@@ -344,12 +366,12 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   double shared_peak = 0;
   const int dense_layers = st.layers - st.moe_layers;
   if (dense_layers > 0) {
-    const Tally d = block_activations(s, z, false, lay.recompute, N, R, lay.tp);
+    const Tally d = block_activations(s, z, false, lay.recompute, N, R, lay.tp, lay.cp);
     kept += d.kept * dense_layers;
     shared_peak = std::max(shared_peak, d.shared);
   }
   if (st.moe_layers > 0) {
-    const Tally e = block_activations(s, z, true, lay.recompute, N, R, lay.tp);
+    const Tally e = block_activations(s, z, true, lay.recompute, N, R, lay.tp, lay.cp);
     kept += e.kept * st.moe_layers;
     shared_peak = std::max(shared_peak, e.shared);
   }
@@ -372,7 +394,7 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   // parallelism, on a MoE stage the [E * capacity, C] expert outputs), and it receives every
   // rank's [N / tp, C] share of a sequence-parallel reduce-scatter before summing them.
   if (cpu && lay.tp > 1) {
-    const int64_t expert_rows = st.moe_layers > 0 ? s.E * s.capacity(N) : 0;
+    const int64_t expert_rows = st.moe_layers > 0 ? s.E * expert_capacity(s, N, lay.cp) : 0;
     double largest = 0;
     if (z.storage == 2)
       largest = static_cast<double>(std::max<int64_t>(sp ? 0 : N, expert_rows) * s.C) * 4;

@@ -74,8 +74,6 @@ std::string check_divisibility(const recipe::Recipe& r, const Variant& l) {
   if (l.cp > 1 && m.seq_len % (2 * l.cp) != 0)
     return not_divisible("model.seq_len", m.seq_len, "(2 * cp)", 2 * l.cp) +
            " (each cp rank holds two of the 2 * cp chunks of a sequence)";
-  if (l.cp > 1 && r.model.moe.experts > 0)
-    return fmt::format("cp = {} with an MoE model is not supported", l.cp);
   if (l.ep > 1 && r.model.moe.experts == 0) return fmt::format("ep = {} needs an MoE model", l.ep);
   if (r.model.moe.experts > 0 && r.model.moe.experts % l.ep != 0)
     return not_divisible("moe.experts", r.model.moe.experts, "ep", l.ep);
@@ -130,10 +128,10 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
       for (int ep : ep_choices)
         for (const int cp : {1, 2, 4, 8, 16}) {
           if ((world / tp / pp) % ep != 0 || (world / tp / pp / ep) % cp != 0) continue;
-          // Context parallel where it can pay: a dense model whose sequences split into 2 * cp
-          // chunks of a rank's at least kMinContextTokens tokens (--layout previews any cp).
-          if (cp > 1 && (r.model.moe.experts > 0 || r.model.seq_len % (2 * cp) != 0 ||
-                         r.model.seq_len / cp < kMinContextTokens))
+          // Context parallel where it can pay: sequences that split into 2 * cp chunks of a
+          // rank's at least kMinContextTokens tokens (--layout previews any cp).
+          if (cp > 1 &&
+              (r.model.seq_len % (2 * cp) != 0 || r.model.seq_len / cp < kMinContextTokens))
             continue;
           const int dp = world / tp / pp / ep / cp;
           Variant degrees{tp, pp, dp, ep, 1, 0, trainctl::Recompute::none};

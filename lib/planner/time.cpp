@@ -143,11 +143,17 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     // gradients' last return is exposed.
     const double kv_elements = n * 2.0 * static_cast<double>(s.KV / lay.tp * s.D);
     auto hop = [&](double bytes) { return bytes / cp_link.bytes_per_s + cp_link.latency_s; };
+    // A MoE layer under cp all-gathers the micro-batch's router logits in forward (again with
+    // full recompute) and its gate gradients in backward.
+    const double routed = n * lay.cp;
     const double cp_comm =
         lay.cp > 1
             ? layers_here * ((full ? 2.0 : 1.0) * (lay.cp - 1) * hop(kv_elements * z.storage) +
                              (lay.cp - 1) * hop(kv_elements * (z.storage + z.stats)) +
-                             hop(kv_elements * z.stats))
+                             hop(kv_elements * z.stats)) +
+                  moe * ((full ? 2.0 : 1.0) *
+                             ring_seconds(routed * s.E * z.storage, lay.cp, cp_link, 1.0) +
+                         ring_seconds(routed * s.K * z.stats, lay.cp, cp_link, 1.0))
             : 0.0;
     const double total = compute + tp_comm + ep_comm + cp_comm + p2p;
     if (total > worst_stage) {

@@ -118,13 +118,6 @@ void check_parallel(const Recipe& r, RuleChecker& c) {
                        "holds two of the 2 * cp chunks of a sequence, chunk i and 2cp-1-i, so "
                        "every rank does the same causal attention work)",
                        m.seq_len, 2 * p.cp, m.seq_len % (2 * p.cp)));
-  if (c.usable({"parallel.cp", "moe.experts"}) && p.cp > 1 && r.model.moe.experts > 0)
-    c.fail({"parallel.cp", "moe.experts"},
-           fmt::format("parallel.cp = {} with an MoE model (moe.experts = {}) is not supported: "
-                       "each context-parallel rank would route, drop at capacity and balance its "
-                       "own chunks instead of the whole micro-batch, which trains a different "
-                       "model; use parallel.cp: 1 (sequence_parallel splits tokens under tp)",
-                       p.cp, r.model.moe.experts));
   if (c.usable({"moe.experts", "moe.expert_ffn_hidden"}) && r.model.moe.experts > 0 &&
       r.model.moe.expert_ffn_hidden > 0)
     c.divisible("moe.expert_ffn_hidden", r.model.moe.expert_ffn_hidden, "parallel.tp", p.tp,

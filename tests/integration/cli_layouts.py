@@ -15,7 +15,8 @@ ep2 x dp2 with ZeRO-2 and 3 (each ep rank's part holds its own experts), and a L
 grouped-query attention at tp2; with sequence parallelism (the norms and residual stream on 1/tp
 of the tokens): gpt tp2 and dp2 x tp2 x pp2, llama tp2, moe ep2 x tp2; with context parallelism
 (each sequence's chunks split over ranks, attention around a ring): gpt cp2, cp2 x dp2 with ZeRO-1,
-cp2 x pp2, llama cp2 x tp2 with sequence parallelism. Then the same layout run twice is
+cp2 x pp2, llama cp2 x tp2 with sequence parallelism, moe cp2 and ep2 x cp2 (every cp rank routes
+the whole micro-batch). Then the same layout run twice is
 bit-identical (losses, and the checkpoint's bytes of every tensor). Every run's memory per
 category is what the planner's model planned for its rank 0, to the byte (comm under tp: at most
 64 KiB above). A dp2 ZeRO-3 run with the block gradients summed in bf16 (precision.reduce_dtype)
@@ -60,6 +61,8 @@ LAYOUTS = [
     ("gpt", "dp2-cp2-zero1"),
     ("gpt", "cp2-pp2"),
     ("llama", "cp2-tp2-sp"),
+    ("moe", "cp2"),
+    ("moe", "ep2-cp2"),
 ]
 REPEAT = ("gpt", "tp2-pp2")
 ODD_STEPS = 10

@@ -234,6 +234,9 @@ TEST_CASE("moe: router, top-2, capacity dropping, aux and z losses", "[model][gr
           deact(DType::f64, {E * cap, F}), defc1(DType::f64, {E * cap, F1});
       model::Moe::Saved saved;
       saved.route = {logits, probs, idx, gates, slot, counts, load, k, cap};
+      saved.slot = slot;  // one rank routes its own tokens: the route's slots, gates, capacity
+      saved.gates = gates;
+      saved.capacity = cap;
       saved.expert_in = ein;
       saved.expert_out = eout;
       saved.expert = {efc1, eact};

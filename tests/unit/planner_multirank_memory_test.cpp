@@ -246,7 +246,8 @@ TEST_CASE("memory model matches the engine on every rank with sequence paralleli
 }
 
 // Context parallel: each rank holds seq_len / cp tokens of every sequence (48 / 2 and 48 / 3) and
-// the ring's blocks, accumulators and positions; with tp, pp, sequence parallelism and ZeRO-3.
+// the ring's blocks, accumulators and positions; with tp, pp, sequence parallelism, ZeRO-3, ep
+// and MoE.
 TEST_CASE("memory model matches the engine on every rank with context parallelism") {
   auto with_cp = [](planner::Variant v, int cp, bool sp = false) {
     v.cp = cp;
@@ -260,6 +261,14 @@ TEST_CASE("memory model matches the engine on every rank with context parallelis
     check_every_rank(r, with_cp(layout(2, 2, 1, 1, k), 2, true));
   }
   check_every_rank(recipe_for(kDense[3]), with_cp(layout(1, 1, 2, 1, kDense[3], 3), 2));
+  // MoE: the route covers the micro-batch (every cp rank's tokens), the expert buffers this
+  // rank's, at most N rows per expert (4 experts: capacity 1.25 N, cut to N; 8: 0.625 N).
+  for (const ModelCase& k : kMoe) {
+    const recipe::Recipe r = recipe_for(k);
+    check_every_rank(r, with_cp(layout(1, 1, 1, 1, k), 2));
+    check_every_rank(r, with_cp(layout(2, 1, 1, 2, k), 2, true));
+  }
+  check_every_rank(recipe_for(kMoe[1]), with_cp(layout(1, 2, 1, 1, kMoe[1]), 3));
 }
 
 TEST_CASE("memory model matches the engine on every rank of ep2 and ep2 x tp2 MoE layouts") {

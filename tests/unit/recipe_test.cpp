@@ -297,13 +297,6 @@ const std::vector<BadCase> kBadCases = {
      {"3:18: model.seq_len % (2 * parallel.cp) == 0 fails: 100 % 6 = 4 (each rank holds two of "
       "the 2 * cp chunks of a sequence, chunk i and 2cp-1-i, so every rank does the same causal "
       "attention work)"}},
-    {"context parallel with MoE layers",
-     kOk + "moe: {experts: 4}\nparallel: {cp: 2}\n",
-     {},
-     {"4:16: parallel.cp = 2 with an MoE model (moe.experts = 4) is not supported: each "
-      "context-parallel rank would route, drop at capacity and balance its own chunks instead of "
-      "the whole micro-batch, which trains a different model; use parallel.cp: 1 "
-      "(sequence_parallel splits tokens under tp)"}},
     {"top_k > experts",
      kOk + "moe:\n  experts: 2\n  top_k: 3\n",
      {},

@@ -17,7 +17,7 @@
 #include "train/grad_sync.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/optimizer.hpp"
-#include "train/pipeline.hpp"
+#include "layout/pipeline.hpp"
 #include "train/schedule.hpp"
 
 namespace trainctl::train {

@@ -21,8 +21,8 @@
 namespace {
 
 using namespace trainctl;
-using train::PipeAction;
-using train::PipeOp;
+using trainctl::PipeAction;
+using trainctl::PipeOp;
 
 // ---- the schedule ----
 
@@ -32,7 +32,7 @@ using train::PipeOp;
 std::vector<size_t> simulate(int stages, int micro_batches) {
   std::vector<std::vector<PipeAction>> lists;
   for (int s = 0; s < stages; ++s)
-    lists.push_back(train::one_f_one_b(stages, s, micro_batches));
+    lists.push_back(trainctl::one_f_one_b(stages, s, micro_batches));
   std::vector<size_t> done(static_cast<size_t>(stages), 0);
   auto head = [&](int s) -> const PipeAction* {
     const auto& list = lists[static_cast<size_t>(s)];
@@ -75,7 +75,7 @@ TEST_CASE("1F1B: every stage forwards then backwards each micro-batch exactly on
       for (int m = 1; m <= 12; ++m) {
         INFO("stage " << stage << " of " << stages << ", " << m << " micro-batches");
         std::vector<int> forwards(static_cast<size_t>(m), 0), backwards(forwards);
-        for (const PipeAction& a : train::one_f_one_b(stages, stage, m)) {
+        for (const PipeAction& a : trainctl::one_f_one_b(stages, stage, m)) {
           const size_t i = static_cast<size_t>(a.micro_batch);
           REQUIRE(i < forwards.size());
           if (a.op == PipeOp::forward) ++forwards[i];
@@ -99,12 +99,12 @@ TEST_CASE("1F1B: warm-up of min(P-s-1, M) forwards, then at most P-s micro-batch
     for (int stage = 0; stage < stages; ++stage)
       for (int m = 1; m <= 12; ++m) {
         INFO("stage " << stage << " of " << stages << ", " << m << " micro-batches");
-        const int slots = train::pipeline_slots(stages, stage, m);
+        const int slots = trainctl::pipeline_slots(stages, stage, m);
         CHECK(slots == std::min(stages - stage, m));
         std::set<int> in_flight;
         int forwards_before_first_backward = -1, forwards = 0;
         size_t peak = 0;
-        for (const PipeAction& a : train::one_f_one_b(stages, stage, m)) {
+        for (const PipeAction& a : trainctl::one_f_one_b(stages, stage, m)) {
           if (a.op == PipeOp::forward) {
             ++forwards;
             // The micro-batches in flight share slots m % slots: never two in one slot.
@@ -121,7 +121,7 @@ TEST_CASE("1F1B: warm-up of min(P-s-1, M) forwards, then at most P-s micro-batch
         CHECK(forwards_before_first_backward == std::min(stages - stage - 1, m - 1));
         CHECK(peak == static_cast<size_t>(slots));
       }
-  CHECK_THROWS_WITH(train::one_f_one_b(2, 2, 4), Catch::Contains("stage 2 of 2"));
+  CHECK_THROWS_WITH(trainctl::one_f_one_b(2, 2, 4), Catch::Contains("stage 2 of 2"));
 }
 
 TEST_CASE("1F1B: adjacent stages' sends and receives pair up in order even without buffering",
@@ -131,14 +131,14 @@ TEST_CASE("1F1B: adjacent stages' sends and receives pair up in order even witho
       INFO(stages << " stages, " << m << " micro-batches");
       const std::vector<size_t> done = simulate(stages, m);
       for (int s = 0; s < stages; ++s)
-        CHECK(done[static_cast<size_t>(s)] == train::one_f_one_b(stages, s, m).size());
+        CHECK(done[static_cast<size_t>(s)] == trainctl::one_f_one_b(stages, s, m).size());
     }
   // Tags tell the micro-batches and the directions apart.
   std::set<uint32_t> tags;
   for (int m = 0; m < 64; ++m) {
-    tags.insert(train::pipeline_tag(PipeOp::send_activation, m));
-    tags.insert(train::pipeline_tag(PipeOp::send_grad, m));
-    CHECK(train::pipeline_tag(PipeOp::send_grad, m) == train::pipeline_tag(PipeOp::recv_grad, m));
+    tags.insert(trainctl::pipeline_tag(PipeOp::send_activation, m));
+    tags.insert(trainctl::pipeline_tag(PipeOp::send_grad, m));
+    CHECK(trainctl::pipeline_tag(PipeOp::send_grad, m) == trainctl::pipeline_tag(PipeOp::recv_grad, m));
   }
   CHECK(tags.size() == 128);
 }
@@ -334,7 +334,7 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
   model::ModelParallel parallel;
   if (mesh) {
     parallel = model::ModelParallel::from_mesh(*mesh, s.zero);
-    parallel.activation_slots = train::pipeline_slots(parallel.pp_size(), parallel.pp_rank(),
+    parallel.activation_slots = trainctl::pipeline_slots(parallel.pp_size(), parallel.pp_rank(),
                                                       tc.accum_steps(mesh->dp_ep().size()));
   } else {
     parallel.layout.zero = s.zero;  // one rank: ZeRO-2 still keeps its gradients sharded

@@ -310,7 +310,7 @@ int job_rank(const Job& job, const std::string& dir, int rank, const std::string
     mesh.emplace(comm::Mesh::create(*store, job.layout.world_size(), rank, job.layout,
                                     comm::MeshOptions{.timeout = std::chrono::seconds(30)}));
     parallel = model::ModelParallel::from_mesh(*mesh, job.zero);
-    parallel.activation_slots = train::pipeline_slots(parallel.pp_size(), parallel.pp_rank(),
+    parallel.activation_slots = trainctl::pipeline_slots(parallel.pp_size(), parallel.pp_rank(),
                                                       tc.accum_steps(mesh->dp_ep().size()));
   }
   const model::ModelConfig config = job_model();

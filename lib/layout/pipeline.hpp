@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-namespace trainctl::train {
+namespace trainctl {
 
 enum class PipeOp : uint8_t {
   recv_activation,  // from stage s - 1 into stage_input(slot)
@@ -47,4 +47,4 @@ uint32_t pipeline_tag(PipeOp op, int micro_batch);
 
 std::string to_string(const PipeAction& action);  // "F3", "B0", "sendA1", ...
 
-}  // namespace trainctl::train
+}  // namespace trainctl

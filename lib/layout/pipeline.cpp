@@ -1,9 +1,9 @@
-#include "train/pipeline.hpp"
+#include "layout/pipeline.hpp"
 
 #include <algorithm>
 #include <stdexcept>
 
-namespace trainctl::train {
+namespace trainctl {
 
 namespace {
 
@@ -63,4 +63,4 @@ std::string to_string(const PipeAction& action) {
   return names[static_cast<int>(action.op)] + std::to_string(action.micro_batch);
 }
 
-}  // namespace trainctl::train
+}  // namespace trainctl

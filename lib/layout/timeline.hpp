@@ -1,0 +1,62 @@
+// A pipeline schedule on a clock: the action lists of every stage (pipeline.hpp) run against each
+// other as the engine runs them, with given compute and transfer times, then drawn.
+//
+// The rules are the engine's: a stage runs its actions in order; a forward or backward takes
+// its stage's time; a send and the matching receive are one rendezvous (sends may be unbuffered,
+// so both sides wait for the later of the two) that then takes the transfer time. The result is
+// the schedule's own: it does not depend on the order the simulation visits the stages.
+//
+// `trainctl plan --timeline` feeds it the planner's stage times; a run asked for its timeline
+// (telemetry.timeline) records the times its stages measured instead (Trainer::step_timeline).
+// The bubble share is the stages' idle time over their whole time: 1 - sum(busy) / (stages *
+// makespan). For P equal stages over m micro-batches with free transfers, 1F1B's is
+// (P - 1) / (m + P - 1).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "layout/pipeline.hpp"
+
+namespace trainctl {
+
+// One stage's compute per micro-batch, in seconds.
+struct StageTimes {
+  double forward = 0, backward = 0;
+};
+
+struct TimedAction {
+  PipeAction action;
+  double start = 0, end = 0;  // seconds from the step's start; a transfer starts when its side
+                              // reached it, so its span includes the wait for the peer
+  bool compute() const { return action.op == PipeOp::forward || action.op == PipeOp::backward; }
+};
+
+struct Timeline {
+  std::vector<std::vector<TimedAction>> stages;  // per stage, in its action order
+  double makespan = 0;                           // the last action's end
+  std::string schedule = "1f1b";                 // the schedule's name, for the pictures
+  double busy(int stage) const;                  // the stage's compute time
+  double bubble_share() const;
+};
+
+// Runs `lists` (one action list per stage) with each stage's compute times and `transfer_s` per
+// message. Throws std::invalid_argument on mismatched sizes or a negative time, and
+// std::logic_error naming the stuck actions when the lists deadlock.
+Timeline simulate(const std::vector<std::vector<PipeAction>>& lists,
+                  const std::vector<StageTimes>& times, double transfer_s);
+
+// The whole 1F1B schedule: one_f_one_b for every stage.
+std::vector<std::vector<PipeAction>> one_f_one_b_lists(int stages, int micro_batches);
+
+// A terminal picture, one row per stage over `width` columns: F/f a forward, B/b a backward
+// (upper case for even micro-batches, lower case for odd, so neighbours stay apart), '.' idle;
+// then a time scale, a legend and the bubble share.
+std::string render_text(const Timeline& timeline, int width = 72);
+
+// The same as an SVG page for a browser: a bar per stage, a box per forward (blue) and backward
+// (orange) labelled with its micro-batch, a time axis in milliseconds, and `title` with the
+// bubble share above it. Each box carries data-stage, data-op and data-micro-batch attributes.
+std::string render_svg(const Timeline& timeline, const std::string& title);
+
+}  // namespace trainctl

@@ -82,6 +82,10 @@ struct PlanOptions {
   // "tp=8,pp=16,zero=1,...": preview this layout instead of the recipe's own; keys not given
   // take the recipe's values, dp the rest of the cluster's GPUs.
   std::string layout;
+  // The pipeline schedule of the previewed layout (else the best), drawn on the planner's stage
+  // times: as text after the plan (in the JSON document with --json), and as an SVG page.
+  bool timeline = false;
+  std::string timeline_svg;
 };
 int run_plan(const PlanOptions& options);
 

@@ -144,6 +144,13 @@ int main(int argc, char** argv) {
                    "Score this layout first instead of the recipe's own (keys tp, pp, dp, ep, "
                    "zero, mb, recompute; the others from the recipe, dp the remaining GPUs)")
       ->type_name("tp=8,pp=2,...");
+  plan_cmd->add_flag("--timeline", plan.timeline,
+                     "Draw the pipeline schedule of the previewed layout (else the best) on the "
+                     "planner's stage times, with its bubble");
+  plan_cmd
+      ->add_option("--timeline-svg", plan.timeline_svg,
+                   "Write that schedule as an SVG page for a browser")
+      ->type_name("FILE");
   plan_cmd->add_flag("--show-topology", plan.show_topology,
                      "Print the detected (or described) topology and exit");
   add_examples(plan_cmd,

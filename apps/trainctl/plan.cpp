@@ -6,11 +6,16 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <stdexcept>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 #include "commands.hpp"
+#include "files/files.hpp"
+#include "layout/timeline.hpp"
 #include "plan_auto.hpp"
 #include "planner/planner.hpp"
 #include "run/session.hpp"
@@ -114,6 +119,43 @@ planner::Variant parse_layout(const std::string& text, const recipe::Recipe& r, 
   return v;
 }
 
+// The layout `--timeline` draws: the preview when it was estimated, else the best ranked.
+struct Drawn {
+  planner::Variant layout;
+  planner::TimeEstimate time;
+  std::string origin;
+};
+std::optional<Drawn> drawn_layout(const planner::Plan& plan) {
+  if (plan.preview && plan.preview->estimated && plan.preview->problem.empty())
+    return Drawn{plan.preview->layout, plan.preview->time, plan.preview->origin};
+  if (plan.preview)
+    std::fprintf(stderr,
+                 "trainctl plan: note: %s does not run here (see the preview), so the timeline "
+                 "draws the best layout\n",
+                 plan.preview->origin.c_str());
+  if (!plan.ranked.empty())
+    return Drawn{plan.ranked.front().layout, plan.ranked.front().time, "the best layout"};
+  return std::nullopt;
+}
+
+nlohmann::json timeline_json(const Timeline& t, const Drawn& d) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const std::vector<TimedAction>& stage : t.stages) {
+    nlohmann::json actions = nlohmann::json::array();
+    for (const TimedAction& a : stage)
+      if (a.compute())
+        actions.push_back({{"op", a.action.op == PipeOp::forward ? "forward" : "backward"},
+                           {"micro_batch", a.action.micro_batch},
+                           {"start_s", a.start},
+                           {"end_s", a.end}});
+    stages.push_back(std::move(actions));
+  }
+  return {{"layout", d.layout.describe()}, {"origin", d.origin},
+          {"schedule", t.schedule},        {"micro_batches", d.time.micro_batches},
+          {"step_s", t.makespan},          {"bubble_share", t.bubble_share()},
+          {"stages", std::move(stages)}};
+}
+
 }  // namespace
 
 int run_plan(const PlanOptions& options) {
@@ -151,6 +193,13 @@ int run_plan(const PlanOptions& options) {
     cluster.spec = planner::cpu_machine();
   }
 
+  if (!options.timeline_svg.empty()) {  // checked before anything is planned or written
+    const std::filesystem::path svg(options.timeline_svg);
+    const std::filesystem::path dir = svg.has_parent_path() ? svg.parent_path() : ".";
+    if (const std::string why = files::why_not_writable_directory(dir); !why.empty())
+      return bad_input("plan", fmt::format("--timeline-svg {}: {}", options.timeline_svg, why));
+  }
+
   // What to preview first: --layout, else the recipe's own layout (none for parallel: auto).
   const int world = std::max(1, cluster.spec.world_size());
   std::optional<planner::Variant> previewed;
@@ -184,8 +233,30 @@ int run_plan(const PlanOptions& options) {
     return bad_input("plan", e.what());
   }
   if (previewed) plan.preview = planner::preview_layout(loaded.recipe, plan, *previewed, origin);
-  const std::string out = options.json ? planner::plan_json(plan, loaded.recipe, options.top) + "\n"
-                                       : planner::format_plan(plan, loaded.recipe, options.top);
+  std::string out = options.json ? planner::plan_json(plan, loaded.recipe, options.top) + "\n"
+                                 : planner::format_plan(plan, loaded.recipe, options.top);
+  if (options.timeline || !options.timeline_svg.empty()) {
+    const std::optional<Drawn> drawn = drawn_layout(plan);
+    if (drawn) {
+      const Timeline t = planner::planned_timeline(drawn->time);
+      if (!options.timeline_svg.empty()) {
+        files::write_file_atomically(
+            options.timeline_svg,
+            render_svg(t, fmt::format("{}: {} ({})", loaded.recipe.name, drawn->layout.describe(),
+                                      drawn->origin)));
+        std::fprintf(stderr, "trainctl plan: wrote the pipeline timeline to %s\n",
+                     options.timeline_svg.c_str());
+      }
+      if (options.timeline && options.json) {
+        nlohmann::json doc = nlohmann::json::parse(out);
+        doc["timeline"] = timeline_json(t, *drawn);
+        out = doc.dump(2) + "\n";
+      } else if (options.timeline) {
+        out += fmt::format("\npipeline timeline of {} ({}), on the planner's stage times:\n{}",
+                           drawn->layout.describe(), drawn->origin, render_text(t));
+      }
+    }
+  }
   std::fputs(out.c_str(), stdout);
   return kExitOk;
 }

@@ -48,16 +48,23 @@ double tick_step(double span) {
   return 10 * power;
 }
 
+// "850 us", "12.5 ms", "43.9 s".
+std::string duration(double seconds) {
+  if (seconds < 1e-3) return format("%.3g us", 1e6 * seconds);
+  if (seconds < 1) return format("%.3g ms", 1e3 * seconds);
+  return format("%.3g s", seconds);
+}
+
 std::string bubble_line(const Timeline& t) {
   const size_t stages = t.stages.size();
   int micro_batches = 0;
   if (!t.stages.empty())
     for (const TimedAction& a : t.stages[0])
       micro_batches += a.action.op == PipeOp::forward;
-  return format(
-      "%s, %zu stage%s, %d micro-batch%s: step %.3g ms, bubble %.1f%% of the stages' time",
-      t.schedule.c_str(), stages, stages == 1 ? "" : "s", micro_batches,
-      micro_batches == 1 ? "" : "es", 1e3 * t.makespan, 100 * t.bubble_share());
+  return format("%s, %zu stage%s, %d micro-batch%s: step %s, bubble %.1f%% of the stages' time",
+                t.schedule.c_str(), stages, stages == 1 ? "" : "s", micro_batches,
+                micro_batches == 1 ? "" : "es", duration(t.makespan).c_str(),
+                100 * t.bubble_share());
 }
 
 std::string escape(const std::string& s) {
@@ -94,8 +101,11 @@ double Timeline::bubble_share() const {
   return 1.0 - busy_total / (static_cast<double>(stages.size()) * makespan);
 }
 
-Timeline simulate(const std::vector<std::vector<PipeAction>>& lists,
-                  const std::vector<StageTimes>& times, double transfer_s) {
+namespace {
+
+// simulate() and makespan(): the intervals into `record` when it is not null.
+double run(const std::vector<std::vector<PipeAction>>& lists, const std::vector<StageTimes>& times,
+           double transfer_s, Timeline* record) {
   const size_t P = lists.size();
   if (times.size() != P)
     throw std::invalid_argument("pipeline timeline: " + std::to_string(P) + " action lists but " +
@@ -105,49 +115,69 @@ Timeline simulate(const std::vector<std::vector<PipeAction>>& lists,
       throw std::invalid_argument("pipeline timeline: a stage time is negative or not a number");
   if (!(transfer_s >= 0))
     throw std::invalid_argument("pipeline timeline: the transfer time is negative");
-  Timeline t;
-  t.stages.resize(P);
+  if (record) {
+    record->stages.assign(P, {});
+    for (size_t s = 0; s < P; ++s)
+      record->stages[s].reserve(lists[s].size());
+  }
   std::vector<size_t> done(P, 0);
   std::vector<double> clock(P, 0.0);
-  auto head = [&](size_t s) -> const PipeAction* {
-    return done[s] < lists[s].size() ? &lists[s][done[s]] : nullptr;
-  };
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (size_t s = 0; s < P; ++s) {
-      while (const PipeAction* a = head(s)) {
-        if (a->op == PipeOp::forward || a->op == PipeOp::backward) {
-          const double d = a->op == PipeOp::forward ? times[s].forward : times[s].backward;
-          t.stages[s].push_back({*a, clock[s], clock[s] + d});
-          clock[s] += d;
-          ++done[s];
-          progress = true;
-          continue;
-        }
-        const bool down = downstream(a->op);
-        if ((down && s + 1 >= P) || (!down && s == 0)) break;  // no such peer: stuck
-        const size_t peer = down ? s + 1 : s - 1;
-        const PipeAction* b = head(peer);
-        if (!b || b->op != partner(a->op) || b->micro_batch != a->micro_batch) break;
-        const double end = std::max(clock[s], clock[peer]) + transfer_s;
-        t.stages[s].push_back({*a, clock[s], end});
-        t.stages[peer].push_back({*b, clock[peer], end});
-        clock[s] = clock[peer] = end;
-        ++done[s];
-        ++done[peer];
-        progress = true;
+  // A stage runs until it waits for a peer; the peer, on reaching the other side of that
+  // transfer, completes it and wakes the stage again. Every action is visited once or twice.
+  std::vector<size_t> ready(P);
+  for (size_t s = 0; s < P; ++s)
+    ready[s] = P - 1 - s;
+  while (!ready.empty()) {
+    const size_t s = ready.back();
+    ready.pop_back();
+    const std::vector<PipeAction>& list = lists[s];
+    size_t& i = done[s];
+    for (; i < list.size(); ++i) {
+      const PipeAction& a = list[i];
+      if (a.op == PipeOp::forward || a.op == PipeOp::backward) {
+        const double d = a.op == PipeOp::forward ? times[s].forward : times[s].backward;
+        if (record) record->stages[s].push_back({a, clock[s], clock[s] + d});
+        clock[s] += d;
+        continue;
       }
+      const bool down = downstream(a.op);
+      if ((down && s + 1 >= P) || (!down && s == 0)) break;  // no such peer: stuck
+      const size_t peer = down ? s + 1 : s - 1;
+      if (done[peer] >= lists[peer].size()) break;
+      const PipeAction& b = lists[peer][done[peer]];
+      if (b.op != partner(a.op) || b.micro_batch != a.micro_batch) break;  // waits for the peer
+      const double end = std::max(clock[s], clock[peer]) + transfer_s;
+      if (record) {
+        record->stages[s].push_back({a, clock[s], end});
+        record->stages[peer].push_back({b, clock[peer], end});
+      }
+      clock[s] = clock[peer] = end;
+      ++done[peer];
+      ready.push_back(peer);  // it waited on this transfer
     }
   }
   std::string stuck;
   for (size_t s = 0; s < P; ++s)
-    if (const PipeAction* a = head(s))
-      stuck +=
-          (stuck.empty() ? "" : ", ") + ("stage " + std::to_string(s) + " at " + to_string(*a));
+    if (done[s] < lists[s].size())
+      stuck += (stuck.empty() ? "" : ", ") +
+               ("stage " + std::to_string(s) + " at " + to_string(lists[s][done[s]]));
   if (!stuck.empty())
     throw std::logic_error("pipeline timeline: the action lists deadlock (" + stuck + ")");
-  t.makespan = P ? *std::max_element(clock.begin(), clock.end()) : 0.0;
+  return P ? *std::max_element(clock.begin(), clock.end()) : 0.0;
+}
+
+}  // namespace
+
+Timeline simulate(const std::vector<std::vector<PipeAction>>& lists,
+                  const std::vector<StageTimes>& times, double transfer_s) {
+  Timeline t;
+  t.makespan = run(lists, times, transfer_s, &t);
   return t;
+}
+
+double makespan(const std::vector<std::vector<PipeAction>>& lists,
+                const std::vector<StageTimes>& times, double transfer_s) {
+  return run(lists, times, transfer_s, nullptr);
 }
 
 std::vector<std::vector<PipeAction>> one_f_one_b_lists(int stages, int micro_batches) {
@@ -158,26 +188,55 @@ std::vector<std::vector<PipeAction>> one_f_one_b_lists(int stages, int micro_bat
 }
 
 std::string render_text(const Timeline& t, int width) {
-  width = std::max(width, 8);
-  std::string out;
+  width = std::max(width, 16);
   const double span = t.makespan > 0 ? t.makespan : 1.0;
+  // With many micro-batches a column would hold several actions: then the fill and the drain are
+  // drawn, each over half the width at two columns or more per action, with the steady state
+  // between them left out.
+  double shortest = span;
+  for (const auto& stage : t.stages)
+    for (const TimedAction& a : stage)
+      if (a.compute() && a.end > a.start) shortest = std::min(shortest, a.end - a.start);
+  const int half = (width - 5) / 2;
+  const double window = shortest / 2 * half;
+  const bool split = shortest / span * width < 1.5 && 2 * window < span;
+  struct Part {
+    double begin, end;
+    int columns;
+  };
+  const std::vector<Part> parts =
+      split ? std::vector<Part>{{0, window, half}, {span - window, span, half}}
+            : std::vector<Part>{{0, span, width}};
+  std::string out;
   for (size_t s = 0; s < t.stages.size(); ++s) {
-    std::string row(static_cast<size_t>(width), '.');
-    for (const TimedAction& a : t.stages[s]) {
-      if (!a.compute()) continue;
-      // The columns whose midpoints the action covers; at least one, so none vanishes.
-      const int first = static_cast<int>(std::lround(a.start / span * width));
-      const int last = std::max(first + 1, static_cast<int>(std::lround(a.end / span * width)));
-      const bool odd = a.action.micro_batch % 2 != 0;
-      const char c = a.action.op == PipeOp::forward ? (odd ? 'f' : 'F') : (odd ? 'b' : 'B');
-      for (int i = first; i < std::min(last, width); ++i)
-        row[static_cast<size_t>(i)] = c;
+    std::string line = format("stage %-3zu |", s);
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const Part& part = parts[p];
+      const double scale = part.columns / (part.end - part.begin);
+      std::string row(static_cast<size_t>(part.columns), '.');
+      for (const TimedAction& a : t.stages[s]) {
+        if (!a.compute() || a.end <= part.begin || a.start >= part.end) continue;
+        // The columns whose midpoints the action covers; at least one, so none vanishes.
+        const int first =
+            std::max(0, static_cast<int>(std::lround((a.start - part.begin) * scale)));
+        const int last =
+            std::max(first + 1, static_cast<int>(std::lround((a.end - part.begin) * scale)));
+        const bool odd = a.action.micro_batch % 2 != 0;
+        const char c = a.action.op == PipeOp::forward ? (odd ? 'f' : 'F') : (odd ? 'b' : 'B');
+        for (int i = first; i < std::min(last, part.columns); ++i)
+          row[static_cast<size_t>(i)] = c;
+      }
+      line += (p ? " ... " : "") + row;
     }
-    out += format("stage %-3zu |", s) + row + "|\n";
+    out += line + "|\n";
   }
-  std::string scale =
-      format("%-10s %-*s%s", "", width / 2, "0 ms", format("%.3g ms", 1e3 * t.makespan).c_str());
-  out += scale + "\n";
+  if (split) {
+    out += format("%-11s%-*s%s\n", "", half, ("0 to " + duration(window)).c_str(),
+                  (" ... " + duration(span - window) + " to " + duration(span)).c_str());
+    out += "(the fill and the drain; the steady state between them is left out)\n";
+  } else {
+    out += format("%-11s%-*s%s\n", "", width / 2, "0", duration(span).c_str());
+  }
   out += "F/f forward, B/b backward (upper case: even micro-batch, lower case: odd), . idle\n";
   out += bubble_line(t) + "\n";
   return out;

@@ -46,6 +46,10 @@ struct Timeline {
 Timeline simulate(const std::vector<std::vector<PipeAction>>& lists,
                   const std::vector<StageTimes>& times, double transfer_s);
 
+// simulate()'s makespan alone, without recording the actions (the planner's search).
+double makespan(const std::vector<std::vector<PipeAction>>& lists,
+                const std::vector<StageTimes>& times, double transfer_s);
+
 // The whole 1F1B schedule: one_f_one_b for every stage.
 std::vector<std::vector<PipeAction>> one_f_one_b_lists(int stages, int micro_batches);
 

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "layout/timeline.hpp"
 #include "recipe/recipe.hpp"
 #include "topology/topology.hpp"
 
@@ -89,7 +90,7 @@ struct TimeEstimate {
   double ep_comm_s = 0;       // expert all-to-all
   double cp_comm_s = 0;       // context-parallel ring passes of key/value blocks
   double pp_p2p_s = 0;        // pipeline sends on the critical path
-  double bubble_s = 0;        // pipeline fill and drain: (pp - 1) stage times
+  double bubble_s = 0;        // pipeline fill and drain: the schedule's time beyond m stage times
   double dp_comm_s = 0;       // whole gradient sync (all-reduce, or ZeRO reduce-scatter+all-gather)
   double dp_exposed_s = 0;    // of which not hidden behind the last backward
   int micro_batches = 1;      // per step per data-parallel replica
@@ -97,6 +98,10 @@ struct TimeEstimate {
   double hardware_flops = 0;  // per step, whole cluster, recompute included
   double tokens_per_s_per_gpu = 0;
   double mfu = 0;  // model_flops / (step_s * GPUs * peak)
+  // The pipeline schedule's inputs (timeline.hpp): per stage, one micro-batch's forward and
+  // backward (recompute included) with the stage's collectives; one pipeline send.
+  std::vector<StageTimes> stage_times;
+  double pp_transfer_s = 0;
   double bubble_share() const { return step_s > 0 ? bubble_s / step_s : 0; }
   double comm_share() const {
     return step_s > 0 ? (tp_comm_s + ep_comm_s + cp_comm_s + pp_p2p_s + dp_exposed_s) / step_s : 0;
@@ -115,6 +120,11 @@ inline constexpr double kLinkEfficiency = 0.80;
 
 TimeEstimate estimate_time(const recipe::Recipe& recipe, const topology::ClusterSpec& cluster,
                            const Variant& layout, const TimeOptions& options = {});
+
+// The step's pipeline schedule (1F1B over t.micro_batches) on the estimate's stage times: what
+// `trainctl plan --timeline` draws, and whose length estimate_time takes as the pipeline's part of
+// the step.
+Timeline planned_timeline(const TimeEstimate& t);
 
 // Peak dense TFLOP/s of a GPU for the recipe's precision (fp32: peak_tflops_fp32). The planner
 // scores layouts against it, and a run's measured MFU (lib/run) divides by it.

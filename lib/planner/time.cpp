@@ -1,12 +1,16 @@
 // The time model of one optimizer step (docs/planner.md, "Time"):
 //   stage time per micro-batch = compute + tensor-parallel all-reduces + expert all-to-alls
-//                                + pipeline sends (blocking, on the critical path)
-//   step = (m + pp - 1) x slowest stage time          (1F1B: m micro-batches, pp - 1 bubble)
+//                                + context-parallel ring passes
+//   step = the 1F1B schedule of m micro-batches run on those stage times, with blocking
+//          pipeline sends between them (layout/timeline.hpp: (m + pp - 1) stage times for equal
+//          stages and free sends)
 //        + data-parallel gradient sync not hidden behind the last micro-batch's backward
 // Collectives are rings: an all-reduce moves 2(d-1)/d of the buffer per GPU, a reduce-scatter or
 // all-gather (d-1)/d, each over the slowest link its group spans, at kLinkEfficiency of nominal.
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <utility>
 
 #include "planner/planner.hpp"
 #include "planner/shape.hpp"
@@ -47,6 +51,19 @@ double ring_seconds(double bytes, int group, const Link& link, double passes) {
   if (group <= 1 || bytes <= 0) return 0;
   const double steps = passes * (group - 1);
   return steps / group * bytes / link.bytes_per_s + steps * link.latency_s;
+}
+
+// The 1F1B action lists of `stages` over `micro_batches`: the search scores many layouts with
+// the same pipeline shape, so the lists are built once per shape (per thread).
+const std::vector<std::vector<PipeAction>>& schedule_lists(int stages, int micro_batches) {
+  thread_local std::map<std::pair<int, int>, std::vector<std::vector<PipeAction>>> cache;
+  const std::pair<int, int> key{stages, micro_batches};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    if (cache.size() >= 64) cache.clear();
+    it = cache.emplace(key, one_f_one_b_lists(stages, micro_batches)).first;
+  }
+  return it->second;
 }
 
 }  // namespace
@@ -156,6 +173,10 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
                          ring_seconds(routed * s.K * z.stats, lay.cp, cp_link, 1.0))
             : 0.0;
     const double total = compute + tp_comm + ep_comm + cp_comm + p2p;
+    // The schedule's view: a forward is one of the `passes` forward-equivalents, the backward
+    // (with its recompute) the rest; the sends are the schedule's own.
+    const double work = total - p2p;
+    t.stage_times.push_back({work / passes, work * (passes - 1.0) / passes});
     if (total > worst_stage) {
       worst_stage = total;
       layers = layers_here;
@@ -172,7 +193,10 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   t.ep_comm_s = m * worst_ep;
   t.cp_comm_s = m * worst_cp;
   t.pp_p2p_s = m * worst_p2p;
-  t.bubble_s = (lay.pp - 1) * worst_stage;
+  t.pp_transfer_s = worst_p2p / 2;  // the same [N, C] / tp each way
+  const double pipeline_s =
+      makespan(schedule_lists(lay.pp, t.micro_batches), t.stage_times, t.pp_transfer_s);
+  t.bubble_s = std::max(0.0, pipeline_s - m * worst_stage);
 
   // Gradient sync: non-expert gradients over the dp*ep replicas, expert gradients over dp.
   const double expert_elements = static_cast<double>(s.moe_layers) * s.moe_experts / lay.ep;
@@ -255,7 +279,7 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
                                              : reduce_s + gather_s);
   }
 
-  t.step_s = m * worst_stage + t.bubble_s + t.dp_exposed_s;
+  t.step_s = std::max(pipeline_s, m * worst_stage) + t.dp_exposed_s;
   const double tokens = static_cast<double>(r.training.global_batch) * s.T;
   const double forward = s.forward_flops_per_token();
   t.model_flops = 3.0 * forward * tokens;
@@ -264,6 +288,11 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   t.tokens_per_s_per_gpu = tokens / t.step_s / gpus;
   t.mfu = t.model_flops / (t.step_s * gpus * peak);
   return t;
+}
+
+Timeline planned_timeline(const TimeEstimate& t) {
+  const int stages = static_cast<int>(t.stage_times.size());
+  return simulate(schedule_lists(stages, t.micro_batches), t.stage_times, t.pp_transfer_s);
 }
 
 }  // namespace trainctl::planner

@@ -78,12 +78,20 @@ TEST_CASE("the timeline names the stuck actions of lists that deadlock", "[pipel
 
 TEST_CASE("the text timeline: a row per stage, F and B by micro-batch, the bubble", "[pipeline]") {
   const Timeline t = run(2, 2, {1.0, 2.0});  // 9 s: stage 0 F0 F1 . . B0 B0 . B1 B1
-  const std::string text = render_text(t, 9);
+  const std::string text = render_text(t, 18);
   INFO(text);
-  CHECK(text.find("stage 0   |Ff..BB.bb|") != std::string::npos);
-  CHECK(text.find("stage 1   |.FBBfbb..|") != std::string::npos);
+  CHECK(text.find("stage 0   |FFff....BBBB..bbbb|") != std::string::npos);
+  CHECK(text.find("stage 1   |..FFBBBBffbbbb....|") != std::string::npos);
   CHECK(text.find("bubble 33.3%") != std::string::npos);
-  CHECK(text.find("2 stages, 2 micro-batches") != std::string::npos);
+  CHECK(text.find("2 stages, 2 micro-batches: step 9 s") != std::string::npos);
+  // 64 micro-batches would be a column each: the fill and the drain, two columns per forward.
+  const std::string long_run = render_text(run(4, 64, {1.0, 2.0}), 45);
+  INFO(long_run);
+  CHECK(long_run.find("stage 0   |FFffFFff............ ... BB..bbbb..BBBB..bbbb|") !=
+        std::string::npos);
+  CHECK(long_run.find("stage 3   |......FFBBBBffbbbbFF ... BBffbbbb............|") !=
+        std::string::npos);
+  CHECK(long_run.find("the steady state between them is left out") != std::string::npos);
 }
 
 TEST_CASE("the SVG timeline: a box per forward and backward of every stage, none overlapping",

@@ -19,6 +19,7 @@
 #include "plan_auto.hpp"
 #include "planner/planner.hpp"
 #include "run/session.hpp"
+#include "run/timeline_file.hpp"
 #include "topology/topology.hpp"
 
 namespace trainctl::app {
@@ -138,24 +139,6 @@ std::optional<Drawn> drawn_layout(const planner::Plan& plan) {
   return std::nullopt;
 }
 
-nlohmann::json timeline_json(const Timeline& t, const Drawn& d) {
-  nlohmann::json stages = nlohmann::json::array();
-  for (const std::vector<TimedAction>& stage : t.stages) {
-    nlohmann::json actions = nlohmann::json::array();
-    for (const TimedAction& a : stage)
-      if (a.compute())
-        actions.push_back({{"op", a.action.op == PipeOp::forward ? "forward" : "backward"},
-                           {"micro_batch", a.action.micro_batch},
-                           {"start_s", a.start},
-                           {"end_s", a.end}});
-    stages.push_back(std::move(actions));
-  }
-  return {{"layout", d.layout.describe()}, {"origin", d.origin},
-          {"schedule", t.schedule},        {"micro_batches", d.time.micro_batches},
-          {"step_s", t.makespan},          {"bubble_share", t.bubble_share()},
-          {"stages", std::move(stages)}};
-}
-
 }  // namespace
 
 int run_plan(const PlanOptions& options) {
@@ -196,6 +179,11 @@ int run_plan(const PlanOptions& options) {
   if (!options.timeline_svg.empty()) {  // checked before anything is planned or written
     const std::filesystem::path svg(options.timeline_svg);
     const std::filesystem::path dir = svg.has_parent_path() ? svg.parent_path() : ".";
+    std::error_code error;
+    if (!std::filesystem::is_directory(dir, error))
+      return bad_input("plan", fmt::format("--timeline-svg {}: the folder {} does not exist; "
+                                           "create it or write the page elsewhere",
+                                           options.timeline_svg, dir.string()));
     if (const std::string why = files::why_not_writable_directory(dir); !why.empty())
       return bad_input("plan", fmt::format("--timeline-svg {}: {}", options.timeline_svg, why));
   }
@@ -249,7 +237,10 @@ int run_plan(const PlanOptions& options) {
       }
       if (options.timeline && options.json) {
         nlohmann::json doc = nlohmann::json::parse(out);
-        doc["timeline"] = timeline_json(t, *drawn);
+        nlohmann::json timeline = run::timeline_json(t, true);
+        timeline["layout"] = drawn->layout.describe();
+        timeline["origin"] = drawn->origin;
+        doc["timeline"] = std::move(timeline);
         out = doc.dump(2) + "\n";
       } else if (options.timeline) {
         out += fmt::format("\npipeline timeline of {} ({}), on the planner's stage times:\n{}",

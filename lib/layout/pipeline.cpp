@@ -63,4 +63,10 @@ std::string to_string(const PipeAction& action) {
   return names[static_cast<int>(action.op)] + std::to_string(action.micro_batch);
 }
 
+const char* op_name(PipeOp op) {
+  static const char* const names[] = {"recv_activation", "forward",  "send_activation",
+                                      "recv_grad",       "backward", "send_grad"};
+  return names[static_cast<int>(op)];
+}
+
 }  // namespace trainctl

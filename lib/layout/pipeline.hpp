@@ -46,5 +46,7 @@ int pipeline_slots(int stages, int stage, int micro_batches);
 uint32_t pipeline_tag(PipeOp op, int micro_batch);
 
 std::string to_string(const PipeAction& action);  // "F3", "B0", "sendA1", ...
+// "recv_activation", "forward", ... (the enumerator's name, for files).
+const char* op_name(PipeOp op);
 
 }  // namespace trainctl

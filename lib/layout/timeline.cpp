@@ -243,7 +243,16 @@ std::string render_text(const Timeline& t, int width) {
 }
 
 std::string render_svg(const Timeline& t, const std::string& title) {
-  const double left = 70, right = 20, top = 56, row = 30, gap = 8, plot = 960;
+  std::vector<std::string> lines;  // the title's lines
+  for (size_t from = 0;;) {
+    const size_t end = title.find('\n', from);
+    lines.push_back(title.substr(from, end == std::string::npos ? end : end - from));
+    if (end == std::string::npos) break;
+    from = end + 1;
+  }
+  const double line_height = 18;
+  const double left = 70, right = 20, row = 30, gap = 8, plot = 960;
+  const double top = 38 + line_height * static_cast<double>(lines.size());
   const size_t P = t.stages.size();
   const double width = left + plot + right;
   const double height = top + static_cast<double>(P) * (row + gap) + 60;
@@ -253,11 +262,15 @@ std::string render_svg(const Timeline& t, const std::string& title) {
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f "
       "%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n",
       width, height, width, height);
-  svg += "<title>" + escape(title) + "</title>\n";
+  svg += "<title>" + escape(lines.front()) + "</title>\n";
   svg += format("<rect width=\"%.0f\" height=\"%.0f\" fill=\"#ffffff\"/>\n", width, height);
-  svg += format("<text x=\"%.0f\" y=\"20\" font-size=\"14\" font-weight=\"bold\">%s</text>\n", left,
-                escape(title).c_str());
-  svg += format("<text x=\"%.0f\" y=\"38\">%s</text>\n", left, escape(bubble_line(t)).c_str());
+  for (size_t i = 0; i < lines.size(); ++i)
+    svg += format("<text x=\"%.0f\" y=\"%.0f\" font-size=\"%d\"%s>%s</text>\n", left,
+                  20 + line_height * static_cast<double>(i), i ? 12 : 14,
+                  i ? "" : " font-weight=\"bold\"", escape(lines[i]).c_str());
+  svg += format("<text x=\"%.0f\" y=\"%.0f\">%s</text>\n", left,
+                20 + line_height * static_cast<double>(lines.size()),
+                escape(bubble_line(t)).c_str());
   for (size_t s = 0; s < P; ++s) {
     const double y = top + static_cast<double>(s) * (row + gap);
     svg += format("<text x=\"8\" y=\"%.1f\">stage %zu</text>\n", y + row / 2 + 4, s);

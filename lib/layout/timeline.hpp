@@ -59,8 +59,9 @@ std::vector<std::vector<PipeAction>> one_f_one_b_lists(int stages, int micro_bat
 std::string render_text(const Timeline& timeline, int width = 72);
 
 // The same as an SVG page for a browser: a bar per stage, a box per forward (blue) and backward
-// (orange) labelled with its micro-batch, a time axis in milliseconds, and `title` with the
-// bubble share above it. Each box carries data-stage, data-op and data-micro-batch attributes.
+// (orange) labelled with its micro-batch, a time axis in milliseconds, and `title` (its lines
+// split at '\n', the first in bold) with the bubble share above it. Each box carries data-stage,
+// data-op and data-micro-batch attributes.
 std::string render_svg(const Timeline& timeline, const std::string& title);
 
 }  // namespace trainctl

@@ -202,6 +202,7 @@ struct LoggingConfig {
   int eval_batches;
   bool tensorboard;
   Progress progress;
+  int64_t timeline_step;  // 0: none
   bool operator==(const LoggingConfig&) const = default;
 };
 

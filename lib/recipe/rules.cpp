@@ -160,6 +160,12 @@ void check_schedule_and_data(const Recipe& r, RuleChecker& c) {
     c.fail({"schedule.warmup_steps", "schedule.decay_steps"},
            fmt::format("schedule.warmup_steps <= schedule.decay_steps fails: {} > {}",
                        r.schedule.warmup_steps, r.schedule.decay_steps));
+  if (c.usable({"logging.timeline_step", "training.steps"}) &&
+      r.logging.timeline_step > r.training.steps)
+    c.fail({"logging.timeline_step", "training.steps"},
+           fmt::format("logging.timeline_step <= training.steps fails: {} > {} (the step whose "
+                       "pipeline timeline is recorded must run; 0 records none)",
+                       r.logging.timeline_step, r.training.steps));
   if (c.usable({"schedule.warmup_steps", "training.steps"}) &&
       r.schedule.warmup_steps > r.training.steps)
     c.fail({"schedule.warmup_steps", "training.steps"},

@@ -317,6 +317,9 @@ std::vector<KeySpec> build_schema() {
                                            "write TensorBoard event files"));
   t.push_back(row<B(logging, progress)>("logging.progress", Progress::automatic, none(),
                                         "auto: a live line on a terminal, plain lines otherwise"));
+  t.push_back(row<B(logging, timeline_step)>(
+      "logging.timeline_step", 0, at_least(0),
+      "time this step's pipeline actions: timeline.svg and .json in the run dir; 0 = off"));
   // cluster
   t.push_back(row<B(cluster, device)>("cluster.device", Device::automatic, none(),
                                       "auto: cuda if a GPU is present, else cpu"));

@@ -72,6 +72,7 @@ RunContext::RunContext(const SessionInput& input, RankLog& log)
   train_config.loss_scaling = r.precision;
   train_config.eval_every_steps = r.logging.eval_every_steps;
   train_config.eval_batches = r.logging.eval_batches;
+  train_config.timeline_step = r.logging.timeline_step;
   train_config.zero = r.parallel.zero;
   train_config.reduce_dtype = r.precision.reduce_dtype;
   train_config.overlap_grad_sync = r.parallel.overlap_grad_sync;

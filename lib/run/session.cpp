@@ -17,6 +17,7 @@
 #include "run/reporter.hpp"
 #include "run/save_schedule.hpp"
 #include "run/summary.hpp"
+#include "run/timeline_file.hpp"
 #include "train/checkpoint_policy.hpp"
 
 namespace fs = std::filesystem;
@@ -166,6 +167,9 @@ int train_session(SessionInput input, const std::string& command) {
     try {
       run.trainer().run([&](const train::StepMetrics& m) {
         report.step(m, run.trainer().loss_scaler().scale());
+        if (m.step == r.logging.timeline_step && run.leader())
+          if (const Timeline* timeline = run.trainer().timeline())
+            write_timeline(input.run_dir, run, m.step, *timeline);
         saver.poll();  // a failed background save stops the run now, not at the next save
         if (auto line = saver.finished_save()) report.say(*line);
         job = any_rank(schedule.vote(m.step, stop.requested(), Clock::now()), world);

@@ -193,7 +193,8 @@ class ScopedSink {
 }  // namespace
 
 // Runs this stage's 1F1B actions; with one stage that is forward, backward per micro-batch.
-void Trainer::run_schedule(double grad_scale, std::vector<double>& sums) {
+void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
+                           std::vector<TimedAction>* recorded) {
   const model::ModelParallel& parallel = model_.parallel();
   const size_t tokens =
       static_cast<size_t>(config_.micro_batch) * static_cast<size_t>(model_.config().seq_len);
@@ -210,9 +211,14 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums) {
   // ZeRO-1 with overlap: the last step's parameter gather may still run; the step's first forward
   // on this stage waits for each bucket just before reading it.
   const bool gathering = sync_ && sync_->gathering();
+  const auto step_start = std::chrono::steady_clock::now();
+  auto since_start = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+  };
   for (size_t i = 0; i < schedule_.size(); ++i) {
     const PipeAction& action = schedule_[i];
     const int slot = action.micro_batch % slots_;
+    const double action_start = recorded ? since_start() : 0.0;
     const uint32_t tag = pipeline_tag(action.op, action.micro_batch);
     switch (action.op) {
       case PipeOp::recv_activation: {
@@ -258,7 +264,43 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums) {
         break;
       }
     }
+    if (recorded) {
+      // A compute action ends when its device work does (the CUDA backend's ops return early).
+      if (action.op == PipeOp::forward || action.op == PipeOp::backward) be_.fence()->wait();
+      recorded->push_back({action, action_start, since_start()});
+    }
   }
+}
+
+Timeline Trainer::gather_timeline(const std::vector<TimedAction>& mine) const {
+  const model::ModelParallel& parallel = model_.parallel();
+  const int stages = parallel.pp_size(), accum = config_.accum_steps(data_ranks_);
+  // Each stage's list has a known length: stage s fills rows [offset[s], offset[s + 1]) of a
+  // zeroed table of (op, micro-batch, start, end) and the sum over pp gives every row.
+  std::vector<size_t> offset{0};
+  for (int s = 0; s < stages; ++s)
+    offset.push_back(offset.back() + one_f_one_b(stages, s, accum).size());
+  std::vector<double> table(4 * offset.back(), 0.0);
+  const size_t first = offset[static_cast<size_t>(parallel.pp_rank())];
+  for (size_t i = 0; i < mine.size(); ++i) {
+    double* row = &table[4 * (first + i)];
+    row[0] = static_cast<double>(mine[i].action.op);
+    row[1] = mine[i].action.micro_batch;
+    row[2] = mine[i].start;
+    row[3] = mine[i].end;
+  }
+  if (stages > 1) mesh_->pp().all_reduce_sum(table.data(), table.size(), tensor::DType::f64);
+  Timeline t;
+  t.stages.resize(static_cast<size_t>(stages));
+  for (int s = 0; s < stages; ++s)
+    for (size_t i = offset[static_cast<size_t>(s)]; i < offset[static_cast<size_t>(s) + 1]; ++i) {
+      const double* row = &table[4 * i];
+      const TimedAction a{{static_cast<PipeOp>(static_cast<int>(row[0])), static_cast<int>(row[1])},
+                          row[2], row[3]};
+      t.makespan = std::max(t.makespan, a.end);
+      t.stages[static_cast<size_t>(s)].push_back(a);
+    }
+  return t;
 }
 
 double Trainer::tokens_per_s(double step_ms) const {
@@ -302,7 +344,12 @@ StepMetrics Trainer::step_leaving_gather() {
   std::vector<double> sums(kLoads + moe_layers_.size() * (experts + 1), 0.0);
   // The step's objective is the mean over the job's micro-batches; the loss scale rides along, so
   // the gradients summed over data ranks equal the one-rank gradient.
-  run_schedule(scale / (accum * data_ranks_), sums);
+  // The recorded step: the stages start it together, so their clocks share an origin.
+  const bool record = step_ + 1 == config_.timeline_step;
+  std::vector<TimedAction> recorded;
+  if (record && mesh_ && mesh_->pp().size() > 1) mesh_->pp().barrier();
+  run_schedule(scale / (accum * data_ranks_), sums, record ? &recorded : nullptr);
+  if (record) timeline_ = gather_timeline(recorded);
   sum_over_job(sums);
   m.loss = sums[kLoss];
   m.aux_loss = sums[kAux];

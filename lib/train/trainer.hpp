@@ -18,6 +18,7 @@
 #include "train/loss_scaler.hpp"
 #include "train/optimizer.hpp"
 #include "layout/pipeline.hpp"
+#include "layout/timeline.hpp"
 #include "train/schedule.hpp"
 
 namespace trainctl::train {
@@ -41,6 +42,9 @@ struct TrainConfig : TrainingConfig {
   // with ZeRO-1 and 2 gather each bucket's updated parameters while the next forward runs, and
   // with ZeRO-3 the next block's while one computes (bit-identical to doing all of it blocking).
   bool overlap_grad_sync = true;
+  // Record the pipeline timeline of this step (1-based; 0: none): every stage times its actions
+  // (logging.timeline_step), and timeline() returns the whole pipeline's afterwards.
+  int64_t timeline_step = 0;
 
   // Micro-batches per optimizer step on one rank; with `data_ranks` ranks reading different data
   // (dp * ep) each takes global_batch / data_ranks sequences.
@@ -128,11 +132,19 @@ class Trainer {
   bool overlaps_grad_sync() const { return sync_ && sync_->overlaps(); }
   // The gradient sync's buffers for its collectives (GradSync::buffer_bytes); 0 on one rank.
   size_t comm_buffer_bytes() const { return sync_ ? sync_->buffer_bytes() : 0; }
+  // The measured pipeline timeline of config.timeline_step once that step ran (every stage's
+  // actions, on every rank), else null. Times are seconds from the step's start: the stages
+  // start it together (a barrier over pp), and each compute action ends with its device work.
+  const Timeline* timeline() const { return timeline_ ? &*timeline_ : nullptr; }
 
  private:
   // Splits `rows` window rows into inputs_ and targets_ (T tokens each).
   void load_windows(const int32_t* window, int rows);
-  void run_schedule(double grad_scale, std::vector<double>& sums);
+  // `record`: this stage's actions with their times, into `recorded`.
+  void run_schedule(double grad_scale, std::vector<double>& sums,
+                    std::vector<TimedAction>* recorded = nullptr);
+  // Every stage's recorded actions, exchanged over pp, as one Timeline.
+  Timeline gather_timeline(const std::vector<TimedAction>& mine) const;
   // step() without waiting for the parameter gather at its end (run() lets it overlap).
   StepMetrics step_leaving_gather();
   double tokens_per_s(double step_ms) const;  // the step's global batch over step_ms
@@ -159,6 +171,7 @@ class Trainer {
   // The step's windows of this data rank (all its micro-batches: a pipeline stage holds several in
   // flight) and their inputs and targets.
   std::vector<int32_t> window_, inputs_, targets_;
+  std::optional<Timeline> timeline_;
 };
 
 }  // namespace trainctl::train

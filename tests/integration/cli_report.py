@@ -9,56 +9,12 @@ metrics.jsonl; a page the run cannot write is a note, not a failed run."""
 import os
 import re
 import shutil
-import struct
-import subprocess
-import sys
-import zlib
 
 import cli_util
 from cli_util import check
 
 STEPS = 12
 LOSS_BLUE = (0x1F, 0x77, 0xB4)  # the train-loss line's colour (run_report.cpp)
-
-
-def png_pixels(path):
-    """(width, height, rows of (r, g, b) tuples) of an 8-bit RGB or RGBA, non-interlaced PNG."""
-    with open(path, "rb") as f:
-        data = f.read()
-    check(data[:8] == b"\x89PNG\r\n\x1a\n", f"{path}: not a PNG")
-    pos, idat, header = 8, b"", None
-    while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
-        if kind == b"IHDR":
-            header = struct.unpack(">IIBBBBB", body)
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    width, height, depth, color, _, _, interlace = header
-    check(depth == 8 and color in (2, 6) and interlace == 0, f"{path}: unexpected PNG {header}")
-    channels = 3 if color == 2 else 4
-    raw, stride = zlib.decompress(idat), width * channels
-    rows, previous = [], bytearray(stride)
-    for y in range(height):
-        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
-        for i in range(stride):
-            left = line[i - channels] if i >= channels else 0
-            up, corner = previous[i], previous[i - channels] if i >= channels else 0
-            if kind == 1:
-                line[i] = (line[i] + left) & 0xFF
-            elif kind == 2:
-                line[i] = (line[i] + up) & 0xFF
-            elif kind == 3:
-                line[i] = (line[i] + (left + up) // 2) & 0xFF
-            elif kind == 4:
-                p = left + up - corner
-                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
-                line[i] = (line[i] + (left if pa <= pb and pa <= pc else up if pb <= pc
-                                      else corner)) & 0xFF
-        rows.append([tuple(line[x * channels:x * channels + 3]) for x in range(width)])
-        previous = line
-    return width, height, rows
 
 
 def charts(html):
@@ -144,20 +100,9 @@ def main(binary, root):
             f.write(html)
 
         # Rendered by Chromium: a picture with the loss line's blue in it, mostly not blank.
-        # Without chromium (no `scripts/setup --tests`) the rendering is skipped (77), but never
-        # in CI (CI=true, as .ci/run sets).
-        chromium = shutil.which("chromium")
-        if not chromium:
-            check(os.environ.get("CI", "").lower() not in ("1", "true", "yes"),
-                  "CI=true: no chromium to render the page; scripts/setup --tests installs it")
-            print("skipped: no chromium to render the page (scripts/setup --tests installs it)")
-            sys.exit(77)
         shot = os.path.join(tmp, "report.png")
-        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu",
-                        "--hide-scrollbars", "--window-size=800,1400", f"--screenshot={shot}",
-                        "file://" + page], cwd=tmp, capture_output=True, timeout=120, check=False)
-        check(os.path.isfile(shot), "chromium wrote no screenshot")
-        width, height, rows = png_pixels(shot)
+        cli_util.screenshot(page, shot, (800, 1400))
+        width, height, rows = cli_util.png_pixels(shot)
         pixels = [p for row in rows for p in row]
         inked = sum(1 for p in pixels if p != (255, 255, 255))
         blue = sum(1 for p in pixels if all(abs(a - b) <= 40 for a, b in zip(p, LOSS_BLUE)))

@@ -12,10 +12,12 @@ import contextlib
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 
 class CheckFailed(Exception):
@@ -151,3 +153,60 @@ def small_run_args(run_dir, steps, extra=()):
     sets = SMALL_MODEL + [f"training.steps={steps}", *extra]
     return ["run", "recipes/tiny.yaml", *[a for s in sets for a in ("--set", s)],
             "--run-dir", run_dir]
+
+
+def png_pixels(path):
+    """(width, height, rows of (r, g, b) tuples) of an 8-bit RGB or RGBA, non-interlaced PNG."""
+    with open(path, "rb") as f:
+        data = f.read()
+    check(data[:8] == b"\x89PNG\r\n\x1a\n", f"{path}: not a PNG")
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height, depth, color, _, _, interlace = header
+    check(depth == 8 and color in (2, 6) and interlace == 0, f"{path}: unexpected PNG {header}")
+    channels = 3 if color == 2 else 4
+    raw, stride = zlib.decompress(idat), width * channels
+    rows, previous = [], bytearray(stride)
+    for y in range(height):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            left = line[i - channels] if i >= channels else 0
+            up, corner = previous[i], previous[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + left) & 0xFF
+            elif kind == 2:
+                line[i] = (line[i] + up) & 0xFF
+            elif kind == 3:
+                line[i] = (line[i] + (left + up) // 2) & 0xFF
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                line[i] = (line[i] + (left if pa <= pb and pa <= pc else up if pb <= pc
+                                      else corner)) & 0xFF
+        rows.append([tuple(line[x * channels:x * channels + 3]) for x in range(width)])
+        previous = line
+    return width, height, rows
+
+
+def screenshot(page, png, window):
+    """Renders the file `page` in headless Chromium into `png` at `window` (width, height).
+    Without chromium (no `scripts/setup --tests`) the test is skipped (exit 77), except in CI
+    (CI=true, as .ci/run sets), where it fails."""
+    chromium = shutil.which("chromium")
+    if not chromium:
+        check(os.environ.get("CI", "").lower() not in ("1", "true", "yes"),
+              "CI=true: no chromium to render the page; scripts/setup --tests installs it")
+        print("skipped: no chromium to render the page (scripts/setup --tests installs it)")
+        sys.exit(77)
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    f"--window-size={window[0]},{window[1]}", f"--screenshot={png}",
+                    "file://" + os.path.abspath(page)], cwd=os.path.dirname(png),
+                   capture_output=True, timeout=120, check=False)
+    check(os.path.isfile(png), f"chromium wrote no screenshot of {page}")

@@ -1,0 +1,58 @@
+#include "run/timeline_file.hpp"
+
+#include <fmt/core.h>
+
+#include "files/files.hpp"
+#include "planner/planner.hpp"
+#include "topology/topology.hpp"
+
+namespace trainctl::run {
+
+nlohmann::json timeline_json(const Timeline& t, bool compute_only) {
+  nlohmann::json stages = nlohmann::json::array();
+  int micro_batches = 0;
+  for (const std::vector<TimedAction>& stage : t.stages) {
+    nlohmann::json actions = nlohmann::json::array();
+    for (const TimedAction& a : stage) {
+      if (compute_only && !a.compute()) continue;
+      if (&stage == &t.stages.front()) micro_batches += a.action.op == PipeOp::forward;
+      actions.push_back({{"op", op_name(a.action.op)},
+                         {"micro_batch", a.action.micro_batch},
+                         {"start_s", a.start},
+                         {"end_s", a.end}});
+    }
+    stages.push_back(std::move(actions));
+  }
+  return {{"schedule", t.schedule},
+          {"micro_batches", micro_batches},
+          {"step_s", t.makespan},
+          {"bubble_share", t.bubble_share()},
+          {"stages", std::move(stages)}};
+}
+
+void write_timeline(const std::filesystem::path& run_dir, RunContext& run, int64_t step,
+                    const Timeline& measured) {
+  const recipe::Recipe& r = run.recipe();
+  planner::Variant layout;
+  static_cast<Layout&>(layout) = r.parallel;
+  layout.micro_batch = r.training.micro_batch;
+  // The planner's view of the same layout on this machine (its CPU, or its GPUs as detected).
+  const topology::ClusterSpec cluster =
+      run.on_cuda() ? topology::detect().cluster : planner::cpu_machine();
+  const Timeline planned = planner::planned_timeline(planner::estimate_time(r, cluster, layout));
+  const nlohmann::json doc{{"schema", "trainctl.timeline/1"},
+                           {"recipe", r.name},
+                           {"layout", layout.describe()},
+                           {"step", step},
+                           {"measured", timeline_json(measured, false)},
+                           {"planned", timeline_json(planned, true)}};
+  files::write_file_atomically(run_dir / "timeline.json", doc.dump(2) + "\n");
+  files::write_file_atomically(
+      run_dir / "timeline.svg",
+      render_svg(measured, fmt::format("{}: {}, step {} as measured\nthe planner predicted a "
+                                       "bubble of {:.1f}% for this layout on this machine",
+                                       r.name, layout.describe(), step,
+                                       100 * planned.bubble_share())));
+}
+
+}  // namespace trainctl::run

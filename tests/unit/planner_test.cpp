@@ -347,3 +347,31 @@ TEST_CASE(
   CHECK(m3.params < m2.params / 5);
   CHECK(m3.grads == Approx(m2.grads).epsilon(1e-3));
 }
+
+// The step is the engine's 1F1B action lists run on the planner's stage times: the last stage
+// (with the 32K-token head) is the slowest, and it sets the steady state, but the fill and drain
+// cost the other stages' own times, so the step lies between m and (m + pp - 1) slowest-stage
+// times, strictly below the latter.
+TEST_CASE("the planner's step is its pipeline timeline's") {
+  const recipe::Recipe r = llama_7b();
+  const planner::Variant v{1, 4, 8, 1, 1, 0, trainctl::Recompute::full};  // 64 micro-batches
+  const planner::TimeEstimate t = planner::estimate_time(r, h100(4), v);
+  const Timeline timeline = planner::planned_timeline(t);
+  REQUIRE(timeline.stages.size() == 4);
+  REQUIRE(t.stage_times.size() == 4);
+  CHECK(t.micro_batches == 64);
+  CHECK(t.step_s == Approx(timeline.makespan + t.dp_exposed_s));
+  double slowest = 0;
+  for (const StageTimes& s : t.stage_times)
+    slowest = std::max(slowest, s.forward + s.backward + 2 * t.pp_transfer_s);
+  auto total = [&](size_t s) { return t.stage_times[s].forward + t.stage_times[s].backward; };
+  CHECK(total(3) > 1.05 * total(1));  // the head: about one more layer on 8
+  CHECK(timeline.makespan >= 64 * slowest * (1 - 1e-9));
+  CHECK(timeline.makespan < (64 + 4 - 1) * slowest);
+  CHECK(t.bubble_s == Approx(timeline.makespan - 64 * slowest).margin(1e-12));
+  // One stage: no bubble, the step is m stage times.
+  const planner::TimeEstimate one =
+      planner::estimate_time(r, h100(4), planner::Variant{1, 1, 32, 1, 1, 0, Recompute::full});
+  CHECK(one.bubble_s == Approx(0).margin(1e-12));
+  CHECK(planner::planned_timeline(one).bubble_share() == Approx(0).margin(1e-12));
+}

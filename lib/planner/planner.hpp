@@ -172,7 +172,25 @@ struct Preview {
   double headroom_bytes = 0;
   int rank = 0;  // where its step time falls among the ranked layouts (1 = fastest); 0: it does
                  // not run
+  // pp > 1: the stage split (layers per stage) whose step the model finds shortest, where it
+  // beats the recipe's (balance_stages), and that step; empty when the recipe's is already best.
+  std::vector<int> balanced_pp_layers;
+  double balanced_step_s = 0;
 };
+
+// The layers per pipeline stage that give `layout` the shortest modelled step and still fit the
+// GPU: from the recipe's split (parallel.pp_layers, else even), layers move one at a time between
+// neighbouring stages while the step shrinks (the first and last stages also hold the embedding
+// and the head, so they usually end with fewer layers). Returns the split and its estimate; the
+// split is the starting one when nothing moved.
+struct StageBalance {
+  std::vector<int> pp_layers;
+  TimeEstimate time;
+  MemoryEstimate memory;
+};
+StageBalance balance_stages(const recipe::Recipe& recipe, const topology::ClusterSpec& cluster,
+                            const Variant& layout, const TimeOptions& time = {},
+                            const MemoryOptions& memory = {});
 
 struct Plan {
   topology::ClusterSpec cluster;

@@ -1,6 +1,7 @@
 // What `trainctl plan` prints: the top-K table, the rank grid of the winner, why the runner-ups
 // lost, and the rejections; and the same as a stable JSON document (docs/planner.md, "JSON").
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -109,6 +110,12 @@ std::string format_preview(const Plan& plan) {
     out += "  " + memory_line(p.memory, p.headroom_bytes) + "\n";
     out += "  " + time_line(p.time) + "\n";
   }
+  if (!p.balanced_pp_layers.empty())
+    out += fmt::format(
+        "  stage balance: parallel.pp_layers: [{}] would take the step from {} to {} ({:.1f}% "
+        "shorter): the first and last stages also hold the embedding and the head\n",
+        fmt::join(p.balanced_pp_layers, ", "), seconds(p.time.step_s), seconds(p.balanced_step_s),
+        100.0 * (1.0 - p.balanced_step_s / p.time.step_s));
   if (p.problem.empty()) out += format_rank_grid(p.layout, c);
   return out + "\n";
 }
@@ -210,6 +217,9 @@ nlohmann::json preview_json(const Plan& plan) {
     doc["tokens_per_s_per_gpu"] = p.time.tokens_per_s_per_gpu;
     doc["mfu"] = p.time.mfu;
   }
+  doc["balanced_pp_layers"] =
+      p.balanced_pp_layers.empty() ? json(nullptr) : json(p.balanced_pp_layers);
+  doc["balanced_step_s"] = p.balanced_pp_layers.empty() ? json(nullptr) : json(p.balanced_step_s);
   return doc;
 }
 

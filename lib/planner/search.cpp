@@ -275,7 +275,51 @@ Preview preview_layout(const recipe::Recipe& r, const Plan& plan, const Variant&
     for (const Candidate& k : plan.ranked)
       p.rank += k.time.step_s < p.time.step_s ? 1 : 0;
   }
+  if (p.problem.empty() && layout.pp > 1) {
+    const StageBalance b = balance_stages(r, cluster, layout, options.time, options.memory);
+    if (b.time.step_s < p.time.step_s * (1 - 1e-9)) {
+      p.balanced_pp_layers = b.pp_layers;
+      p.balanced_step_s = b.time.step_s;
+    }
+  }
   return p;
+}
+
+StageBalance balance_stages(const recipe::Recipe& recipe, const topology::ClusterSpec& cluster,
+                            const Variant& layout, const TimeOptions& time_options,
+                            const MemoryOptions& memory_options) {
+  recipe::Recipe r = recipe;
+  const int pp = layout.pp;
+  std::vector<int> split;
+  for (int s = 0; s < pp; ++s)
+    split.push_back(stage_layers(r, s, pp).count);
+  r.parallel.pp_layers = split;
+  const double capacity = cluster.gpu.memory_gib * kGiB;
+  StageBalance best{split, estimate_time(r, cluster, layout, time_options),
+                    estimate_memory(r, cluster, layout, memory_options)};
+  // First improvement, one layer between neighbours at a time; each move shortens the step, so
+  // it ends (at most layers^2 / 2 moves in theory; a few per stage in practice).
+  for (bool moved = true; moved && pp > 1;) {
+    moved = false;
+    for (int s = 0; s + 1 < pp && !moved; ++s)
+      for (const int direction : {+1, -1}) {  // +1: a layer from stage s to s + 1
+        std::vector<int> candidate = best.pp_layers;
+        const size_t from = static_cast<size_t>(direction > 0 ? s : s + 1);
+        const size_t to = static_cast<size_t>(direction > 0 ? s + 1 : s);
+        if (candidate[from] <= 1) continue;
+        --candidate[from];
+        ++candidate[to];
+        r.parallel.pp_layers = candidate;
+        const TimeEstimate t = estimate_time(r, cluster, layout, time_options);
+        if (t.step_s >= best.time.step_s * (1 - 1e-9)) continue;
+        const MemoryEstimate m = estimate_memory(r, cluster, layout, memory_options);
+        if (m.total() > capacity && m.total() > best.memory.total()) continue;
+        best = {candidate, t, m};
+        moved = true;
+        break;
+      }
+  }
+  return best;
 }
 
 std::string explain_loss(const Candidate& best, const Candidate& other,

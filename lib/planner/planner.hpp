@@ -102,6 +102,9 @@ struct TimeEstimate {
   // backward (recompute included) with the stage's collectives; one pipeline send.
   std::vector<StageTimes> stage_times;
   double pp_transfer_s = 0;
+  // TimeOptions::skip_above_s cut the estimate short: step_s is only a lower bound, the rest of
+  // the figures after the stage times unset.
+  bool bound_only = false;
   double bubble_share() const { return step_s > 0 ? bubble_s / step_s : 0; }
   double comm_share() const {
     return step_s > 0 ? (tp_comm_s + ep_comm_s + cp_comm_s + pp_p2p_s + dp_exposed_s) / step_s : 0;
@@ -112,6 +115,10 @@ struct TimeOptions {
   // Achievable fraction of the GPU's dense peak for the model's GEMMs; <= 0: the calibrated
   // default (kDefaultComputeEfficiency, fitted to Narayanan et al. 2021 on A100).
   double compute_efficiency = 0;
+  // > 0: when even the schedule's lower bound (m slowest-stage times and the exposed gradient
+  // sync) reaches this, return that bound (bound_only) without running the schedule. The search
+  // passes the best step of a degree tuple so far.
+  double skip_above_s = 0;
 };
 // Fitted once to the published A100 runs (tests/unit/planner_published_test.cpp).
 inline constexpr double kDefaultComputeEfficiency = 0.525;

@@ -173,7 +173,10 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
                     continue;
                   }
                   ++plan.variants_feasible;
-                  const TimeEstimate time = estimate_time(r, cluster, l, options.time);
+                  TimeOptions time_options = options.time;
+                  if (found) time_options.skip_above_s = best.time.step_s;  // cannot win
+                  const TimeEstimate time = estimate_time(r, cluster, l, time_options);
+                  if (time.bound_only) continue;
                   if (!found || time.step_s < best.time.step_s) {
                     best = Candidate{l, mem, time, capacity - mem.total()};
                     found = true;

@@ -194,9 +194,6 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
   t.cp_comm_s = m * worst_cp;
   t.pp_p2p_s = m * worst_p2p;
   t.pp_transfer_s = worst_p2p / 2;  // the same [N, C] / tp each way
-  const double pipeline_s =
-      makespan(schedule_lists(lay.pp, t.micro_batches), t.stage_times, t.pp_transfer_s);
-  t.bubble_s = std::max(0.0, pipeline_s - m * worst_stage);
 
   // Gradient sync: non-expert gradients over the dp*ep replicas, expert gradients over dp.
   const double expert_elements = static_cast<double>(s.moe_layers) * s.moe_experts / lay.ep;
@@ -279,6 +276,18 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
                                              : reduce_s + gather_s);
   }
 
+  // Every stage computes its m micro-batches and sends at least two messages for each, so no
+  // schedule takes less than m slowest-stage times: a variant that cannot beat `skip_above_s`
+  // even so is not simulated (the search's pruning; the estimate then holds that bound).
+  const double lower_bound = m * worst_stage + t.dp_exposed_s;
+  if (options.skip_above_s > 0 && lower_bound >= options.skip_above_s) {
+    t.step_s = lower_bound;
+    t.bound_only = true;
+    return t;
+  }
+  const double pipeline_s =
+      makespan(schedule_lists(lay.pp, t.micro_batches), t.stage_times, t.pp_transfer_s);
+  t.bubble_s = std::max(0.0, pipeline_s - m * worst_stage);
   t.step_s = std::max(pipeline_s, m * worst_stage) + t.dp_exposed_s;
   const double tokens = static_cast<double>(r.training.global_batch) * s.T;
   const double forward = s.forward_flops_per_token();

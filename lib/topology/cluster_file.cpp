@@ -335,6 +335,12 @@ ClusterSpec Reader::build() {
            fmt::format("nodes is {} but there is no network section; add e.g. `network: {{nics: "
                        "8, nic_gbits: 400}}`",
                        spec.nodes));
+  if (nodes && gpus_per_node && *nodes * *gpus_per_node > static_cast<double>(kMaxWorldSize))
+    report(mark_of("nodes"), fmt::format("nodes x gpus_per_node = {} x {} = {} GPUs is more than "
+                                         "trainctl plans for (at most {})",
+                                         spec.nodes, spec.gpus_per_node,
+                                         static_cast<int64_t>(*nodes * *gpus_per_node),
+                                         kMaxWorldSize));
   return spec;
 }
 
@@ -416,6 +422,12 @@ ClusterSpec apply_overrides(ClusterSpec spec, const ClusterOverrides& overrides)
                                        overrides.nodes, spec.name)}});
     spec.nodes = overrides.nodes;
   }
+  const int64_t world = int64_t{spec.nodes} * spec.gpus_per_node;
+  if (world > kMaxWorldSize)
+    throw ClusterError({{"", 0, 0,
+                         fmt::format("{} node(s) x {} GPU(s) = {} GPUs is more than trainctl plans "
+                                     "for (at most {}); lower --nodes or --gpus-per-node",
+                                     spec.nodes, spec.gpus_per_node, world, kMaxWorldSize)}});
   return spec;
 }
 

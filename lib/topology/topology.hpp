@@ -8,6 +8,7 @@
 
 #include <optional>
 #include <stdexcept>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,9 +41,15 @@ struct ClusterSpec {
   double nvlink_latency_us = 0;
   double inter_node_latency_us = 0;
 
+  // At most kMaxWorldSize: load_cluster and apply_overrides refuse more, so this cannot
+  // overflow.
   int world_size() const { return nodes * gpus_per_node; }
   bool operator==(const ClusterSpec&) const = default;  // added: round-trip tests
 };
+
+// The most GPUs a cluster may have (nodes x gpus_per_node): 2^24, far beyond any machine built,
+// and far below where int products of degrees would overflow.
+inline constexpr int64_t kMaxWorldSize = int64_t{1} << 24;
 
 // What detection found, for `trainctl plan --show-topology` (one line per fact, with why a part
 // is missing: "no NVML (libnvidia-ml.so.1: cannot open shared object file)").

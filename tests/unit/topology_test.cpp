@@ -118,6 +118,14 @@ TEST_CASE("overrides of nodes and gpus per node") {
   CHECK(error_of(kGood, {.nodes = -1}) == "error: --nodes must be >= 1, got -1");
   CHECK(error_of(kGood, {.gpus_per_node = -8}) == "error: --gpus-per-node must be >= 1, got -8");
   CHECK(error_of(kGood, {.nodes = 1}).empty());
+  // 2^31 GPUs would overflow an int: refused, in the file and from the command line.
+  CHECK_THROWS_WITH(apply_overrides(h100, {.nodes = 268435456}),
+                    Catch::Contains("268435456 node(s) x 8 GPU(s) = 2147483648 GPUs is more than "
+                                    "trainctl plans for (at most 16777216)"));
+  CHECK(apply_overrides(h100, {.nodes = 2097152}).world_size() == 16777216);
+  CHECK_THAT(error_of("gpu: h100-sxm\ngpus_per_node: 1000\nnodes: 900000\nnetwork: {gbps: 50}\n"),
+             Catch::Contains("nodes x gpus_per_node = 900000 x 1000 = 900000000 GPUs is more than "
+                             "trainctl plans for"));
 }
 
 TEST_CASE("built-in GPU table and device names") {

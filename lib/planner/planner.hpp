@@ -120,6 +120,9 @@ struct TimeOptions {
   // passes the best step of a degree tuple so far.
   double skip_above_s = 0;
 };
+// Above this share of the GPU's memory a layout is reported as tight (text: a note naming the
+// fastest layout below it; JSON: memory_bytes.tight).
+inline constexpr double kTightMemoryShare = 0.90;
 // Fitted once to the published A100 runs (tests/unit/planner_published_test.cpp).
 inline constexpr double kDefaultComputeEfficiency = 0.525;
 // Share of a link's nominal bandwidth collectives reach (NCCL bus bandwidth), all links.

@@ -85,6 +85,24 @@ std::string time_line(const TimeEstimate& t) {
       seconds(t.pp_p2p_s), seconds(t.bubble_s), seconds(t.dp_comm_s), seconds(t.dp_exposed_s));
 }
 
+// Above kTightMemoryShare of the GPU a layout may still not fit: the allocator's fragmentation,
+// NCCL's buffers and the CUDA context vary by version and are modelled as one fixed overhead.
+// Empty when `m` is below; else a line saying so and naming the fastest layout that stays below.
+std::string tight_memory_note(const Plan& plan, const MemoryEstimate& m, std::string_view who) {
+  const double capacity = plan.cluster.gpu.memory_gib * kGiB;
+  if (capacity <= 0 || m.total() <= kTightMemoryShare * capacity) return {};
+  std::string out = fmt::format(
+      "  note: {} uses {:.0f}% of the GPU's memory, above {:.0f}%: fragmentation and library "
+      "buffers beyond the model's fixed overhead may not fit",
+      who, 100.0 * m.total() / capacity, 100.0 * kTightMemoryShare);
+  for (size_t i = 0; i < plan.ranked.size(); ++i)
+    if (plan.ranked[i].memory.total() <= kTightMemoryShare * capacity)
+      return out + fmt::format("; the fastest layout below is #{} ({}, {:.0f}%)\n", i + 1,
+                               degrees(plan.ranked[i].layout),
+                               100.0 * plan.ranked[i].memory.total() / capacity);
+  return out + "; no ranked layout stays below\n";
+}
+
 }  // namespace
 
 std::string format_preview(const Plan& plan) {
@@ -109,6 +127,7 @@ std::string format_preview(const Plan& plan) {
   if (p.estimated) {
     out += "  " + memory_line(p.memory, p.headroom_bytes) + "\n";
     out += "  " + time_line(p.time) + "\n";
+    if (p.problem.empty()) out += tight_memory_note(plan, p.memory, "this layout");
   }
   if (!p.balanced_pp_layers.empty())
     out += fmt::format(
@@ -145,8 +164,9 @@ std::string format_plan(const Plan& plan, const recipe::Recipe& recipe, int top)
         100 * k.time.comm_share());
   }
   const Candidate& best = plan.ranked.front();
-  out += fmt::format("\nbest: {}\n  {}\n  {}\n\n", best.layout.describe(),
+  out += fmt::format("\nbest: {}\n  {}\n  {}\n", best.layout.describe(),
                      memory_line(best.memory, best.headroom_bytes), time_line(best.time));
+  out += tight_memory_note(plan, best.memory, "it") + "\n";
   out += format_rank_grid(best.layout, c);
   if (rows > 1) {
     out += "\nwhy the runner-ups lost:\n";
@@ -193,7 +213,8 @@ nlohmann::json memory_json(const MemoryEstimate& m, double headroom) {
           {"total", m.total()},
           {"headroom", headroom},
           {"worst_stage", m.worst_stage},
-          {"in_flight", m.in_flight}};
+          {"in_flight", m.in_flight},
+          {"tight", m.total() > kTightMemoryShare * (m.total() + headroom)}};
 }
 
 nlohmann::json time_json(const TimeEstimate& t) {

@@ -414,3 +414,24 @@ TEST_CASE("the planner balances pipeline stages around the head and the embeddin
   small_head.model.tied_embeddings = true;
   CHECK(planner::balance_stages(small_head, cluster, v).pp_layers == std::vector<int>{8, 8, 8, 8});
 }
+
+// Above 90% of the GPU's memory a layout is reported as tight: fragmentation and library buffers
+// beyond the model's fixed overhead may not fit. The note names the fastest layout below 90%.
+TEST_CASE("a layout above 90% of the GPU's memory is called tight, naming the fastest below") {
+  const recipe::Recipe r = llama_7b();
+  topology::ClusterSpec cluster = h100(4);
+  const planner::Variant v{8, 1, 4, 1, 1, 0, Recompute::none};
+  const double bytes = planner::estimate_memory(r, cluster, v).total();
+  cluster.gpu.memory_gib = bytes / 0.95 / (1024.0 * 1024.0 * 1024.0);
+  planner::Plan plan = planner::make_plan(r, cluster);
+  plan.preview = planner::preview_layout(r, plan, v, "test");
+  const std::string text = planner::format_plan(plan, r, 5);
+  INFO(text);
+  CHECK_THAT(text, Catch::Contains("note: this layout uses 95% of the GPU's memory, above 90%") &&
+                       Catch::Contains("the fastest layout below is #"));
+  const nlohmann::json doc = nlohmann::json::parse(planner::plan_json(plan, r, 5));
+  CHECK(doc["preview"]["memory_bytes"]["tight"] == true);
+  for (const auto& row : doc["ranked"])
+    CHECK(row["memory_bytes"]["tight"] ==
+          (row["memory_bytes"]["total"].get<double>() > 0.9 * bytes / 0.95));
+}

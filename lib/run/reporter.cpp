@@ -63,6 +63,7 @@ void StepReporter::step(const train::StepMetrics& m, double loss_scale) {
     nlohmann::json record = metrics_record(m, fp16, moe);
     if (options_.multi) record["comm_ms"] = m.comm_ms;
     if (options_.overlapping) record["comm_background_ms"] = m.comm_background_ms;
+    if (options_.context_parallel) record["cp_wait_ms"] = m.cp_wait_ms;
     if (mfu) record["mfu"] = *mfu;
     if (options_.memory_bytes > 0) record["memory_bytes"] = options_.memory_bytes;
     record["elapsed_s"] = elapsed_s;

@@ -27,12 +27,13 @@ struct StepTotals {
 class StepReporter {
  public:
   struct Options {
-    bool leader = false;       // rank 0: progress line, metrics.jsonl, TensorBoard
-    bool resuming = false;     // append to the rank log of the run
-    bool fp16 = false;         // loss scale and skipped steps
-    bool moe = false;          // router losses, expert load, dropped tokens
-    bool multi = false;        // comm_ms
-    bool overlapping = false;  // comm_background_ms: the gradient reduction's busy time
+    bool leader = false;            // rank 0: progress line, metrics.jsonl, TensorBoard
+    bool resuming = false;          // append to the rank log of the run
+    bool fp16 = false;              // loss scale and skipped steps
+    bool moe = false;               // router losses, expert load, dropped tokens
+    bool multi = false;             // comm_ms
+    bool overlapping = false;       // comm_background_ms: the gradient reduction's busy time
+    bool context_parallel = false;  // cp_wait_ms: the ring's exposed exchange
     // MFU (leader): 3 x forward_flops_per_token x tokens_per_step per step, against
     // peak_devices devices of `peak` each; no MFU while the peak is unknown (0).
     double forward_flops_per_token = 0;

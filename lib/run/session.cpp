@@ -148,6 +148,7 @@ int train_session(SessionInput input, const std::string& command) {
                          .moe = mc.moe.experts > 0,
                          .multi = run.multi(),
                          .overlapping = run.multi() && run.trainer().overlaps_grad_sync(),
+                         .context_parallel = r.parallel.cp > 1,
                          .forward_flops_per_token = run.model().forward_flops_per_token(),
                          .tokens_per_step = static_cast<double>(r.tokens_per_step()),
                          .peak = run.peak(),

@@ -296,7 +296,8 @@ Timeline Trainer::gather_timeline(const std::vector<TimedAction>& mine) const {
     for (size_t i = offset[static_cast<size_t>(s)]; i < offset[static_cast<size_t>(s) + 1]; ++i) {
       const double* row = &table[4 * i];
       const TimedAction a{{static_cast<PipeOp>(static_cast<int>(row[0])), static_cast<int>(row[1])},
-                          row[2], row[3]};
+                          row[2],
+                          row[3]};
       t.makespan = std::max(t.makespan, a.end);
       t.stages[static_cast<size_t>(s)].push_back(a);
     }
@@ -329,6 +330,7 @@ StepMetrics Trainer::step_leaving_gather() {
   const double comm_start = mesh_ ? mesh_->comm_seconds() : 0.0;
   const double wait_start = sync_ ? sync_->wait_seconds() : 0.0;
   const double background_start = mesh_ ? mesh_->background_comm_seconds() : 0.0;
+  const double ring_start = model_.ring_wait_seconds();
   const ParamGather* gather = sync_ ? sync_->param_gather() : nullptr;
   const size_t gathers_start = gather ? gather->gathers() : 0;
   const size_t prefetched_start = gather ? gather->prefetched() : 0;
@@ -398,6 +400,8 @@ StepMetrics Trainer::step_leaving_gather() {
     // communication cost the step. The background groups' own time overlaps compute.
     m.comm_ms = 1000.0 * (mesh_->comm_seconds() - comm_start + sync_->wait_seconds() - wait_start);
     m.comm_background_ms = 1000.0 * (mesh_->background_comm_seconds() - background_start);
+    m.cp_wait_ms = 1000.0 * (model_.ring_wait_seconds() - ring_start);
+    if (model_.parallel().cp_background) m.comm_ms += m.cp_wait_ms;  // waits on the ring's worker
     m.buckets_started_during_backward = sync_->started_during_backward();
     m.buckets_gathered_during_forward = sync_->gathered_during_forward();
     if (gather) {

@@ -12,13 +12,13 @@
 #include "backend/backend.hpp"
 #include "comm/mesh.hpp"
 #include "data/sampler.hpp"
+#include "layout/pipeline.hpp"
+#include "layout/timeline.hpp"
 #include "model/model.hpp"
 #include "train/config.hpp"
 #include "train/grad_sync.hpp"
 #include "train/loss_scaler.hpp"
 #include "train/optimizer.hpp"
-#include "layout/pipeline.hpp"
-#include "layout/timeline.hpp"
 #include "train/schedule.hpp"
 
 namespace trainctl::train {
@@ -70,6 +70,10 @@ struct StepMetrics {
   double comm_ms = 0;
   // Busy time of the background reductions (overlap_grad_sync), which runs beside compute.
   double comm_background_ms = 0;
+  // Context parallel: how long attention's ring passes held up the training thread (a blocking
+  // pass whole, an overlapped one as long as it outlasted the compute beside it). Overlapped,
+  // it is part of comm_ms; blocking, comm_ms holds the passes already.
+  double cp_wait_ms = 0;
   // What the overlap achieved (0 without it): gradient buckets whose reduction started during the
   // step's backward (ZeRO-2 and 3: block reduce-scatters), and (ZeRO-1 and 2) buckets of the
   // previous step's parameter gather that the step's first forward waited for as it reached them.

@@ -92,6 +92,15 @@ def check_comm_fields(records, layout, label):
     if overlaps:
         busy = sum(r["comm_background_ms"] for r in records.values())
         check(busy > 0, f"{label}: the background reduction was never busy ({busy} ms)")
+    # Context parallel: the ring's exposed exchange, which at least the gradients' last return
+    # to their owner always is.
+    context = degrees.get("cp", 1) > 1
+    for step, record in records.items():
+        check(("cp_wait_ms" in record) == context,
+              f"{label}: step {step} {'lacks' if context else 'has'} cp_wait_ms")
+    if context:
+        waits = [r["cp_wait_ms"] for r in records.values()]
+        check(min(waits) >= 0 and sum(waits) > 0, f"{label}: cp_wait_ms {waits}")
 
 
 def check_memory_planned(run_dir, layout, label):

@@ -123,6 +123,12 @@ struct TimeOptions {
 // Above this share of the GPU's memory a layout is reported as tight (text: a note naming the
 // fastest layout below it; JSON: memory_bytes.tight).
 inline constexpr double kTightMemoryShare = 0.90;
+// The model's error. Between two layouts of one job most of it cancels: where a published layout
+// is not the planner's first it loses by 3.5% or less (docs/planner.md), so steps within kTieBand
+// of the fastest are a tie. On a step's absolute value it is the spread of the published runs'
+// errors (-20% to +20%): the output shows that range.
+inline constexpr double kTieBand = 0.05;
+inline constexpr double kStepError = 0.20;
 // Fitted once to the published A100 runs (tests/unit/planner_published_test.cpp).
 inline constexpr double kDefaultComputeEfficiency = 0.525;
 // Share of a link's nominal bandwidth collectives reach (NCCL bus bandwidth), all links.
@@ -214,6 +220,9 @@ struct Plan {
   int64_t variants_evaluated = 0;
   int64_t variants_feasible = 0;
   double search_seconds = 0;
+  // ranked[0, tied) predict steps within kTieBand of the fastest: a tie within the model's
+  // error, ordered by memory headroom (more first), then GPUs per model replica (fewer first).
+  int tied = 0;
 };
 
 // Thrown when no layout can run: the message says why (nothing fits, and by how much; more GPUs

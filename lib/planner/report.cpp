@@ -77,10 +77,10 @@ std::string memory_line(const MemoryEstimate& m, double headroom) {
 
 std::string time_line(const TimeEstimate& t) {
   return fmt::format(
-      "step {}: {} micro-batches; compute {}, tp comm {}, ep all-to-all {}, {}pipeline sends {}, "
-      "bubble {}, gradient sync {} ({} exposed)",
-      seconds(t.step_s), t.micro_batches, seconds(t.compute_s), seconds(t.tp_comm_s),
-      seconds(t.ep_comm_s),
+      "step {} (likely {} to {}): {} micro-batches; compute {}, tp comm {}, ep all-to-all {}, "
+      "{}pipeline sends {}, bubble {}, gradient sync {} ({} exposed)",
+      seconds(t.step_s), seconds(t.step_s * (1 - kStepError)), seconds(t.step_s * (1 + kStepError)),
+      t.micro_batches, seconds(t.compute_s), seconds(t.tp_comm_s), seconds(t.ep_comm_s),
       t.cp_comm_s > 0 ? fmt::format("cp ring {}, ", seconds(t.cp_comm_s)) : std::string(),
       seconds(t.pp_p2p_s), seconds(t.bubble_s), seconds(t.dp_comm_s), seconds(t.dp_exposed_s));
 }
@@ -101,6 +101,26 @@ std::string tight_memory_note(const Plan& plan, const MemoryEstimate& m, std::st
                                degrees(plan.ranked[i].layout),
                                100.0 * plan.ranked[i].memory.total() / capacity);
   return out + "; no ranked layout stays below\n";
+}
+
+// Why ranked[i] comes after the first: within a tie, the rule that ordered it; else the step.
+std::string why_after(const Plan& plan, size_t i) {
+  const Candidate &best = plan.ranked.front(), &k = plan.ranked[i];
+  if (static_cast<int>(i) >= plan.tied) return explain_loss(best, k, plan.cluster);
+  const double capacity = plan.cluster.gpu.memory_gib * kGiB;
+  const bool tight = k.memory.total() > kTightMemoryShare * capacity;
+  const bool best_tight = best.memory.total() > kTightMemoryShare * capacity;
+  const int replica = k.layout.tp * k.layout.pp * k.layout.cp;
+  const int best_replica = best.layout.tp * best.layout.pp * best.layout.cp;
+  const std::string rule =
+      tight && !best_tight ? fmt::format("it uses {:.0f}% of the GPU's memory, above {:.0f}%",
+                                         100 * k.memory.total() / capacity, 100 * kTightMemoryShare)
+      : replica != best_replica
+          ? fmt::format("{} GPUs per model replica against {}", replica, best_replica)
+          : fmt::format("its step is longer by {:.1f}%",
+                        100 * (k.time.step_s / best.time.step_s - 1));
+  return fmt::format("a tie with #1 (step {:+.1f}%), ordered after it: {}",
+                     100 * (k.time.step_s / best.time.step_s - 1), rule);
 }
 
 }  // namespace
@@ -155,14 +175,20 @@ std::string format_plan(const Plan& plan, const recipe::Recipe& recipe, int top)
   for (int i = 0; i < rows; ++i) {
     const Candidate& k = plan.ranked[static_cast<size_t>(i)];
     out += fmt::format(
-        "{:>3}  {:<26} {:>3} {:>4} {:>9}  {:>6.1f} GiB ({:>3.0f}%) {:>10} {:>12.0f} {:>5.1f}% "
+        "{:>3}{} {:<26} {:>3} {:>4} {:>9}  {:>6.1f} GiB ({:>3.0f}%) {:>10} {:>12.0f} {:>5.1f}% "
         "{:>6.1f}% {:>5.1f}%\n",
-        i + 1, degrees(k.layout), k.layout.micro_batch, k.layout.zero,
-        recipe::to_string(k.layout.recompute), k.memory.total() / kGiB,
+        i + 1, i < plan.tied && plan.tied > 1 ? "=" : " ", degrees(k.layout), k.layout.micro_batch,
+        k.layout.zero, recipe::to_string(k.layout.recompute), k.memory.total() / kGiB,
         100.0 * k.memory.total() / (c.gpu.memory_gib * kGiB), seconds(k.time.step_s),
         k.time.tokens_per_s_per_gpu, 100 * k.time.mfu, 100 * k.time.bubble_share(),
         100 * k.time.comm_share());
   }
+  if (plan.tied > 1)
+    out += fmt::format(
+        "= #1 to #{} tie: their steps lie within {:.0f}% of the fastest, inside the model's error "
+        "between layouts; they are ordered by memory headroom (not above {:.0f}% of the GPU "
+        "first), then fewer GPUs per model replica (tp * pp * cp)\n",
+        plan.tied, 100 * kTieBand, 100 * kTightMemoryShare);
   const Candidate& best = plan.ranked.front();
   out += fmt::format("\nbest: {}\n  {}\n  {}\n", best.layout.describe(),
                      memory_line(best.memory, best.headroom_bytes), time_line(best.time));
@@ -172,7 +198,8 @@ std::string format_plan(const Plan& plan, const recipe::Recipe& recipe, int top)
     out += "\nwhy the runner-ups lost:\n";
     for (int i = 1; i < rows; ++i) {
       const Candidate& k = plan.ranked[static_cast<size_t>(i)];
-      out += fmt::format("  #{} {}: {}\n", i + 1, degrees(k.layout), explain_loss(best, k, c));
+      out += fmt::format("  #{} {}: {}\n", i + 1, degrees(k.layout),
+                         why_after(plan, static_cast<size_t>(i)));
     }
   }
   if (!plan.rejected.empty()) {
@@ -263,6 +290,7 @@ std::string plan_json(const Plan& plan, const recipe::Recipe& recipe, int top,
            {"variants_evaluated", plan.variants_evaluated},
            {"variants_feasible", plan.variants_feasible},
            {"search_seconds", plan.search_seconds},
+           {"tied", plan.tied},
            {"preview", preview_json(plan)},
            {"error", error.empty() ? nlohmann::json(nullptr) : nlohmann::json(error)}};
   json ranked = json::array();
@@ -280,7 +308,9 @@ std::string plan_json(const Plan& plan, const recipe::Recipe& recipe, int top,
              {"mfu", t.mfu},
              {"bubble_share", t.bubble_share()},
              {"comm_share", t.comm_share()}};
-    if (i > 0) row["why_slower"] = explain_loss(plan.ranked.front(), k, c);
+    row["tie"] = i < plan.tied && plan.tied > 1;
+    row["step_range_s"] = {t.step_s * (1 - kStepError), t.step_s * (1 + kStepError)};
+    if (i > 0) row["why_slower"] = why_after(plan, static_cast<size_t>(i));
     ranked.push_back(std::move(row));
   }
   doc["ranked"] = std::move(ranked);

@@ -204,6 +204,24 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
     return std::tie(a.time.step_s, a.layout.tp, a.layout.pp) <
            std::tie(b.time.step_s, b.layout.tp, b.layout.pp);
   });
+  if (!plan.ranked.empty()) {
+    // Within the model's error of the fastest: memory headroom first (a layout that is not tight
+    // before one that is), then fewer GPUs per model replica, then the step.
+    const double fastest = plan.ranked.front().time.step_s;
+    const auto tie_end = std::partition_point(
+        plan.ranked.begin(), plan.ranked.end(),
+        [&](const Candidate& k) { return k.time.step_s <= fastest * (1 + kTieBand); });
+    auto tight = [&](const Candidate& k) {
+      return k.memory.total() > kTightMemoryShare * capacity;
+    };
+    auto replica = [](const Variant& l) { return l.tp * l.pp * l.cp; };
+    std::stable_sort(plan.ranked.begin(), tie_end, [&](const Candidate& a, const Candidate& b) {
+      if (tight(a) != tight(b)) return !tight(a);
+      if (replica(a.layout) != replica(b.layout)) return replica(a.layout) < replica(b.layout);
+      return a.time.step_s < b.time.step_s;
+    });
+    plan.tied = static_cast<int>(tie_end - plan.ranked.begin());
+  }
   plan.search_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!plan.ranked.empty()) return plan;

@@ -7,6 +7,7 @@
 // (planner::kDefaultComputeEfficiency). Assumptions in docs/planner.md.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>

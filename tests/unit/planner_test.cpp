@@ -2,6 +2,7 @@
 // grid, explanations, the JSON document, the impossible requests, and the 16,384-GPU time limit.
 #include <catch2/catch.hpp>
 
+#include <fmt/core.h>
 #include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -434,4 +435,57 @@ TEST_CASE("a layout above 90% of the GPU's memory is called tight, naming the fa
   for (const auto& row : doc["ranked"])
     CHECK(row["memory_bytes"]["tight"] ==
           (row["memory_bytes"]["total"].get<double>() > 0.9 * bytes / 0.95));
+}
+
+// Layouts within 5% of the fastest step tie (the model's error between layouts): among them a
+// layout within 90% of the GPU's memory comes before one above, then fewer GPUs per model
+// replica, then the shorter step; the text marks and explains the tie.
+TEST_CASE("layouts within the model's error of the fastest tie, ordered by headroom and size") {
+  recipe::Recipe r = llama_7b();  // at Llama 3 70B's shape on 512 H100s
+  r.model.layers = 80;
+  r.model.hidden = 8192;
+  r.model.heads = 64;
+  r.model.kv_heads = 8;
+  r.model.ffn_hidden = 28672;
+  r.model.vocab = 128256;
+  r.model.seq_len = 8192;
+  r.model.tied_embeddings = false;
+  r.training.global_batch = 2048;
+  r.training.micro_batch = 2;
+  const topology::ClusterSpec cluster = h100(64);
+  const planner::Plan plan = planner::make_plan(r, cluster);
+  REQUIRE(plan.tied >= 2);
+  double fastest = plan.ranked.front().time.step_s;
+  for (int i = 0; i < plan.tied; ++i)
+    fastest = std::min(fastest, plan.ranked[static_cast<size_t>(i)].time.step_s);
+  const double capacity = cluster.gpu.memory_gib * 1024.0 * 1024.0 * 1024.0;
+  for (int i = 0; i < plan.tied; ++i) {
+    const planner::Candidate& k = plan.ranked[static_cast<size_t>(i)];
+    INFO("#" << i + 1 << " " << k.layout.describe());
+    CHECK(k.time.step_s <= fastest * (1 + planner::kTieBand));
+    if (i == 0) continue;
+    const planner::Candidate& before = plan.ranked[static_cast<size_t>(i) - 1];
+    const bool tight = k.memory.total() > planner::kTightMemoryShare * capacity;
+    const bool tight_before = before.memory.total() > planner::kTightMemoryShare * capacity;
+    CHECK((tight || !tight_before));  // not tight first
+    if (tight == tight_before) {
+      const int gpus = k.layout.tp * k.layout.pp * k.layout.cp;
+      const int gpus_before = before.layout.tp * before.layout.pp * before.layout.cp;
+      CHECK(gpus >= gpus_before);
+      if (gpus == gpus_before) CHECK(k.time.step_s >= before.time.step_s);
+    }
+  }
+  if (static_cast<size_t>(plan.tied) < plan.ranked.size())
+    CHECK(plan.ranked[static_cast<size_t>(plan.tied)].time.step_s >
+          fastest * (1 + planner::kTieBand));
+  const std::string text = planner::format_plan(plan, r, plan.tied + 1);
+  CHECK_THAT(text, Catch::Contains(fmt::format("= #1 to #{} tie: their steps lie within 5% of the "
+                                               "fastest",
+                                               plan.tied)) &&
+                       Catch::Contains("a tie with #1 (step ") && Catch::Contains(" (likely "));
+  const nlohmann::json doc = nlohmann::json::parse(planner::plan_json(plan, r, plan.tied + 1));
+  CHECK(doc["tied"] == plan.tied);
+  CHECK(doc["ranked"][0]["tie"] == true);
+  CHECK(doc["ranked"][0]["step_range_s"][1].get<double>() ==
+        Approx(plan.ranked.front().time.step_s * 1.2));
 }

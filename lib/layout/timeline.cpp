@@ -9,7 +9,7 @@ namespace trainctl {
 
 namespace {
 
-// The action a message's other side runs, and on which side of `stage` it lives.
+// The action the other side of a message runs.
 PipeOp partner(PipeOp op) {
   switch (op) {
     case PipeOp::send_activation:
@@ -303,8 +303,8 @@ std::string render_svg(const Timeline& t, const std::string& title) {
     const double x = x_of(tick);
     svg += format("<line x1=\"%.2f\" y1=\"%.1f\" x2=\"%.2f\" y2=\"%.1f\" stroke=\"#333333\"/>\n", x,
                   axis_y, x, axis_y + 5);
-    svg += format("<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\">%g ms</text>\n", x,
-                  axis_y + 18, 1e3 * tick);
+    svg += format("<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", x,
+                  axis_y + 18, tick > 0 ? duration(tick).c_str() : "0");
   }
   const double legend_y = axis_y + 38;
   svg += format(

@@ -268,9 +268,9 @@ std::string render_svg(const Timeline& t, const std::string& title) {
     svg += format("<text x=\"%.0f\" y=\"%.0f\" font-size=\"%d\"%s>%s</text>\n", left,
                   20 + line_height * static_cast<double>(i), i ? 12 : 14,
                   i ? "" : " font-weight=\"bold\"", escape(lines[i]).c_str());
-  svg += format("<text x=\"%.0f\" y=\"%.0f\">%s</text>\n", left,
-                20 + line_height * static_cast<double>(lines.size()),
-                escape(bubble_line(t)).c_str());
+  svg +=
+      format("<text x=\"%.0f\" y=\"%.0f\">%s</text>\n", left,
+             20 + line_height * static_cast<double>(lines.size()), escape(bubble_line(t)).c_str());
   for (size_t s = 0; s < P; ++s) {
     const double y = top + static_cast<double>(s) * (row + gap);
     svg += format("<text x=\"8\" y=\"%.1f\">stage %zu</text>\n", y + row / 2 + 4, s);
@@ -303,8 +303,8 @@ std::string render_svg(const Timeline& t, const std::string& title) {
     const double x = x_of(tick);
     svg += format("<line x1=\"%.2f\" y1=\"%.1f\" x2=\"%.2f\" y2=\"%.1f\" stroke=\"#333333\"/>\n", x,
                   axis_y, x, axis_y + 5);
-    svg += format("<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", x,
-                  axis_y + 18, tick > 0 ? duration(tick).c_str() : "0");
+    svg += format("<text x=\"%.2f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", x, axis_y + 18,
+                  tick > 0 ? duration(tick).c_str() : "0");
   }
   const double legend_y = axis_y + 38;
   svg += format(

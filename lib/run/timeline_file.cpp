@@ -49,10 +49,10 @@ void write_timeline(const std::filesystem::path& run_dir, RunContext& run, int64
   files::write_file_atomically(run_dir / "timeline.json", doc.dump(2) + "\n");
   files::write_file_atomically(
       run_dir / "timeline.svg",
-      render_svg(measured, fmt::format("{}: {}, step {} as measured\nthe planner predicted a "
-                                       "bubble of {:.1f}% for this layout on this machine",
-                                       r.name, layout.describe(), step,
-                                       100 * planned.bubble_share())));
+      render_svg(measured,
+                 fmt::format("{}: {}, step {} as measured\nthe planner predicted a "
+                             "bubble of {:.1f}% for this layout on this machine",
+                             r.name, layout.describe(), step, 100 * planned.bubble_share())));
 }
 
 }  // namespace trainctl::run

@@ -336,11 +336,11 @@ ClusterSpec Reader::build() {
                        "8, nic_gbits: 400}}`",
                        spec.nodes));
   if (nodes && gpus_per_node && *nodes * *gpus_per_node > static_cast<double>(kMaxWorldSize))
-    report(mark_of("nodes"), fmt::format("nodes x gpus_per_node = {} x {} = {} GPUs is more than "
-                                         "trainctl plans for (at most {})",
-                                         spec.nodes, spec.gpus_per_node,
-                                         static_cast<int64_t>(*nodes * *gpus_per_node),
-                                         kMaxWorldSize));
+    report(mark_of("nodes"),
+           fmt::format("nodes x gpus_per_node = {} x {} = {} GPUs is more than "
+                       "trainctl plans for (at most {})",
+                       spec.nodes, spec.gpus_per_node,
+                       static_cast<int64_t>(*nodes * *gpus_per_node), kMaxWorldSize));
   return spec;
 }
 

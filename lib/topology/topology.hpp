@@ -6,9 +6,9 @@
 // second.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <stdexcept>
-#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>

@@ -174,7 +174,7 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
   const train::TrainConfig tc = train_config(s);
   model::ModelParallel parallel = model::ModelParallel::from_mesh(mesh, s.zero);
   parallel.activation_slots = trainctl::pipeline_slots(parallel.pp_size(), parallel.pp_rank(),
-                                                    tc.accum_steps(mesh.dp_ep().size()));
+                                                       tc.accum_steps(mesh.dp_ep().size()));
   auto backend = std::make_unique<FenceCountingBackend>(s.fence_delay_ms);
   const data::SyntheticSource source(11, s.model.vocab, 1 << 16);
   data::Sampler sampler(source, s.model.seq_len, 3, true, s.model.vocab);

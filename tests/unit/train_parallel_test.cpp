@@ -138,7 +138,8 @@ TEST_CASE("1F1B: adjacent stages' sends and receives pair up in order even witho
   for (int m = 0; m < 64; ++m) {
     tags.insert(trainctl::pipeline_tag(PipeOp::send_activation, m));
     tags.insert(trainctl::pipeline_tag(PipeOp::send_grad, m));
-    CHECK(trainctl::pipeline_tag(PipeOp::send_grad, m) == trainctl::pipeline_tag(PipeOp::recv_grad, m));
+    CHECK(trainctl::pipeline_tag(PipeOp::send_grad, m) ==
+          trainctl::pipeline_tag(PipeOp::recv_grad, m));
   }
   CHECK(tags.size() == 128);
 }
@@ -337,7 +338,7 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
     parallel = model::ModelParallel::from_mesh(*mesh, s.zero);
     parallel.stage_layers = s.stage_layers;
     parallel.activation_slots = trainctl::pipeline_slots(parallel.pp_size(), parallel.pp_rank(),
-                                                      tc.accum_steps(mesh->dp_ep().size()));
+                                                         tc.accum_steps(mesh->dp_ep().size()));
   } else {
     parallel.layout.zero = s.zero;  // one rank: ZeRO-2 still keeps its gradients sharded
   }

@@ -311,7 +311,7 @@ int job_rank(const Job& job, const std::string& dir, int rank, const std::string
                                     comm::MeshOptions{.timeout = std::chrono::seconds(30)}));
     parallel = model::ModelParallel::from_mesh(*mesh, job.zero);
     parallel.activation_slots = trainctl::pipeline_slots(parallel.pp_size(), parallel.pp_rank(),
-                                                      tc.accum_steps(mesh->dp_ep().size()));
+                                                         tc.accum_steps(mesh->dp_ep().size()));
   }
   const model::ModelConfig config = job_model();
   auto be = backend::make_cpu_backend();

@@ -20,6 +20,7 @@
 #include "planner/planner.hpp"
 #include "run/session.hpp"
 #include "run/timeline_file.hpp"
+#include "telemetry/pipeline_timeline.hpp"
 #include "topology/topology.hpp"
 
 namespace trainctl::app {
@@ -230,8 +231,8 @@ int run_plan(const PlanOptions& options) {
       if (!options.timeline_svg.empty()) {
         files::write_file_atomically(
             options.timeline_svg,
-            render_svg(t, fmt::format("{}: {} ({})", loaded.recipe.name, drawn->layout.describe(),
-                                      drawn->origin)));
+            telemetry::render_svg(t, fmt::format("{}: {} ({})", loaded.recipe.name,
+                                                 drawn->layout.describe(), drawn->origin)));
         std::fprintf(stderr, "trainctl plan: wrote the pipeline timeline to %s\n",
                      options.timeline_svg.c_str());
       }
@@ -244,7 +245,7 @@ int run_plan(const PlanOptions& options) {
         out = doc.dump(2) + "\n";
       } else if (options.timeline) {
         out += fmt::format("\npipeline timeline of {} ({}), on the planner's stage times:\n{}",
-                           drawn->layout.describe(), drawn->origin, render_text(t));
+                           drawn->layout.describe(), drawn->origin, telemetry::render_text(t));
       }
     }
   }

@@ -6,8 +6,9 @@
 // so both sides wait for the later of the two) that then takes the transfer time. The result is
 // the schedule's own: it does not depend on the order the simulation visits the stages.
 //
-// `trainctl plan --timeline` feeds it the planner's stage times; a run asked for its timeline
-// (telemetry.timeline) records the times its stages measured instead (Trainer::step_timeline).
+// The planner runs its stage times through it (its step time, and `trainctl plan --timeline`); a
+// run asked for its timeline (logging.timeline_step) records the times its stages measured
+// instead (Trainer::timeline). telemetry/pipeline_timeline.hpp draws both.
 // The bubble share is the stages' idle time over their whole time: 1 - sum(busy) / (stages *
 // makespan). For P equal stages over m micro-batches with free transfers, 1F1B's is
 // (P - 1) / (m + P - 1).
@@ -37,6 +38,7 @@ struct Timeline {
   double makespan = 0;                           // the last action's end
   std::string schedule = "1f1b";                 // the schedule's name, for the pictures
   double busy(int stage) const;                  // the stage's compute time
+  int micro_batches() const;                     // the forwards of a stage
   double bubble_share() const;
 };
 
@@ -52,16 +54,5 @@ double makespan(const std::vector<std::vector<PipeAction>>& lists,
 
 // The whole 1F1B schedule: one_f_one_b for every stage.
 std::vector<std::vector<PipeAction>> one_f_one_b_lists(int stages, int micro_batches);
-
-// A terminal picture, one row per stage over `width` columns: F/f a forward, B/b a backward
-// (upper case for even micro-batches, lower case for odd, so neighbours stay apart), '.' idle;
-// then a time scale, a legend and the bubble share.
-std::string render_text(const Timeline& timeline, int width = 72);
-
-// The same as an SVG page for a browser: a bar per stage, a box per forward (blue) and backward
-// (orange) labelled with its micro-batch, a time axis in milliseconds, and `title` (its lines
-// split at '\n', the first in bold) with the bubble share above it. Each box carries data-stage,
-// data-op and data-micro-batch attributes.
-std::string render_svg(const Timeline& timeline, const std::string& title);
 
 }  // namespace trainctl

@@ -4,18 +4,17 @@
 
 #include "files/files.hpp"
 #include "planner/planner.hpp"
+#include "telemetry/pipeline_timeline.hpp"
 #include "topology/topology.hpp"
 
 namespace trainctl::run {
 
 nlohmann::json timeline_json(const Timeline& t, bool compute_only) {
   nlohmann::json stages = nlohmann::json::array();
-  int micro_batches = 0;
   for (const std::vector<TimedAction>& stage : t.stages) {
     nlohmann::json actions = nlohmann::json::array();
     for (const TimedAction& a : stage) {
       if (compute_only && !a.compute()) continue;
-      if (&stage == &t.stages.front()) micro_batches += a.action.op == PipeOp::forward;
       actions.push_back({{"op", op_name(a.action.op)},
                          {"micro_batch", a.action.micro_batch},
                          {"start_s", a.start},
@@ -24,7 +23,7 @@ nlohmann::json timeline_json(const Timeline& t, bool compute_only) {
     stages.push_back(std::move(actions));
   }
   return {{"schedule", t.schedule},
-          {"micro_batches", micro_batches},
+          {"micro_batches", t.micro_batches()},
           {"step_s", t.makespan},
           {"bubble_share", t.bubble_share()},
           {"stages", std::move(stages)}};
@@ -49,10 +48,10 @@ void write_timeline(const std::filesystem::path& run_dir, RunContext& run, int64
   files::write_file_atomically(run_dir / "timeline.json", doc.dump(2) + "\n");
   files::write_file_atomically(
       run_dir / "timeline.svg",
-      render_svg(measured,
-                 fmt::format("{}: {}, step {} as measured\nthe planner predicted a "
-                             "bubble of {:.1f}% for this layout on this machine",
-                             r.name, layout.describe(), step, 100 * planned.bubble_share())));
+      telemetry::render_svg(
+          measured, fmt::format("{}: {}, step {} as measured\nthe planner predicted a "
+                                "bubble of {:.1f}% for this layout on this machine",
+                                r.name, layout.describe(), step, 100 * planned.bubble_share())));
 }
 
 }  // namespace trainctl::run

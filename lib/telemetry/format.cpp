@@ -38,6 +38,29 @@ std::string format_count(std::uint64_t count) {
   return out;
 }
 
+std::string escape_xml(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
 double mfu(double flops_per_token, double tokens_per_s, double peak_flops) {
   if (!std::isfinite(peak_flops) || peak_flops <= 0) {
     throw std::invalid_argument(fmt::format(

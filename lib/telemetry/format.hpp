@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace trainctl::telemetry {
 
@@ -16,6 +17,9 @@ std::string format_duration(double seconds);
 
 // Thousands separators: 12345 -> "12,345".
 std::string format_count(std::uint64_t count);
+
+// Text for an XML or HTML page: & < > " as entities.
+std::string escape_xml(std::string_view text);
 
 // Model FLOPs utilization: achieved flops (flops_per_token * tokens_per_s) over peak_flops, as a
 // fraction (0.42 = 42%). flops_per_token counts forward + backward (about 6 * parameters for a

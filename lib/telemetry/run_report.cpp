@@ -16,29 +16,6 @@ namespace {
 constexpr double kWidth = 720, kHeight = 260;
 constexpr double kLeft = 72, kRight = 24, kTop = 34, kBottom = 42;
 
-std::string escape(std::string_view text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
 std::string number(double x) {
   return fmt::format("{:.6g}", x);  // 11000 rather than 1.1e+04; 0.0025
 }
@@ -106,7 +83,7 @@ std::string line_chart(std::string_view id, std::string_view title, std::string_
       "data-x-min=\"{}\" data-x-max=\"{}\" data-y-min=\"{}\" data-y-max=\"{}\">\n"
       "<text x=\"{}\" y=\"20\" class=\"title\">{}</text>\n",
       kWidth, kHeight, id, number(x.low), number(x.high), number(y.low), number(y.high), kLeft,
-      escape(title));
+      escape_xml(title));
   for (double v = y.low; v <= y.high + y.step * 1e-6; v += y.step) {
     svg += fmt::format(
         "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" class=\"grid\"/>"
@@ -125,7 +102,7 @@ std::string line_chart(std::string_view id, std::string_view title, std::string_
       "<text x=\"14\" y=\"{:.1f}\" class=\"tick\" text-anchor=\"middle\" "
       "transform=\"rotate(-90 14 {:.1f})\">{}</text>\n",
       kLeft, kTop, plot_w, plot_h, kLeft + plot_w / 2, kHeight - 6, kTop + plot_h / 2,
-      kTop + plot_h / 2, escape(y_label));
+      kTop + plot_h / 2, escape_xml(y_label));
   for (int64_t step : checkpoints) {
     const double s = static_cast<double>(step);
     if (s < x.low || s > x.high) continue;
@@ -160,7 +137,7 @@ std::string line_chart(std::string_view id, std::string_view title, std::string_
     svg += fmt::format(
         "<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"legend\" text-anchor=\"end\" fill=\"{}\">{}"
         "</text>\n",
-        legend_x, kTop + 14, s.color, escape(s.name));
+        legend_x, kTop + 14, s.color, escape_xml(s.name));
     legend_x -= 9.0 * static_cast<double>(s.name.size()) + 16;
   }
   return svg + "</svg>\n";
@@ -187,7 +164,7 @@ std::string memory_chart(const std::vector<std::pair<std::string, uint64_t>>& me
         "<text x=\"140\" y=\"{:.1f}\" class=\"tick\" text-anchor=\"end\">{}</text>"
         "<rect x=\"150\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"18\" class=\"bar\"/>"
         "<text x=\"{:.1f}\" y=\"{:.1f}\" class=\"tick\">{} ({:.1f}%)</text>\n",
-        y + 13, escape(name), y, std::max(w, 1.0), 156 + w, y + 13, format_bytes(bytes),
+        y + 13, escape_xml(name), y, std::max(w, 1.0), 156 + w, y + 13, format_bytes(bytes),
         total > 0 ? 100.0 * static_cast<double>(bytes) / static_cast<double>(total) : 0.0);
     y += row;
   }
@@ -237,7 +214,7 @@ std::string render_run_report(const RunReportData& d) {
       ".checkpoint {{ stroke: #2a9d4b; stroke-width: 1; stroke-dasharray: 4 3; }}\n"
       ".bar {{ fill: #4c78a8; }}\n"
       "</style>\n</head>\n<body>\n<h1>{0}</h1>\n<p>{1}</p>\n",
-      escape(d.name), escape(summary));
+      escape_xml(d.name), escape_xml(summary));
   page += line_chart(
       "loss", "loss (nats/token)", "loss",
       {{"train", "#1f77b4", &d.loss, false}, {"validation", "#d62728", &d.val_loss, true}},

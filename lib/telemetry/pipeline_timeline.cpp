@@ -1,0 +1,186 @@
+#include "telemetry/pipeline_timeline.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "telemetry/format.hpp"
+
+namespace trainctl::telemetry {
+
+namespace {
+
+// A round step for a time axis of `span` seconds: 1, 2 or 5 times a power of ten, about 8 ticks.
+double tick_step(double span) {
+  const double raw = span / 8;
+  const double power = std::pow(10.0, std::floor(std::log10(raw)));
+  for (const double f : {1.0, 2.0, 5.0})
+    if (f * power >= raw) return f * power;
+  return 10 * power;
+}
+
+// "850 us", "12.5 ms", "43.9 s".
+std::string duration(double seconds) {
+  if (seconds < 1e-3) return fmt::format("{:.3g} us", 1e6 * seconds);
+  if (seconds < 1) return fmt::format("{:.3g} ms", 1e3 * seconds);
+  return fmt::format("{:.3g} s", seconds);
+}
+
+std::string bubble_line(const Timeline& t) {
+  const size_t stages = t.stages.size();
+  const int micro_batches = t.micro_batches();
+  return fmt::format(
+      "{}, {} stage{}, {} micro-batch{}: step {}, bubble {:.1f}% of the stages' time", t.schedule,
+      stages, stages == 1 ? "" : "s", micro_batches, micro_batches == 1 ? "" : "es",
+      duration(t.makespan), 100 * t.bubble_share());
+}
+
+}  // namespace
+
+std::string render_text(const Timeline& t, int width) {
+  width = std::max(width, 16);
+  const double span = t.makespan > 0 ? t.makespan : 1.0;
+  // With many micro-batches a column would hold several actions: then the fill and the drain are
+  // drawn, each over half the width at two columns or more per action, with the steady state
+  // between them left out.
+  double shortest = span;
+  for (const auto& stage : t.stages)
+    for (const TimedAction& a : stage)
+      if (a.compute() && a.end > a.start) shortest = std::min(shortest, a.end - a.start);
+  const int half = (width - 5) / 2;
+  const double window = shortest / 2 * half;
+  const bool split = shortest / span * width < 1.5 && 2 * window < span;
+  struct Part {
+    double begin, end;
+    int columns;
+  };
+  const std::vector<Part> parts =
+      split ? std::vector<Part>{{0, window, half}, {span - window, span, half}}
+            : std::vector<Part>{{0, span, width}};
+  std::string out;
+  for (size_t s = 0; s < t.stages.size(); ++s) {
+    std::string line = fmt::format("stage {:<3} |", s);
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const Part& part = parts[p];
+      const double scale = part.columns / (part.end - part.begin);
+      std::string row(static_cast<size_t>(part.columns), '.');
+      for (const TimedAction& a : t.stages[s]) {
+        if (!a.compute() || a.end <= part.begin || a.start >= part.end) continue;
+        // The columns whose midpoints the action covers; at least one, so none vanishes.
+        const int first =
+            std::max(0, static_cast<int>(std::lround((a.start - part.begin) * scale)));
+        const int last =
+            std::max(first + 1, static_cast<int>(std::lround((a.end - part.begin) * scale)));
+        const bool odd = a.action.micro_batch % 2 != 0;
+        const char c = a.action.op == PipeOp::forward ? (odd ? 'f' : 'F') : (odd ? 'b' : 'B');
+        for (int i = first; i < std::min(last, part.columns); ++i)
+          row[static_cast<size_t>(i)] = c;
+      }
+      line += (p ? " ... " : "") + row;
+    }
+    out += line + "|\n";
+  }
+  if (split) {
+    out += fmt::format("{:<11}{:<{}}{}\n", "", "0 to " + duration(window), half,
+                       " ... " + duration(span - window) + " to " + duration(span));
+    out += "(the fill and the drain; the steady state between them is left out)\n";
+  } else {
+    out += fmt::format("{:<11}{:<{}}{}\n", "", "0", width / 2, duration(span));
+  }
+  out += "F/f forward, B/b backward (upper case: even micro-batch, lower case: odd), . idle\n";
+  out += bubble_line(t) + "\n";
+  return out;
+}
+
+std::string render_svg(const Timeline& t, const std::string& title) {
+  std::vector<std::string> lines;  // the title's lines
+  for (size_t from = 0;;) {
+    const size_t end = title.find('\n', from);
+    lines.push_back(title.substr(from, end == std::string::npos ? end : end - from));
+    if (end == std::string::npos) break;
+    from = end + 1;
+  }
+  const double line_height = 18;
+  const double left = 70, right = 20, row = 30, gap = 8, plot = 960;
+  const double top = 38 + line_height * static_cast<double>(lines.size());
+  const size_t P = t.stages.size();
+  const double width = left + plot + right;
+  const double height = top + static_cast<double>(P) * (row + gap) + 60;
+  const double span = t.makespan > 0 ? t.makespan : 1.0;
+  auto x_of = [&](double seconds) { return left + seconds / span * plot; };
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" viewBox=\"0 0 "
+      "{:.0f} "
+      "{:.0f}\" font-family=\"sans-serif\" font-size=\"12\">\n",
+      width, height, width, height);
+  svg += "<title>" + escape_xml(lines.front()) + "</title>\n";
+  svg +=
+      fmt::format("<rect width=\"{:.0f}\" height=\"{:.0f}\" fill=\"#ffffff\"/>\n", width, height);
+  for (size_t i = 0; i < lines.size(); ++i)
+    svg += fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"{}\"{}>{}</text>\n", left,
+                       20 + line_height * static_cast<double>(i), i ? 12 : 14,
+                       i ? "" : " font-weight=\"bold\"", escape_xml(lines[i]));
+  svg +=
+      fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\">{}</text>\n", left,
+                  20 + line_height * static_cast<double>(lines.size()), escape_xml(bubble_line(t)));
+  for (size_t s = 0; s < P; ++s) {
+    const double y = top + static_cast<double>(s) * (row + gap);
+    svg += fmt::format("<text x=\"8\" y=\"{:.1f}\">stage {}</text>\n", y + row / 2 + 4, s);
+    svg += fmt::format(
+        "<rect class=\"idle\" x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.0f}\" "
+        "fill=\"#e8e8e8\"/>\n",
+        left, y, plot, row);
+    for (const TimedAction& a : t.stages[s]) {
+      if (!a.compute()) continue;
+      const bool forward = a.action.op == PipeOp::forward;
+      const double x0 = x_of(a.start), w = std::max(x_of(a.end) - x0, 0.5);
+      svg += fmt::format(
+          "<rect class=\"{}\" data-stage=\"{}\" data-op=\"{}\" data-micro-batch=\"{}\" "
+          "x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"{}\" "
+          "stroke=\"#ffffff\" "
+          "stroke-width=\"0.5\"/>\n",
+          forward ? "forward" : "backward", s, forward ? "forward" : "backward",
+          a.action.micro_batch, x0, y, w, row, forward ? "#4c78a8" : "#f58518");
+      if (w >= 14)
+        svg += fmt::format(
+            "<text x=\"{:.2f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#ffffff\" "
+            "font-size=\"11\">{}</text>\n",
+            x0 + w / 2, y + row / 2 + 4, a.action.micro_batch);
+    }
+  }
+  const double axis_y = top + static_cast<double>(P) * (row + gap) + 4;
+  svg += fmt::format(
+      "<line x1=\"{:.0f}\" y1=\"{:.1f}\" x2=\"{:.0f}\" y2=\"{:.1f}\" stroke=\"#333333\"/>\n", left,
+      axis_y, left + plot, axis_y);
+  const double step = tick_step(span);
+  for (double tick = 0; tick <= span * (1 + 1e-9); tick += step) {
+    const double x = x_of(tick);
+    svg += fmt::format(
+        "<line x1=\"{:.2f}\" y1=\"{:.1f}\" x2=\"{:.2f}\" y2=\"{:.1f}\" stroke=\"#333333\"/>\n", x,
+        axis_y, x, axis_y + 5);
+    svg += fmt::format("<text x=\"{:.2f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", x,
+                       axis_y + 18, tick > 0 ? duration(tick) : "0");
+  }
+  const double legend_y = axis_y + 38;
+  svg += fmt::format(
+      "<rect x=\"{:.0f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"#4c78a8\"/><text "
+      "x=\"{:.0f}\" "
+      "y=\"{:.1f}\">forward</text>\n",
+      left, legend_y - 10, left + 16, legend_y);
+  svg += fmt::format(
+      "<rect x=\"{:.0f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"#f58518\"/><text "
+      "x=\"{:.0f}\" "
+      "y=\"{:.1f}\">backward</text>\n",
+      left + 90, legend_y - 10, left + 106, legend_y);
+  svg += fmt::format(
+      "<rect x=\"{:.0f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"#e8e8e8\"/><text "
+      "x=\"{:.0f}\" "
+      "y=\"{:.1f}\">idle (waiting for a peer or done)</text>\n",
+      left + 190, legend_y - 10, left + 206, legend_y);
+  svg += "</svg>\n";
+  return svg;
+}
+
+}  // namespace trainctl::telemetry

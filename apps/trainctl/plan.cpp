@@ -19,7 +19,6 @@
 #include "plan_auto.hpp"
 #include "planner/planner.hpp"
 #include "run/session.hpp"
-#include "run/timeline_file.hpp"
 #include "telemetry/pipeline_timeline.hpp"
 #include "topology/topology.hpp"
 
@@ -238,7 +237,7 @@ int run_plan(const PlanOptions& options) {
       }
       if (options.timeline && options.json) {
         nlohmann::json doc = nlohmann::json::parse(out);
-        nlohmann::json timeline = run::timeline_json(t, true);
+        nlohmann::json timeline = telemetry::timeline_json(t, true);
         timeline["layout"] = drawn->layout.describe();
         timeline["origin"] = drawn->origin;
         doc["timeline"] = std::move(timeline);

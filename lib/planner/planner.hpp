@@ -36,6 +36,8 @@ struct Variant : Layout {
           Recompute recompute = Recompute::none);
   // "tp=8 pp=2 dp=4 ep=1 mb=1 zero=0 recompute=full", and " sp=1" with sequence parallelism
   std::string describe() const;
+  // The GPUs one copy of the model spans (tp * pp * cp): fewer is the ties' second criterion.
+  int gpus_per_replica() const { return tp * pp * cp; }
   bool operator==(const Variant&) const = default;
 };
 
@@ -123,6 +125,9 @@ struct TimeOptions {
 // Above this share of the GPU's memory a layout is reported as tight (text: a note naming the
 // fastest layout below it; JSON: memory_bytes.tight).
 inline constexpr double kTightMemoryShare = 0.90;
+inline bool tight_memory(double bytes, double capacity) {
+  return bytes > kTightMemoryShare * capacity;
+}
 // The model's error. Between two layouts of one job most of it cancels: where a published layout
 // is not the planner's first it loses by 3.5% or less (docs/planner.md), so steps within kTieBand
 // of the fastest are a tie. On a step's absolute value it is the spread of the published runs'

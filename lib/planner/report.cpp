@@ -90,13 +90,13 @@ std::string time_line(const TimeEstimate& t) {
 // Empty when `m` is below; else a line saying so and naming the fastest layout that stays below.
 std::string tight_memory_note(const Plan& plan, const MemoryEstimate& m, std::string_view who) {
   const double capacity = plan.cluster.gpu.memory_gib * kGiB;
-  if (capacity <= 0 || m.total() <= kTightMemoryShare * capacity) return {};
+  if (capacity <= 0 || !tight_memory(m.total(), capacity)) return {};
   std::string out = fmt::format(
       "  note: {} uses {:.0f}% of the GPU's memory, above {:.0f}%: fragmentation and library "
       "buffers beyond the model's fixed overhead may not fit",
       who, 100.0 * m.total() / capacity, 100.0 * kTightMemoryShare);
   for (size_t i = 0; i < plan.ranked.size(); ++i)
-    if (plan.ranked[i].memory.total() <= kTightMemoryShare * capacity)
+    if (!tight_memory(plan.ranked[i].memory.total(), capacity))
       return out + fmt::format("; the fastest layout below is #{} ({}, {:.0f}%)\n", i + 1,
                                degrees(plan.ranked[i].layout),
                                100.0 * plan.ranked[i].memory.total() / capacity);
@@ -108,10 +108,9 @@ std::string why_after(const Plan& plan, size_t i) {
   const Candidate &best = plan.ranked.front(), &k = plan.ranked[i];
   if (static_cast<int>(i) >= plan.tied) return explain_loss(best, k, plan.cluster);
   const double capacity = plan.cluster.gpu.memory_gib * kGiB;
-  const bool tight = k.memory.total() > kTightMemoryShare * capacity;
-  const bool best_tight = best.memory.total() > kTightMemoryShare * capacity;
-  const int replica = k.layout.tp * k.layout.pp * k.layout.cp;
-  const int best_replica = best.layout.tp * best.layout.pp * best.layout.cp;
+  const bool tight = tight_memory(k.memory.total(), capacity);
+  const bool best_tight = tight_memory(best.memory.total(), capacity);
+  const int replica = k.layout.gpus_per_replica(), best_replica = best.layout.gpus_per_replica();
   const std::string rule =
       tight && !best_tight ? fmt::format("it uses {:.0f}% of the GPU's memory, above {:.0f}%",
                                          100 * k.memory.total() / capacity, 100 * kTightMemoryShare)
@@ -241,7 +240,7 @@ nlohmann::json memory_json(const MemoryEstimate& m, double headroom) {
           {"headroom", headroom},
           {"worst_stage", m.worst_stage},
           {"in_flight", m.in_flight},
-          {"tight", m.total() > kTightMemoryShare * (m.total() + headroom)}};
+          {"tight", tight_memory(m.total(), m.total() + headroom)}};
 }
 
 nlohmann::json time_json(const TimeEstimate& t) {

@@ -211,13 +211,11 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
     const auto tie_end = std::partition_point(
         plan.ranked.begin(), plan.ranked.end(),
         [&](const Candidate& k) { return k.time.step_s <= fastest * (1 + kTieBand); });
-    auto tight = [&](const Candidate& k) {
-      return k.memory.total() > kTightMemoryShare * capacity;
-    };
-    auto replica = [](const Variant& l) { return l.tp * l.pp * l.cp; };
+    auto tight = [&](const Candidate& k) { return tight_memory(k.memory.total(), capacity); };
     std::stable_sort(plan.ranked.begin(), tie_end, [&](const Candidate& a, const Candidate& b) {
       if (tight(a) != tight(b)) return !tight(a);
-      if (replica(a.layout) != replica(b.layout)) return replica(a.layout) < replica(b.layout);
+      const int ga = a.layout.gpus_per_replica(), gb = b.layout.gpus_per_replica();
+      if (ga != gb) return ga < gb;
       return a.time.step_s < b.time.step_s;
     });
     plan.tied = static_cast<int>(tie_end - plan.ranked.begin());
@@ -334,7 +332,7 @@ StageBalance balance_stages(const recipe::Recipe& recipe, const topology::Cluste
         const TimeEstimate t = estimate_time(r, cluster, layout, time_options);
         if (t.step_s >= best.time.step_s * (1 - 1e-9)) continue;
         const MemoryEstimate m = estimate_memory(r, cluster, layout, memory_options);
-        if (m.total() > capacity && m.total() > best.memory.total()) continue;
+        if (m.total() > capacity) continue;  // faster, but no longer fits
         best = {candidate, t, m};
         moved = true;
         break;

@@ -2,32 +2,14 @@
 
 #include <fmt/core.h>
 
+#include <nlohmann/json.hpp>
+
 #include "files/files.hpp"
 #include "planner/planner.hpp"
 #include "telemetry/pipeline_timeline.hpp"
 #include "topology/topology.hpp"
 
 namespace trainctl::run {
-
-nlohmann::json timeline_json(const Timeline& t, bool compute_only) {
-  nlohmann::json stages = nlohmann::json::array();
-  for (const std::vector<TimedAction>& stage : t.stages) {
-    nlohmann::json actions = nlohmann::json::array();
-    for (const TimedAction& a : stage) {
-      if (compute_only && !a.compute()) continue;
-      actions.push_back({{"op", op_name(a.action.op)},
-                         {"micro_batch", a.action.micro_batch},
-                         {"start_s", a.start},
-                         {"end_s", a.end}});
-    }
-    stages.push_back(std::move(actions));
-  }
-  return {{"schedule", t.schedule},
-          {"micro_batches", t.micro_batches()},
-          {"step_s", t.makespan},
-          {"bubble_share", t.bubble_share()},
-          {"stages", std::move(stages)}};
-}
 
 void write_timeline(const std::filesystem::path& run_dir, RunContext& run, int64_t step,
                     const Timeline& measured) {
@@ -43,8 +25,8 @@ void write_timeline(const std::filesystem::path& run_dir, RunContext& run, int64
                            {"recipe", r.name},
                            {"layout", layout.describe()},
                            {"step", step},
-                           {"measured", timeline_json(measured, false)},
-                           {"planned", timeline_json(planned, true)}};
+                           {"measured", telemetry::timeline_json(measured, false)},
+                           {"planned", telemetry::timeline_json(planned, true)}};
   files::write_file_atomically(run_dir / "timeline.json", doc.dump(2) + "\n");
   files::write_file_atomically(
       run_dir / "timeline.svg",

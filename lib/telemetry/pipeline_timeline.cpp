@@ -183,4 +183,24 @@ std::string render_svg(const Timeline& t, const std::string& title) {
   return svg;
 }
 
+nlohmann::json timeline_json(const Timeline& t, bool compute_only) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const std::vector<TimedAction>& stage : t.stages) {
+    nlohmann::json actions = nlohmann::json::array();
+    for (const TimedAction& a : stage) {
+      if (compute_only && !a.compute()) continue;
+      actions.push_back({{"op", op_name(a.action.op)},
+                         {"micro_batch", a.action.micro_batch},
+                         {"start_s", a.start},
+                         {"end_s", a.end}});
+    }
+    stages.push_back(std::move(actions));
+  }
+  return {{"schedule", t.schedule},
+          {"micro_batches", t.micro_batches()},
+          {"step_s", t.makespan},
+          {"bubble_share", t.bubble_share()},
+          {"stages", std::move(stages)}};
+}
+
 }  // namespace trainctl::telemetry

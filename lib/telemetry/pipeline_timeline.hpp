@@ -3,6 +3,7 @@
 // schedule, a run with logging.timeline_step the one it measured.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "layout/timeline.hpp"
@@ -19,5 +20,10 @@ std::string render_text(const Timeline& timeline, int width = 72);
 // first in bold) with the bubble share above it. Each box carries data-stage, data-op and
 // data-micro-batch attributes.
 std::string render_svg(const Timeline& timeline, const std::string& title);
+
+// The timeline as data: {"schedule", "micro_batches", "step_s", "bubble_share", "stages": [[{"op",
+// "micro_batch", "start_s", "end_s"}, ...] per stage]}; `compute_only` leaves the transfers out.
+// `trainctl plan --timeline --json` prints it, a run's timeline.json holds it.
+nlohmann::json timeline_json(const Timeline& timeline, bool compute_only);
 
 }  // namespace trainctl::telemetry

@@ -41,7 +41,7 @@ int Timeline::micro_batches() const {
   int count = 0;
   if (!stages.empty())
     for (const TimedAction& a : stages.front())
-      count += a.action.op == PipeOp::forward;
+      count += a.action.op == PipeOp::forward && a.action.chunk == 0;
   return count;
 }
 
@@ -59,9 +59,11 @@ namespace {
 double run(const std::vector<std::vector<PipeAction>>& lists, const std::vector<StageTimes>& times,
            double transfer_s, Timeline* record) {
   const size_t P = lists.size();
-  if (times.size() != P)
+  if (P == 0 ? !times.empty() : times.empty() || times.size() % P != 0)
     throw std::invalid_argument("pipeline timeline: " + std::to_string(P) + " action lists but " +
-                                std::to_string(times.size()) + " stage times");
+                                std::to_string(times.size()) +
+                                " stage times (one per virtual stage: a multiple of the lists)");
+  const size_t S = times.size();  // virtual stages: chunk c of rank r is c * P + r
   for (const StageTimes& t : times)
     if (!(t.forward >= 0 && t.backward >= 0))
       throw std::invalid_argument("pipeline timeline: a stage time is negative or not a number");
@@ -86,18 +88,22 @@ double run(const std::vector<std::vector<PipeAction>>& lists, const std::vector<
     size_t& i = done[s];
     for (; i < list.size(); ++i) {
       const PipeAction& a = list[i];
+      const size_t v = static_cast<size_t>(a.chunk) * P + s;
+      if (v >= S) break;  // no such chunk: stuck
       if (a.op == PipeOp::forward || a.op == PipeOp::backward) {
-        const double d = a.op == PipeOp::forward ? times[s].forward : times[s].backward;
+        const double d = a.op == PipeOp::forward ? times[v].forward : times[v].backward;
         if (record) record->stages[s].push_back({a, clock[s], clock[s] + d});
         clock[s] += d;
         continue;
       }
       const bool down = downstream(a.op);
-      if ((down && s + 1 >= P) || (!down && s == 0)) break;  // no such peer: stuck
-      const size_t peer = down ? s + 1 : s - 1;
+      if ((down && v + 1 >= S) || (!down && v == 0)) break;  // no such peer: stuck
+      const size_t to = down ? v + 1 : v - 1, peer = to % P;
       if (done[peer] >= lists[peer].size()) break;
       const PipeAction& b = lists[peer][done[peer]];
-      if (b.op != partner(a.op) || b.micro_batch != a.micro_batch) break;  // waits for the peer
+      if (b.op != partner(a.op) || b.micro_batch != a.micro_batch ||
+          b.chunk != static_cast<int>(to / P))
+        break;  // waits for the peer
       const double end = std::max(clock[s], clock[peer]) + transfer_s;
       if (record) {
         record->stages[s].push_back({a, clock[s], end});

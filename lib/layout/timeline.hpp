@@ -21,7 +21,7 @@
 
 namespace trainctl {
 
-// One stage's compute per micro-batch, in seconds.
+// One (virtual) stage's compute per micro-batch, in seconds.
 struct StageTimes {
   double forward = 0, backward = 0;
 };
@@ -38,12 +38,12 @@ struct Timeline {
   double makespan = 0;                           // the last action's end
   std::string schedule = "1f1b";                 // the schedule's name, for the pictures
   double busy(int stage) const;                  // the stage's compute time
-  int micro_batches() const;                     // the forwards of a stage
+  int micro_batches() const;                     // the forwards of a stage's first chunk
   double bubble_share() const;
 };
 
-// Runs `lists` (one action list per stage) with each stage's compute times and `transfer_s` per
-// message. Throws std::invalid_argument on mismatched sizes or a negative time, and
+// Runs `lists` (one action list per rank) with each virtual stage's compute times (P of them, or
+// P * V for V chunks per rank: chunk c of rank r at c * P + r) and `transfer_s` per message. Throws std::invalid_argument on mismatched sizes or a negative time, and
 // std::logic_error naming the stuck actions when the lists deadlock.
 Timeline simulate(const std::vector<std::vector<PipeAction>>& lists,
                   const std::vector<StageTimes>& times, double transfer_s);

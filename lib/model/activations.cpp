@@ -49,10 +49,20 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
   };
 
   slots.assign(static_cast<size_t>(par.activation_slots), Slot{});
-  // Every dense layer has the same FFN shape and every MoE layer the same expert shapes.
+  // Every dense layer has the same FFN shape and every MoE layer the same expert shapes. With
+  // chunks a slot serves any of them: its j-th layer holds what the j-th layer of every chunk
+  // needs (a dense MLP's, an MoE's, or both when the chunks differ there).
+  const int depth = max_chunk_layers();
+  std::vector<const Block*> dense_at(static_cast<size_t>(depth)),
+      moe_at(static_cast<size_t>(depth));
+  for (int c = 0; c < num_chunks(); ++c)
+    for (int j = 0; j < chunk_layers(c); ++j) {
+      const Block& b = blocks[chunk_begin[static_cast<size_t>(c)] + static_cast<size_t>(j)];
+      (b.mlp ? dense_at : moe_at)[static_cast<size_t>(j)] = &b;
+    }
   int64_t expert_rows = 0;
   for (Slot& slot : slots) {
-    for (int l = 0; l <= num_layers(); ++l)
+    for (int l = 0; l <= depth; ++l)
       slot.resid.push_back(kept.take(S, {rows, C}));
     slot.tokens = kept.take(DType::i32, {N});
     slot.targets = kept.take(DType::i32, {N});
@@ -60,9 +70,8 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
       slot.local_targets = kept.take(DType::i32, {N});
       slot.lse = kept.take(A, {N});
     }
-    slot.acts.assign(blocks.size(), BlockActs{});
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      const Block& b = blocks[i];
+    slot.acts.assign(static_cast<size_t>(depth), BlockActs{});
+    for (size_t i = 0; i < slot.acts.size(); ++i) {
       BlockActs& a = slot.acts[i];
       shared.rewind(0);
       a.x_in = slot.resid[i];
@@ -74,9 +83,10 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
       a.x_mid = keep_unless_full(S, {rows, C});
       a.ln2_s = {keep_unless_full(A, {rows}), keep_unless_full(A, {rows})};
       a.ln2_out = keep_if_none(S, {rows, C});
-      if (b.mlp) {
+      if (dense_at[i])
         a.mlp_s = {keep_unless_full(S, {N, dense_F1}), keep_if_none(S, {N, dense_F})};
-      } else {
+      if (const Block* moe = moe_at[i]) {
+        const Block& b = *moe;
         // Context parallel: the route covers the micro-batch (every cp rank's tokens), the
         // buffers this rank's tokens, at most N per expert.
         const int64_t E = cfg.moe.experts, k = cfg.moe.top_k, routed = routed_tokens();
@@ -119,8 +129,6 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
   d_resid = scratch.take(S, {rows, C});
   d_ln_out = scratch.take(S, {rows, C});
   d_norm_in = scratch.take(S, {rows, C});
-  if (!par.last_stage()) out_grad = scratch.take(S, {rows, C});
-  if (!par.first_stage()) in_grad = scratch.take(S, {rows, C});
   if (cp_on()) {  // the ring's blocks and accumulators, and the positions
     const int64_t KVW = 2 * KV * D;
     cp.kv[0] = scratch.take(S, {N, KVW});

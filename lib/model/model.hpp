@@ -75,13 +75,16 @@ class Transformer {
 
   // tokens, targets: host int32 arrays of micro_batch * seq_len. Targets < 0 are ignored.
   // `slot` (< parallel.activation_slots) picks the activation set: a pipeline stage keeps the
-  // activations of several micro-batches in flight. Every stage receives tokens and targets (the
-  // first stage embeds the tokens, the last one scores the targets). On a non-first stage,
-  // stage_input(slot) must hold the previous stage's output before forward.
-  ForwardResult forward(const int32_t* tokens, const int32_t* targets, int slot = 0);
-  // Differentiates the objective of the forward of `slot`; parameter gradients += grad_scale *
-  // d objective. On a non-last stage, output_grad() must hold d objective / d stage_output(slot)
-  // (already multiplied by grad_scale) first. Evaluation-only forwards need no backward.
+  // activations of several micro-batches in flight. `chunk` (< chunks()) picks the layers with
+  // virtual stages. Every stage receives tokens and targets (the first stage embeds the tokens in
+  // its chunk 0, the last one scores the targets in its last chunk). Otherwise stage_input(slot)
+  // must hold the previous stage's output before forward.
+  ForwardResult forward(const int32_t* tokens, const int32_t* targets, int slot = 0,
+                        int chunk = 0);
+  // Differentiates the objective of the forward of `slot` (its chunk); parameter gradients +=
+  // grad_scale * d objective. Unless the chunk scores the targets, output_grad(slot) must hold
+  // d objective / d stage_output(slot) (already multiplied by grad_scale) first. Evaluation-only
+  // forwards need no backward.
   void backward(double grad_scale, int slot = 0);
 
   // Called by backward() each time a group of parameter gradients is complete for this backward:
@@ -108,11 +111,15 @@ class Transformer {
   // Sharded values: the source of every block's values (null: copy from this rank's part).
   void set_block_value_source(BlockValueSource* source);
 
-  // Pipeline boundaries, [micro_batch * seq_len, hidden] tensors in the storage type.
-  Tensor stage_input(int slot);   // non-first stage: receive the previous stage's output here
-  Tensor stage_output(int slot);  // non-last stage: after forward, send this to the next stage
-  Tensor output_grad();           // non-last stage: receive the next stage's input_grad here
-  Tensor input_grad();            // non-first stage: after backward, send this to the previous
+  // Pipeline boundaries, [micro_batch * seq_len, hidden] tensors in the storage type, all in the
+  // slot: the gradients take the places of activations that are dead by then, so a slot's
+  // transfers may wait while other slots compute. A slot whose backward ran may receive the next
+  // input before its input_grad is sent, but its next forward must come after that send.
+  Tensor stage_input(int slot);   // receive the previous stage's output here before forward
+  Tensor stage_output(int slot);  // after forward, send this to the next stage
+  Tensor output_grad(int slot);   // receive the next stage's input_grad here before backward
+  Tensor input_grad(int slot);    // after backward, send this to the previous stage
+  int chunks() const;             // model chunks on this rank (ModelParallel::virtual_stages)
   const ModelParallel& parallel() const;
 
   ParamStore& params();

@@ -58,4 +58,19 @@ std::vector<StageRange> stage_ranges(int layers, int pp_size,
   return ranges;
 }
 
+std::vector<StageRange> chunk_ranges(int layers, const ModelParallel& parallel) {
+  const int P = parallel.pp_size(), V = parallel.virtual_stages;
+  if (V < 1)
+    throw std::invalid_argument("pipeline: virtual_stages = " + std::to_string(V) +
+                                " must be >= 1");
+  if (parallel.pp_rank() < 0 || parallel.pp_rank() >= P)
+    throw std::invalid_argument("pipeline: pp_rank " + std::to_string(parallel.pp_rank()) +
+                                " outside [0, pp_size = " + std::to_string(P) + ")");
+  const std::vector<StageRange> all = stage_ranges(layers, P * V, parallel.stage_layers);
+  std::vector<StageRange> mine;
+  for (int c = 0; c < V; ++c)
+    mine.push_back(all[static_cast<size_t>(c * P + parallel.pp_rank())]);
+  return mine;
+}
+
 }  // namespace trainctl::model

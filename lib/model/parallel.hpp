@@ -37,7 +37,9 @@
 // parameters are replicated over cp; their gradients are summed with the dp ranks' (Mesh::dp_cp).
 //
 // Pipeline parallel over pp stages: stage s holds layers [first_layer, end_layer); the first stage
-// also the embeddings, the last the final norm and the head. With tied embeddings and pp > 1 the
+// also the embeddings, the last the final norm and the head. With V virtual stages per rank
+// (the interleaved schedule) the layers form pp * V stages and rank r holds V chunks, chunk c
+// being stage c * pp + r: the embeddings stay on rank 0 (chunk 0), the head on rank pp - 1. With tied embeddings and pp > 1 the
 // last stage holds a copy of embed.wte (ParamSpec::tied_copy) whose gradient the trainer sums with
 // the first stage's, so both stay equal.
 #pragma once
@@ -61,10 +63,13 @@ struct ModelParallel {
   // The cp members joined a second time (Mesh::cp_bg): with it the ring passes the next key/value
   // block on a worker thread while attention computes on the one held; null: blocking passes.
   comm::Communicator* cp_background = nullptr;
-  // Layers per stage (size layout.pp, summing to the model's layers); empty: as even as possible,
-  // the earlier stages taking the remainder (8 layers over 3 stages: 3, 3, 2).
+  // Layers per stage (size layout.pp * virtual_stages, summing to the model's layers); empty: as
+  // even as possible, the earlier stages taking the remainder (8 layers over 3 stages: 3, 3, 2).
   std::vector<int> stage_layers;
-  // Micro-batches whose activations this stage holds at once (1F1B: min(pp - pp_rank, M)).
+  // Model chunks per pipeline rank (interleaved schedule); 1: one contiguous stage.
+  int virtual_stages = 1;
+  // Micro-batches (of any chunk) whose activations this stage holds at once: the schedule's
+  // pipeline_slots (1F1B: min(pp - pp_rank, M)).
   int activation_slots = 1;
 
   // The mesh's layout with ZeRO stage `zero`, this rank's coordinates in it, and its tp and ep
@@ -102,5 +107,8 @@ struct StageRange {
   int end = 0;
 };
 std::vector<StageRange> stage_ranges(int layers, int pp_size, const std::vector<int>& stage_layers);
+// The layers of each of this rank's chunks, chunk order (one range without virtual stages).
+// Throws as stage_ranges does, and on virtual_stages < 1 or pp_rank outside [0, pp).
+std::vector<StageRange> chunk_ranges(int layers, const ModelParallel& parallel);
 
 }  // namespace trainctl::model

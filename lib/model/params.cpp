@@ -126,11 +126,13 @@ ParamTable build_param_table(const ModelConfig& c, const ModelParallel& par) {
     divisible(c.expert_ffn(), "expert ffn hidden", T, "tp");
     divisible(c.moe.experts, "experts", P, "ep");
   }
-  const std::vector<StageRange> stages = stage_ranges(c.layers, par.pp_size(), par.stage_layers);
   if (par.pp_rank() < 0 || par.pp_rank() >= par.pp_size())
     throw std::invalid_argument("model parallel: pp_rank " + std::to_string(par.pp_rank()) +
                                 " outside [0, " + std::to_string(par.pp_size()) + ")");
-  const StageRange stage = stages[static_cast<size_t>(par.pp_rank())];
+  std::vector<int> stage_layers;  // this rank's layers, chunk after chunk (ascending)
+  for (const StageRange& chunk : chunk_ranges(c.layers, par))
+    for (int i = chunk.first; i < chunk.end; ++i)
+      stage_layers.push_back(i);
 
   // The local share of [0, n) along a tp-split dimension, offset by `base`.
   auto tp_range = [&](int64_t n, int64_t base = 0) {
@@ -176,7 +178,7 @@ ParamTable build_param_table(const ModelConfig& c, const ModelParallel& par) {
       add(ParamRole::position, "embed.wpe", {c.seq_len, C}, {full(c.seq_len), full(C)},
           Init::normal, std, true, false, false);
   }
-  for (int i = stage.first; i < stage.end; ++i) {
+  for (const int i : stage_layers) {
     layer = i;
     const std::string l = "layers." + std::to_string(i);
     const int64_t H = c.heads, KV = c.kv_heads, qkv = (H + 2 * KV) * D;
@@ -414,11 +416,13 @@ void ParamStore::plan_block_units() {
 }
 
 size_t ParamStore::block_index(int layer) const {
-  const int64_t index = blocks_.empty() ? -1 : int64_t{layer} - blocks_.front().layer;
-  if (index < 0 || index >= static_cast<int64_t>(blocks_.size()))
+  // Ascending layers, consecutive within a chunk (interleaved stages hold several runs).
+  const auto it = std::lower_bound(blocks_.begin(), blocks_.end(), layer,
+                                   [](const BlockUnit& u, int l) { return u.layer < l; });
+  if (it == blocks_.end() || it->layer != layer)
     throw std::out_of_range("ParamStore: no block of layer " + std::to_string(layer) +
                             " (sharded gradients: blocks of this stage only)");
-  return static_cast<size_t>(index);
+  return static_cast<size_t>(it - blocks_.begin());
 }
 
 const BlockUnit& ParamStore::block_unit(int layer) const {

@@ -245,7 +245,7 @@ class ParamStore {
 
  private:
   void plan_block_units();
-  size_t block_index(int layer) const;  // of `layer` in blocks_ (consecutive layers)
+  size_t block_index(int layer) const;  // of `layer` in blocks_ (ascending layers)
   Tensor slot_grads(int slot, const BlockUnit& unit) const;
   Tensor grad_of(const ParamSpec& spec) const;
   Tensor value_of(const ParamSpec& spec) const;

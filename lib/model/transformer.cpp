@@ -14,7 +14,7 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
       T(config.seq_len / parallel.cp_size()),
       N(micro_batch * (config.seq_len / parallel.cp_size())),
       rows(N),
-      stage(checked_stage(config, parallel)),
+      chunks(checked_chunks(config, parallel)),
       store(backend, build_param_table(config, parallel), config.storage, parallel.zero_parts(),
             parallel.zero_rank(), parallel.shard_grads(), parallel.shard_values()) {
   if (B < 1) throw std::invalid_argument("micro_batch must be >= 1");
@@ -30,8 +30,9 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
           std::to_string(cfg.seq_len) + " % (2 * cp " + std::to_string(P) +
           ") = " + std::to_string(cfg.seq_len % (2 * P)) + ", must be 0");
     cp.comm = par.cp;
-    for (int layer = stage.first; layer < stage.end; ++layer)
-      if (cfg.is_moe_layer(layer)) moe_cp.comm = par.cp;  // this stage routes
+    for (const StageRange& chunk : chunks)
+      for (int layer = chunk.first; layer < chunk.end; ++layer)
+        if (cfg.is_moe_layer(layer)) moe_cp.comm = par.cp;  // this stage routes
     cp_local = cp_positions(par.cp_rank());
     if (par.cp_background) {
       cp_ring = std::make_unique<comm::BackgroundReducer>(*par.cp_background);
@@ -61,15 +62,26 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
   plan_activations();
 }
 
-StageRange Transformer::Impl::checked_stage(const ModelConfig& config,
-                                            const ModelParallel& parallel) {
+std::vector<StageRange> Transformer::Impl::checked_chunks(const ModelConfig& config,
+                                                          const ModelParallel& parallel) {
   config.check();
-  const auto ranges = stage_ranges(config.layers, parallel.pp_size(), parallel.stage_layers);
-  if (parallel.pp_rank() < 0 || parallel.pp_rank() >= parallel.pp_size())
-    throw std::invalid_argument("pp_rank " + std::to_string(parallel.pp_rank()) +
-                                " outside [0, pp_size = " + std::to_string(parallel.pp_size()) +
-                                ")");
-  return ranges[static_cast<size_t>(parallel.pp_rank())];
+  return chunk_ranges(config.layers, parallel);
+}
+
+int Transformer::Impl::max_chunk_layers() const {
+  int most = 0;
+  for (int c = 0; c < num_chunks(); ++c)
+    most = std::max(most, chunk_layers(c));
+  return most;
+}
+
+size_t Transformer::Impl::block_of_layer(int layer) const {
+  const auto it = std::lower_bound(blocks.begin(), blocks.end(), layer,
+                                   [](const Block& b, int l) { return b.layer < l; });
+  if (it == blocks.end() || it->layer != layer)
+    throw std::logic_error("Transformer: layer " + std::to_string(layer) +
+                           " is not on this stage");
+  return static_cast<size_t>(it - blocks.begin());
 }
 
 // Expert e's [rows, cols] matrix inside a stacked [E, rows, cols] (or [E, n]) parameter.
@@ -92,17 +104,22 @@ void Transformer::Impl::build_layers() {
     head = cfg.tied_embeddings ? param("embed.wte") : param("lm_head.weight");
     final_norm = norm("final_norm");
   }
-  blocks.resize(static_cast<size_t>(num_layers()));
-  for (int i = stage.first; i < stage.end; ++i)
-    build_block(static_cast<size_t>(i - stage.first));
+  chunk_begin.assign(1, 0);
+  for (const StageRange& chunk : chunks) {
+    for (int i = chunk.first; i < chunk.end; ++i) {
+      blocks.emplace_back().layer = i;
+      build_block(blocks.size() - 1);
+    }
+    chunk_begin.push_back(blocks.size());
+  }
 }
 
 // blocks[index] from the store's views: at construction, and with sharded gradients again when
 // its gradients are bound to a slot.
 void Transformer::Impl::build_block(size_t index) {
   const int64_t tps = par.tp_size();
-  const int i = stage.first + static_cast<int>(index);
   Block& b = blocks[index];
+  const int i = b.layer;
   b = Block{};
   b.layer = i;
   const std::string l = "layers." + std::to_string(i);
@@ -204,8 +221,12 @@ std::vector<int32_t> Transformer::Impl::cp_positions(int r) const {
 }
 
 ForwardResult Transformer::Impl::forward(const int32_t* host_tokens, const int32_t* host_targets,
-                                         int slot_index) {
+                                         int slot_index, int chunk) {
   Slot& s = slot_at(slot_index, "forward");
+  if (chunk < 0 || chunk >= num_chunks())
+    throw std::out_of_range("Transformer::forward: chunk " + std::to_string(chunk) +
+                            " outside [0, " + std::to_string(num_chunks()) + ")");
+  s.chunk = chunk;
   s.valid_targets = 0;
   const int64_t whole = B * cfg.seq_len;  // the micro-batch's tokens, on every cp rank
   for (int64_t i = 0; i < whole; ++i) {
@@ -229,7 +250,7 @@ ForwardResult Transformer::Impl::forward(const int32_t* host_tokens, const int32
   }
   be.copy_from_host(s.tokens, host_tokens);
   be.copy_from_host(s.targets, host_targets);
-  if (par.first_stage()) {
+  if (embeds(chunk)) {
     announce(embedding_ranges);  // a tied head on this stage is embed.wte: announced here
     // Context parallel: positions are global, so wpe's rows are looked up by row_positions and
     // added (by tp rank 0 only under tp) rather than taken as row % T.
@@ -251,9 +272,10 @@ ForwardResult Transformer::Impl::forward(const int32_t* host_tokens, const int32
   }
 
   ForwardResult result;
-  for (size_t i = 0; i < blocks.size(); ++i) {
+  const size_t begin = chunk_begin[static_cast<size_t>(chunk)];
+  for (size_t i = begin; i < chunk_begin[static_cast<size_t>(chunk) + 1]; ++i) {
     const Block& b = blocks[i];
-    BlockActs& a = s.acts[i];
+    BlockActs& a = s.acts[i - begin];
     announce(block_ranges[i]);
     if (store.values_sharded()) {
       want_block_values(i, +1);
@@ -271,9 +293,9 @@ ForwardResult Transformer::Impl::forward(const int32_t* host_tokens, const int32
       result.moe_layers.push_back(b.layer);
     }
   }
-  if (par.last_stage()) {
+  if (scores(chunk)) {
     announce(head_ranges);
-    final_norm.forward(be, s.lnf_out, s.lnf_s, s.resid.back());
+    final_norm.forward(be, s.lnf_out, s.lnf_s, chunk_output(s));
     head_forward(s);
     logits_slot = slot_index;
     double total = 0;
@@ -299,7 +321,7 @@ void Transformer::Impl::backward(double grad_scale, int slot_index) {
     throw std::logic_error("Transformer::backward called without forward (slot " +
                            std::to_string(slot_index) + ")");
   s.have_forward = false;
-  if (par.last_stage()) {
+  if (scores(s.chunk)) {
     const double ce_scale =
         s.valid_targets ? grad_scale / static_cast<double>(s.valid_targets) : 0.0;
     if (logits_slot != slot_index) head_forward(s);  // another slot's forward came in between
@@ -312,22 +334,23 @@ void Transformer::Impl::backward(double grad_scale, int slot_index) {
     // parallel: the blocks of another slot may have used the buffer since).
     Linear{head, Param{}}.backward(be, tp.partial_for(d_lnf_out), dlogits, tp.gather(s.lnf_out));
     tp.reduce(d_lnf_out);
-    final_norm.backward(be, d_resid, d_lnf_out, s.resid.back(), s.lnf_s);
+    final_norm.backward(be, d_resid, d_lnf_out, chunk_output(s), s.lnf_s);
     report_ready(head_ranges);
   } else {
-    be.cast(d_resid, out_grad);
+    be.cast(d_resid, chunk_output(s));  // the gradient received for the chunk's output
   }
   const bool sharded = store.grads_sharded();
-  for (size_t i = blocks.size(); i-- > 0;) {
+  const size_t begin = chunk_begin[static_cast<size_t>(s.chunk)];
+  for (size_t i = chunk_begin[static_cast<size_t>(s.chunk) + 1]; i-- > begin;) {
     const int grad_slot = sharded ? bind_block_grads(i) : -1;
     if (store.values_sharded()) want_block_values(i, -1);
     if (sharded) build_block(i);  // its Params now see the slots
-    block_recompute(blocks[i], s.acts[i]);
-    block_backward(blocks[i], s.acts[i], grad_scale);
+    block_recompute(blocks[i], s.acts[i - begin]);
+    block_backward(blocks[i], s.acts[i - begin], grad_scale);
     report_ready(block_ranges[i]);
     if (sharded) block_grads_done(i, grad_slot);
   }
-  if (par.first_stage()) {
+  if (embeds(s.chunk)) {
     // Context parallel: wpe's gradient goes to the rows' global positions (every tp rank adds
     // the same, as without cp).
     const Tensor dpositions = cp_on() ? Tensor{} : wpe.grad;
@@ -340,7 +363,7 @@ void Transformer::Impl::backward(double grad_scale, int slot_index) {
       be.embedding_backward(wpe.grad, Tensor{}, d, row_positions, T);
     report_ready(embedding_ranges);
   } else {
-    be.cast(in_grad, d_resid);
+    be.cast(input_grad_of(s), d_resid);
   }
 }
 
@@ -354,8 +377,11 @@ int Transformer::Impl::bind_block_grads(size_t index) {
 void Transformer::Impl::want_block_values(size_t index, int direction) {
   const int layer = blocks[index].layer;
   const int64_t next = static_cast<int64_t>(index) + direction;
-  const int next_layer =
-      next >= 0 && next < static_cast<int64_t>(blocks.size()) ? layer + direction : -1;
+  // The next block of the same chunk (chunks are runs of consecutive layers).
+  const int next_layer = next >= 0 && next < static_cast<int64_t>(blocks.size()) &&
+                                 blocks[static_cast<size_t>(next)].layer == layer + direction
+                             ? layer + direction
+                             : -1;
   if (value_source)
     value_source->values_wanted(layer, next_layer);
   else
@@ -396,8 +422,9 @@ Transformer::Transformer(const ModelConfig& config, Backend& backend, int64_t mi
     : impl_(std::make_unique<Impl>(config, backend, micro_batch, parallel)) {}
 Transformer::~Transformer() = default;
 
-ForwardResult Transformer::forward(const int32_t* tokens, const int32_t* targets, int slot) {
-  return impl_->forward(tokens, targets, slot);
+ForwardResult Transformer::forward(const int32_t* tokens, const int32_t* targets, int slot,
+                                   int chunk) {
+  return impl_->forward(tokens, targets, slot, chunk);
 }
 void Transformer::backward(double grad_scale, int slot) {
   impl_->backward(grad_scale, slot);
@@ -413,7 +440,7 @@ void Transformer::Impl::plan_grad_units() {
   for (const ParamSpec& spec : store.table().specs()) {
     const bool embedding = spec.role == ParamRole::embedding || spec.role == ParamRole::position;
     if (spec.layer >= 0) {
-      add(block_ranges.at(static_cast<size_t>(spec.layer - stage.first)), spec);
+      add(block_ranges.at(block_of_layer(spec.layer)), spec);
     } else if (embedding && !spec.tied_copy) {
       add(embedding_ranges, spec);
     } else {
@@ -441,24 +468,30 @@ void Transformer::set_params_needed_hook(ParamsNeededHook hook) {
   impl_->params_needed = std::move(hook);
 }
 Tensor Transformer::stage_input(int slot) {
-  if (impl_->par.first_stage())
+  if (impl_->par.first_stage() && impl_->num_chunks() == 1)
     throw std::logic_error("Transformer::stage_input: the first stage embeds its own tokens");
   return impl_->slot_at(slot, "stage_input").resid.front();
 }
 Tensor Transformer::stage_output(int slot) {
-  if (impl_->par.last_stage())
+  const Slot& s = impl_->slot_at(slot, "stage_output");
+  if (impl_->scores(s.chunk))
     throw std::logic_error("Transformer::stage_output: the last stage has no next stage");
-  return impl_->slot_at(slot, "stage_output").resid.back();
+  return impl_->chunk_output(s);
 }
-Tensor Transformer::output_grad() {
-  if (impl_->par.last_stage())
+Tensor Transformer::output_grad(int slot) {
+  const Slot& s = impl_->slot_at(slot, "output_grad");
+  if (impl_->scores(s.chunk))
     throw std::logic_error("Transformer::output_grad: the last stage starts from its own loss");
-  return impl_->out_grad;
+  return impl_->chunk_output(s);
 }
-Tensor Transformer::input_grad() {
-  if (impl_->par.first_stage())
+Tensor Transformer::input_grad(int slot) {
+  const Slot& s = impl_->slot_at(slot, "input_grad");
+  if (impl_->embeds(s.chunk))
     throw std::logic_error("Transformer::input_grad: the first stage has no previous stage");
-  return impl_->in_grad;
+  return impl_->input_grad_of(s);
+}
+int Transformer::chunks() const {
+  return impl_->num_chunks();
 }
 const ModelParallel& Transformer::parallel() const {
   return impl_->par;

@@ -39,8 +39,12 @@ struct BlockActs {
 // The activations of one micro-batch in flight (a pipeline stage holds several).
 // Sequence parallel: the residual stream, the norms' inputs and outputs and their gradients hold
 // this rank's `rows` of the N tokens ([N / tp, C]); the GEMMs' inputs are gathered.
+// The slot's first residual tensor is the chunk's input (received from the previous stage), the
+// second, after backward, the input's gradient sent back (so the next micro-batch's input may
+// arrive in the first before it leaves, as 1F1B's order has it), and the one after the chunk's
+// last layer its output and the gradient received for it.
 struct Slot {
-  std::vector<Tensor> resid;  // stage layers + 1 residual-stream tensors [rows, C]
+  std::vector<Tensor> resid;  // the largest chunk's layers + 1 residual-stream tensors [rows, C]
   Tensor tokens, targets;     // [N] i32, global ids
   Tensor local_targets;       // [N] i32, tp: targets inside this vocab shard, else -1
   Tensor lse;                 // [N] A, tp: log-sum-exp over the whole vocabulary
@@ -49,6 +53,7 @@ struct Slot {
   std::vector<BlockActs> acts;
   int64_t valid_targets = 0;
   bool have_forward = false;
+  int chunk = 0;  // the chunk of the last forward
 };
 
 struct Transformer::Impl {
@@ -59,7 +64,8 @@ struct Transformer::Impl {
   ModelParallel par;
   int64_t B, T, N;  // T: the tokens of a sequence on this rank (seq_len / cp), N = B * T
   int64_t rows;  // token rows of the residual stream on this rank: N, or N / tp (sequence parallel)
-  StageRange stage;
+  std::vector<StageRange> chunks;  // this rank's layers: one range, or one per virtual stage
+  std::vector<size_t> chunk_begin;  // blocks[chunk_begin[c], chunk_begin[c + 1]) run chunk c
   ParamStore store;
   Param wte, wpe, head;
   std::vector<Block> blocks;
@@ -86,7 +92,7 @@ struct Transformer::Impl {
   ActivationBytes bytes;
   std::vector<Slot> slots;
   Tensor logits, lse, losses, dlogits, d_lnf_out;
-  Tensor branch, d_resid, d_ln_out, d_norm_in, out_grad, in_grad;
+  Tensor branch, d_resid, d_ln_out, d_norm_in;
   Attention::Scratch attn_scratch;
   Mlp::Scratch mlp_scratch;
   Moe::Scratch moe_scratch;
@@ -111,10 +117,26 @@ struct Transformer::Impl {
   // transformer.cpp, except where marked
   Impl(const ModelConfig& config, Backend& backend, int64_t micro_batch,
        const ModelParallel& parallel);
-  static StageRange checked_stage(const ModelConfig& config, const ModelParallel& parallel);
+  static std::vector<StageRange> checked_chunks(const ModelConfig& config,
+                                                const ModelParallel& parallel);
 
   bool tp_on() const { return tp.active(); }
-  int num_layers() const { return stage.end - stage.first; }
+  int num_chunks() const { return static_cast<int>(chunks.size()); }
+  int chunk_layers(int c) const {
+    return chunks[static_cast<size_t>(c)].end - chunks[static_cast<size_t>(c)].first;
+  }
+  int max_chunk_layers() const;
+  // The embedding runs in chunk 0 of the first rank, the head in the last chunk of the last.
+  bool embeds(int chunk) const { return chunk == 0 && par.first_stage(); }
+  bool scores(int chunk) const { return chunk == num_chunks() - 1 && par.last_stage(); }
+  size_t block_of_layer(int layer) const;
+  // The chunk's output, and the gradient received for it: the residual after its last layer.
+  Tensor chunk_output(const Slot& s) const {
+    return s.resid[static_cast<size_t>(chunk_layers(s.chunk))];
+  }
+  // The gradient of the chunk's input, after backward: the second residual tensor (every chunk
+  // has a layer), dead by then.
+  static Tensor input_grad_of(const Slot& s) { return s.resid[1]; }
 
   Param param(const std::string& name) const { return store.param(name); }
   Param optional_param(const std::string& name) const {
@@ -163,7 +185,8 @@ struct Transformer::Impl {
   void head_forward(const Slot& s) {
     Linear{head, Param{}}.forward(be, logits, tp.gather(s.lnf_out));
   }
-  ForwardResult forward(const int32_t* host_tokens, const int32_t* host_targets, int slot_index);
+  ForwardResult forward(const int32_t* host_tokens, const int32_t* host_targets, int slot_index,
+                        int chunk);
   void backward(double grad_scale, int slot_index);
   double forward_flops_per_token() const;
 };

@@ -23,6 +23,7 @@
 
 #include "data/config.hpp"
 #include "layout/layout.hpp"
+#include "layout/pipeline.hpp"
 #include "model/config.hpp"
 #include "telemetry/progress.hpp"
 #include "tensor/dtype.hpp"
@@ -39,6 +40,7 @@ using Activation = model::ActivationKind;    // model.activation
 using Position = model::PositionKind;        // model.position
 using tensor::DType;                         // precision.compute: f32, bf16, f16 or f64 only
 using trainctl::Recompute;                   // parallel.recompute (layout/layout.hpp)
+using trainctl::PipeSchedule;                // parallel.pp_schedule (layout/pipeline.hpp)
 using Fp8 = model::Fp8Mode;                  // precision.fp8
 using LossScaleMode = train::LossScaleKind;  // precision.loss_scale
 using Decay = train::DecayKind;              // schedule.decay
@@ -71,6 +73,10 @@ struct EnumNames<Position> {
 template <>
 struct EnumNames<Recompute> {
   static constexpr std::array<std::string_view, 3> names = kRecomputeNames;
+};
+template <>
+struct EnumNames<PipeSchedule> {
+  static constexpr std::array<std::string_view, 2> names = kPipeScheduleNames;
 };
 template <>
 struct EnumNames<DType> {  // a module enum the recipe offers only part of: `values` lists it
@@ -156,9 +162,13 @@ constexpr std::string_view to_string(E value) {
 // parallel.dp, tp, pp, ep, zero and recompute are the layout (layout/layout.hpp) the planner, the
 // mesh and the model take as they are; the rest says how the ranks run.
 struct ParallelConfig : Layout {
-  // Layers of each pipeline stage (pp entries summing to model.layers); empty: an even split,
-  // the earlier stages taking the remainder.
+  // Layers of each pipeline stage (pp * pp_virtual entries summing to model.layers, virtual stage
+  // c * pp + r being chunk c of rank r); empty: an even split, the earlier stages taking the
+  // remainder.
   std::vector<int> pp_layers;
+  // The pipeline schedule (layout/pipeline.hpp) and, for interleaved, the model chunks per rank.
+  PipeSchedule pp_schedule;
+  int pp_virtual;
   // Seconds a collective (and the rendezvous) may wait for a peer before the job fails.
   double timeout_s;
   // Start each gradient bucket's reduction as soon as the last micro-batch's backward has

@@ -59,25 +59,74 @@ void check_model(const Recipe& r, RuleChecker& c) {
   }
 }
 
-// Stages hold whole layers: pp <= layers; parallel.pp_layers, when given, has one positive entry
-// per stage and sums to model.layers. An even split needs no divisibility (the earlier stages take
-// the remainder).
+// Stages hold whole layers: pp * pp_virtual <= layers; parallel.pp_layers, when given, has one
+// positive entry per (virtual) stage and sums to model.layers. An even split needs no
+// divisibility (the earlier stages take the remainder). The schedule's own needs
+// (PipelineShape::problem): interleaved takes pp >= 2, pp_virtual >= 2 and micro-batches in
+// groups of pp; 1f1b one chunk per rank.
 void check_pipeline(const Recipe& r, RuleChecker& c) {
   const ParallelConfig& p = r.parallel;
-  if (!c.usable({"model.layers", "parallel.pp"})) return;
-  if (p.pp > r.model.layers) {
-    c.fail({"parallel.pp", "model.layers"},
-           fmt::format("parallel.pp <= model.layers fails: {} > {} (each pipeline stage needs at "
-                       "least one layer)",
-                       p.pp, r.model.layers));
+  if (c.usable({"parallel.pp_schedule", "parallel.pp_virtual", "parallel.pp"})) {
+    if (p.pp_schedule == PipeSchedule::one_f_one_b && p.pp_virtual != 1) {
+      c.fail({"parallel.pp_virtual", "parallel.pp_schedule"},
+             fmt::format("parallel.pp_virtual = {} needs parallel.pp_schedule: interleaved (1f1b "
+                         "runs one model chunk per stage); set parallel.pp_virtual: 1 or "
+                         "parallel.pp_schedule: interleaved",
+                         p.pp_virtual));
+      return;
+    }
+    if (p.pp_schedule == PipeSchedule::interleaved && (p.pp < 2 || p.pp_virtual < 2)) {
+      c.fail({"parallel.pp_schedule", "parallel.pp", "parallel.pp_virtual"},
+             fmt::format("parallel.pp_schedule: interleaved needs parallel.pp >= 2 and "
+                         "parallel.pp_virtual >= 2 model chunks per stage (got pp {}, "
+                         "pp_virtual {}); or use parallel.pp_schedule: 1f1b",
+                         p.pp, p.pp_virtual));
+      return;
+    }
+    if (p.pp_schedule == PipeSchedule::interleaved &&
+        c.usable({"training.global_batch", "training.micro_batch", "parallel.dp", "parallel.ep"})) {
+      const int64_t per_pass = static_cast<int64_t>(r.training.micro_batch) * p.dp * p.ep;
+      const int64_t micro_batches = per_pass > 0 ? r.training.global_batch / per_pass : 0;
+      if (micro_batches % p.pp != 0)
+        c.fail({"parallel.pp_schedule", "parallel.pp", "training.global_batch",
+                "training.micro_batch", "parallel.dp", "parallel.ep"},
+               fmt::format("parallel.pp_schedule: interleaved runs micro-batches in groups of "
+                           "parallel.pp: training.global_batch / (training.micro_batch * "
+                           "parallel.dp * parallel.ep) = {} / ({} * {} * {}) = {} micro-batches "
+                           "per step, and {} % {} = {} must be 0",
+                           r.training.global_batch, r.training.micro_batch, p.dp, p.ep,
+                           micro_batches, micro_batches, p.pp, micro_batches % p.pp));
+    }
+  }
+  if (!c.usable({"model.layers", "parallel.pp", "parallel.pp_virtual"})) return;
+  const int stages = p.pp * p.pp_virtual;
+  if (stages > r.model.layers) {
+    if (p.pp_virtual == 1)
+      c.fail({"parallel.pp", "model.layers"},
+             fmt::format("parallel.pp <= model.layers fails: {} > {} (each pipeline stage needs "
+                         "at least one layer)",
+                         p.pp, r.model.layers));
+    else
+      c.fail({"parallel.pp", "parallel.pp_virtual", "model.layers"},
+             fmt::format("parallel.pp * parallel.pp_virtual <= model.layers fails: {} * {} = {} > "
+                         "{} (each model chunk needs at least one layer)",
+                         p.pp, p.pp_virtual, stages, r.model.layers));
     return;
   }
   if (!c.usable({"parallel.pp_layers"}) || p.pp_layers.empty()) return;
-  if (static_cast<int>(p.pp_layers.size()) != p.pp) {
-    c.fail({"parallel.pp_layers", "parallel.pp"},
-           fmt::format("parallel.pp_layers needs one entry per stage (parallel.pp = {}), got {}: "
-                       "[{}]",
-                       p.pp, p.pp_layers.size(), fmt::join(p.pp_layers, ", ")));
+  if (static_cast<int>(p.pp_layers.size()) != stages) {
+    if (p.pp_virtual == 1)
+      c.fail({"parallel.pp_layers", "parallel.pp"},
+             fmt::format("parallel.pp_layers needs one entry per stage (parallel.pp = {}), got "
+                         "{}: [{}]",
+                         p.pp, p.pp_layers.size(), fmt::join(p.pp_layers, ", ")));
+    else
+      c.fail({"parallel.pp_layers", "parallel.pp", "parallel.pp_virtual"},
+             fmt::format("parallel.pp_layers needs one entry per virtual stage (parallel.pp * "
+                         "parallel.pp_virtual = {} * {} = {}, chunk c of rank r at c * pp + r), "
+                         "got {}: [{}]",
+                         p.pp, p.pp_virtual, stages, p.pp_layers.size(),
+                         fmt::join(p.pp_layers, ", ")));
     return;
   }
   int64_t sum = 0;

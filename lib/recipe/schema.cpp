@@ -214,7 +214,15 @@ std::vector<KeySpec> build_schema() {
                                           "activation recomputation"));
   t.push_back(row<B(parallel, pp_layers)>(
       "parallel.pp_layers", std::vector<int>{}, at_least(1),
-      "layers of each pipeline stage, e.g. [3, 2]; [] = even split (earlier stages take more)"));
+      "layers of each pipeline stage, e.g. [3, 2]; [] = even split (earlier stages take more); "
+      "interleaved: pp * pp_virtual entries, virtual stage c * pp + r being chunk c of rank r"));
+  t.push_back(row<B(parallel, pp_schedule)>(
+      "parallel.pp_schedule", PipeSchedule::one_f_one_b, none(),
+      "pipeline schedule: 1f1b, or interleaved (Megatron's virtual pipeline: pp_virtual model "
+      "chunks per rank, a bubble pp_virtual times smaller for more activations in flight)"));
+  t.push_back(row<B(parallel, pp_virtual)>(
+      "parallel.pp_virtual", 1, at_least(1),
+      "model chunks per pipeline rank with pp_schedule: interleaved (>= 2); 1 otherwise"));
   t.push_back(row<B(parallel, timeout_s)>(
       "parallel.timeout_s", 60.0, above(0),
       "seconds a collective or the rendezvous waits for a peer before the job fails"));

@@ -138,16 +138,21 @@ std::string render_svg(const Timeline& t, const std::string& title) {
       const double x0 = x_of(a.start), w = std::max(x_of(a.end) - x0, 0.5);
       svg += fmt::format(
           "<rect class=\"{}\" data-stage=\"{}\" data-op=\"{}\" data-micro-batch=\"{}\" "
-          "x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"{}\" "
+          "data-chunk=\"{}\" x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"{}\" "
           "stroke=\"#ffffff\" "
           "stroke-width=\"0.5\"/>\n",
           forward ? "forward" : "backward", s, forward ? "forward" : "backward",
-          a.action.micro_batch, x0, y, w, row, forward ? "#4c78a8" : "#f58518");
+          a.action.micro_batch, a.action.chunk, x0, y, w, row,
+          // Later chunks (interleaved) in darker shades of the same colours.
+          forward ? (a.action.chunk % 2 ? "#2a4f7a" : "#4c78a8")
+                  : (a.action.chunk % 2 ? "#b35f0b" : "#f58518"));
       if (w >= 14)
         svg += fmt::format(
             "<text x=\"{:.2f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#ffffff\" "
             "font-size=\"11\">{}</text>\n",
-            x0 + w / 2, y + row / 2 + 4, a.action.micro_batch);
+            x0 + w / 2, y + row / 2 + 4,
+            a.action.chunk ? fmt::format("{}.{}", a.action.micro_batch, a.action.chunk)
+                           : std::to_string(a.action.micro_batch));
     }
   }
   const double axis_y = top + static_cast<double>(P) * (row + gap) + 4;
@@ -191,6 +196,7 @@ nlohmann::json timeline_json(const Timeline& t, bool compute_only) {
       if (compute_only && !a.compute()) continue;
       actions.push_back({{"op", op_name(a.action.op)},
                          {"micro_batch", a.action.micro_batch},
+                         {"chunk", a.action.chunk},
                          {"start_s", a.start},
                          {"end_s", a.end}});
     }

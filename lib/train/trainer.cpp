@@ -24,6 +24,13 @@ std::string str(int64_t v) {
   return std::to_string(v);
 }
 
+// The step's pipeline: interleaved when the model holds several chunks per stage.
+PipelineShape pipeline_of(const model::ModelParallel& parallel, int micro_batches) {
+  const int V = parallel.virtual_stages;
+  return {parallel.pp_size(), micro_batches,
+          V > 1 ? PipeSchedule::interleaved : PipeSchedule::one_f_one_b, V};
+}
+
 void check_parallel(const TrainConfig& config, const model::Transformer& model,
                     const comm::Mesh* mesh) {
   const model::ModelParallel& parallel = model.parallel();
@@ -39,7 +46,8 @@ void check_parallel(const TrainConfig& config, const model::Transformer& model,
   if (config.bucket_bytes < 1)
     throw std::invalid_argument("bucket_bytes " + str(config.bucket_bytes) + ": must be positive");
   if (!mesh) {
-    if (parallel.pp_size() != 1 || parallel.tp_size() != 1 || parallel.ep_size() != 1)
+    if (parallel.pp_size() != 1 || parallel.tp_size() != 1 || parallel.ep_size() != 1 ||
+        parallel.virtual_stages != 1)
       throw std::invalid_argument(
           "the model is built for tp " + str(parallel.tp_size()) + ", ep " +
           str(parallel.ep_size()) + ", pp " + str(parallel.pp_size()) +
@@ -60,14 +68,17 @@ void check_parallel(const TrainConfig& config, const model::Transformer& model,
         " but the mesh has tp " + str(mesh->tp().size()) + ", ep " + str(mesh->ep().size()) +
         ", stage " + str(mesh->pp().rank()) + " of " + str(mesh->pp().size()) +
         ": build the model with this rank's ModelParallel");
-  const int slots =
-      pipeline_slots(parallel.pp_size(), parallel.pp_rank(), config.accum_steps(data_ranks));
+  const PipelineShape shape = pipeline_of(parallel, config.accum_steps(data_ranks));
+  if (const std::string problem = shape.problem(); !problem.empty())
+    throw std::invalid_argument(problem);
+  const int slots = pipeline_slots(shape, parallel.pp_rank());
   if (parallel.activation_slots < slots)
-    throw std::invalid_argument(
-        "pipeline stage " + str(parallel.pp_rank()) + " of " + str(parallel.pp_size()) + " holds " +
-        str(parallel.activation_slots) + " activation slots; 1F1B over " +
-        str(config.accum_steps(data_ranks)) +
-        " micro-batches needs min(pp - stage, micro-batches) = " + str(slots));
+    throw std::invalid_argument("pipeline stage " + str(parallel.pp_rank()) + " of " +
+                                str(parallel.pp_size()) + " holds " +
+                                str(parallel.activation_slots) + " activation slots; " +
+                                schedule_name(shape.schedule) + " over " +
+                                str(config.accum_steps(data_ranks)) + " micro-batches needs " +
+                                str(slots) + " (pipeline_slots)");
 }
 
 }  // namespace
@@ -99,8 +110,9 @@ Trainer::Trainer(const TrainConfig& config, model::Transformer& model, backend::
   }
   const model::ModelParallel& parallel = model.parallel();
   const int accum = config.accum_steps(data_ranks_);
-  schedule_ = one_f_one_b(parallel.pp_size(), parallel.pp_rank(), accum);
-  slots_ = pipeline_slots(parallel.pp_size(), parallel.pp_rank(), accum);
+  pipeline_ = pipeline_of(parallel, accum);
+  schedule_ = pipeline_lists(pipeline_)[static_cast<size_t>(parallel.pp_rank())];
+  slots_ = plan_slots(schedule_);
   for (int layer = 0; layer < model.config().layers; ++layer)
     if (model.config().is_moe_layer(layer)) moe_layers_.push_back(layer);
   const size_t T = static_cast<size_t>(model.config().seq_len);
@@ -192,20 +204,28 @@ class ScopedSink {
 
 }  // namespace
 
-// Runs this stage's 1F1B actions; with one stage that is forward, backward per micro-batch.
+// Runs this stage's pipeline actions; with one stage that is forward, backward per micro-batch.
 void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
                            std::vector<TimedAction>* recorded) {
   const model::ModelParallel& parallel = model_.parallel();
   const size_t tokens =
       static_cast<size_t>(config_.micro_batch) * static_cast<size_t>(model_.config().seq_len);
   const double weight = 1.0 / (config_.accum_steps(data_ranks_) * data_ranks_);
-  // Only the step's last backward on this stage completes gradients: earlier ones still add to
+  // Only the step's last backward of a chunk completes its gradients: earlier ones still add to
   // the same buffer, so reporting them to the gradient sync would start reductions too early.
-  size_t last_backward = schedule_.size(), first_forward = schedule_.size();
+  // (The sync is armed once, before the first of them; a bucket starts when all of it is in.)
+  // Likewise each chunk's first forward is the first to read its parameters.
+  const size_t none = schedule_.size();
+  std::vector<size_t> last_backward(static_cast<size_t>(pipeline_.virtual_stages), none),
+      first_forward(static_cast<size_t>(pipeline_.virtual_stages), none);
   for (size_t i = schedule_.size(); i-- > 0;) {
-    if (schedule_[i].op == PipeOp::backward && last_backward == schedule_.size()) last_backward = i;
-    if (schedule_[i].op == PipeOp::forward) first_forward = i;
+    const size_t c = static_cast<size_t>(schedule_[i].chunk);
+    if (schedule_[i].op == PipeOp::backward && last_backward[c] == none) last_backward[c] = i;
+    if (schedule_[i].op == PipeOp::forward) first_forward[c] = i;
   }
+  const size_t arm_at = *std::min_element(last_backward.begin(), last_backward.end());
+  const int P = parallel.pp_size(), rank = parallel.pp_rank();
+  const int next = (rank + 1) % P, previous = (rank + P - 1) % P;
   const ScopedSink sink(model_, model_.params().grads_sharded() ? sync_.get() : nullptr);
   const bool overlap = sync_ && sync_->overlaps();
   // ZeRO-1 with overlap: the last step's parameter gather may still run; the step's first forward
@@ -217,39 +237,41 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
   };
   for (size_t i = 0; i < schedule_.size(); ++i) {
     const PipeAction& action = schedule_[i];
-    const int slot = action.micro_batch % slots_;
+    const size_t chunk = static_cast<size_t>(action.chunk);
+    const int slot = slots_.slot[i];
     const double action_start = recorded ? since_start() : 0.0;
-    const uint32_t tag = pipeline_tag(action.op, action.micro_batch);
+    const uint32_t tag = pipeline_tag(action, rank, pipeline_.virtual_stages);
     switch (action.op) {
       case PipeOp::recv_activation: {
         const tensor::Tensor in = model_.stage_input(slot);
-        mesh_->pp().recv(in.data, in.bytes(), parallel.pp_rank() - 1, tag);
+        mesh_->pp().recv(in.data, in.bytes(), previous, tag);
         break;
       }
       case PipeOp::forward: {
         const size_t first = static_cast<size_t>(action.micro_batch) * tokens;
         std::optional<ParamsNeeded> needed;
-        if (gathering && i == first_forward)
+        if (gathering && i == first_forward[chunk])
           needed.emplace(model_, [this](const std::vector<model::IndexRange>& ranges) {
             sync_->params_needed(ranges);
           });
-        add_result(model_.forward(inputs_.data() + first, targets_.data() + first, slot), weight,
-                   sums);
+        add_result(
+            model_.forward(inputs_.data() + first, targets_.data() + first, slot, action.chunk),
+            weight, sums);
         break;
       }
       case PipeOp::send_activation: {
         const tensor::Tensor out = model_.stage_output(slot);
-        mesh_->pp().send(out.data, out.bytes(), parallel.pp_rank() + 1, tag);
+        mesh_->pp().send(out.data, out.bytes(), next, tag);
         break;
       }
       case PipeOp::recv_grad: {
-        const tensor::Tensor grad = model_.output_grad();
-        mesh_->pp().recv(grad.data, grad.bytes(), parallel.pp_rank() + 1, tag);
+        const tensor::Tensor grad = model_.output_grad(slot);
+        mesh_->pp().recv(grad.data, grad.bytes(), next, tag);
         break;
       }
       case PipeOp::backward:
-        if (overlap && i == last_backward) {
-          sync_->arm();
+        if (overlap && i == last_backward[chunk]) {
+          if (i == arm_at) sync_->arm();
           const GradsReady ready(model_, [this](const std::vector<model::IndexRange>& ranges) {
             sync_->grads_ready(ranges);
           });
@@ -259,8 +281,8 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
         }
         break;
       case PipeOp::send_grad: {
-        const tensor::Tensor grad = model_.input_grad();
-        mesh_->pp().send(grad.data, grad.bytes(), parallel.pp_rank() - 1, tag);
+        const tensor::Tensor grad = model_.input_grad(slot);
+        mesh_->pp().send(grad.data, grad.bytes(), previous, tag);
         break;
       }
     }
@@ -274,30 +296,34 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
 
 Timeline Trainer::gather_timeline(const std::vector<TimedAction>& mine) const {
   const model::ModelParallel& parallel = model_.parallel();
-  const int stages = parallel.pp_size(), accum = config_.accum_steps(data_ranks_);
+  const int stages = parallel.pp_size();
   // Each stage's list has a known length: stage s fills rows [offset[s], offset[s + 1]) of a
-  // zeroed table of (op, micro-batch, start, end) and the sum over pp gives every row.
+  // zeroed table of (op, micro-batch, chunk, start, end) and the sum over pp gives every row.
+  constexpr size_t kColumns = 5;
   std::vector<size_t> offset{0};
-  for (int s = 0; s < stages; ++s)
-    offset.push_back(offset.back() + one_f_one_b(stages, s, accum).size());
-  std::vector<double> table(4 * offset.back(), 0.0);
+  for (const std::vector<PipeAction>& list : pipeline_lists(pipeline_))
+    offset.push_back(offset.back() + list.size());
+  std::vector<double> table(kColumns * offset.back(), 0.0);
   const size_t first = offset[static_cast<size_t>(parallel.pp_rank())];
   for (size_t i = 0; i < mine.size(); ++i) {
-    double* row = &table[4 * (first + i)];
+    double* row = &table[kColumns * (first + i)];
     row[0] = static_cast<double>(mine[i].action.op);
     row[1] = mine[i].action.micro_batch;
-    row[2] = mine[i].start;
-    row[3] = mine[i].end;
+    row[2] = mine[i].action.chunk;
+    row[3] = mine[i].start;
+    row[4] = mine[i].end;
   }
   if (stages > 1) mesh_->pp().all_reduce_sum(table.data(), table.size(), tensor::DType::f64);
   Timeline t;
+  t.schedule = schedule_name(pipeline_.schedule);
   t.stages.resize(static_cast<size_t>(stages));
   for (int s = 0; s < stages; ++s)
     for (size_t i = offset[static_cast<size_t>(s)]; i < offset[static_cast<size_t>(s) + 1]; ++i) {
-      const double* row = &table[4 * i];
-      const TimedAction a{{static_cast<PipeOp>(static_cast<int>(row[0])), static_cast<int>(row[1])},
-                          row[2],
-                          row[3]};
+      const double* row = &table[kColumns * i];
+      const TimedAction a{{static_cast<PipeOp>(static_cast<int>(row[0])), static_cast<int>(row[1]),
+                           static_cast<int>(row[2])},
+                          row[3],
+                          row[4]};
       t.makespan = std::max(t.makespan, a.end);
       t.stages[static_cast<size_t>(s)].push_back(a);
     }
@@ -439,15 +465,21 @@ double Trainer::evaluate() {
     if (!lockstep && batch % data_ranks_ != data_rank_) continue;
     val_->fill_batch(batch % batches, config_.micro_batch, window_.data());
     load_windows(window_.data(), config_.micro_batch);
-    const uint32_t tag = kEvalTag + static_cast<uint32_t>(round);
-    if (!parallel.first_stage()) {
-      const tensor::Tensor in = model_.stage_input(0);
-      mesh_->pp().recv(in.data, in.bytes(), parallel.pp_rank() - 1, tag);
-    }
-    const double loss = model_.forward(inputs_.data(), targets_.data(), 0).loss;
-    if (!parallel.last_stage()) {
-      const tensor::Tensor out = model_.stage_output(0);
-      mesh_->pp().send(out.data, out.bytes(), parallel.pp_rank() + 1, tag);
+    // The micro-batch goes through every chunk in turn (around the ranks V times).
+    const int P = parallel.pp_size(), V = model_.chunks();
+    double loss = 0;
+    for (int c = 0; c < V; ++c) {
+      const uint32_t tag = kEvalTag + static_cast<uint32_t>(round * V + c);
+      if (c > 0 || !parallel.first_stage()) {
+        const tensor::Tensor in = model_.stage_input(0);
+        mesh_->pp().recv(in.data, in.bytes(), (parallel.pp_rank() + P - 1) % P, tag);
+      }
+      loss += model_.forward(inputs_.data(), targets_.data(), 0, c).loss;
+      if (c < V - 1 || !parallel.last_stage()) {
+        const tensor::Tensor out = model_.stage_output(0);
+        mesh_->pp().send(out.data, out.bytes(), (parallel.pp_rank() + 1) % P,
+                         c < V - 1 && parallel.last_stage() ? tag + 1 : tag);
+      }
     }
     if (batch < batches) total += loss;
   }

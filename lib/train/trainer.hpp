@@ -167,8 +167,9 @@ class Trainer {
   AdamW optimizer_;
   std::unique_ptr<GradSync> sync_;  // null on one rank
   int data_rank_ = 0, data_ranks_ = 1;
-  std::vector<PipeAction> schedule_;  // this stage's 1F1B actions for one step
-  int slots_ = 1;                     // activation sets: micro-batch m uses slot m % slots_
+  PipelineShape pipeline_;            // the step's pipeline (1F1B, or interleaved with chunks)
+  std::vector<PipeAction> schedule_;  // this stage's actions for one step
+  SlotPlan slots_;                    // the activation slot of each action
   std::vector<int> moe_layers_;       // global indices of the model's MoE layers
   int64_t step_ = 0;
   int64_t tokens_ = 0;

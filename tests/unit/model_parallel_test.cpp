@@ -452,9 +452,9 @@ TEST_CASE("pp2 with two slots driven by hand matches one rank", "[model][paralle
         send(model.stage_output(0), 1);
         model.forward(b1.tokens.data(), b1.targets.data(), 1);
         send(model.stage_output(1), 2);
-        recv(model.output_grad(), 3);
+        recv(model.output_grad(0), 3);
         model.backward(1.0, 0);
-        recv(model.output_grad(), 4);
+        recv(model.output_grad(1), 4);
         model.backward(1.0, 1);
       } else {
         recv(model.stage_input(0), 1);
@@ -464,11 +464,11 @@ TEST_CASE("pp2 with two slots driven by hand matches one rank", "[model][paralle
         expect(r0.moe_layers == std::vector<int>{1, 3}, "global MoE layer indices");
         model.backward(1.0, 0);
         recv(model.stage_input(0), 2);
-        send(model.input_grad(), 3);
+        send(model.input_grad(0), 3);
         const auto r1 = model.forward(b1.tokens.data(), b1.targets.data(), 0);
         check_loss(r1.loss, ref.losses[1], where);
         model.backward(1.0, 0);
-        send(model.input_grad(), 4);
+        send(model.input_grad(0), 4);
       }
       const Grads local = grads_of(*be, model);
       for (const ParamSpec& spec : model.params().table().specs()) {

@@ -268,11 +268,13 @@ SlotPlan plan_slots(const std::vector<PipeAction>& actions) {
 }
 
 int pipeline_slots(const PipelineShape& shape, int stage) {
-  const auto lists = pipeline_lists(shape);
   if (stage < 0 || stage >= shape.stages)
     throw std::invalid_argument("pipeline_slots: stage " + std::to_string(stage) + " of " +
                                 std::to_string(shape.stages));
-  return plan_slots(lists[static_cast<size_t>(stage)]).slots;
+  // 1F1B's closed form (what plan_slots gives its lists; the planner asks for many shapes).
+  if (shape.schedule == PipeSchedule::one_f_one_b && shape.problem().empty())
+    return pipeline_slots(shape.stages, stage, shape.micro_batches);
+  return plan_slots(pipeline_lists(shape)[static_cast<size_t>(stage)]).slots;
 }
 
 uint32_t pipeline_tag(PipeOp op, int micro_batch) {

@@ -37,20 +37,27 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr int64_t kGradSlots = 2, kValueSlots = 2;
 
 struct StageShape {
-  int first_layer = 0, layers = 0, moe_layers = 0;
+  std::vector<StageLayers> chunks;  // the rank's layers: one range, or one per virtual stage
+  std::vector<int> layer_list;      // all of them, ascending
+  int layers = 0, moe_layers = 0;
   bool first = false, last = false;
 };
 
-// The stage's layers (stage_layers: model::stage_ranges) and where the embedding and head are.
-StageShape stage_shape(const recipe::Recipe& r, int stage, int pp) {
-  const StageLayers layers = stage_layers(r, stage, pp);
+// The rank's layers (stage_layers: model::chunk_ranges; chunk c of rank `stage` is virtual stage
+// c * pp + stage) and where the embedding and head are.
+StageShape stage_shape(const recipe::Recipe& r, int stage, const Variant& lay) {
   StageShape st;
-  st.first_layer = layers.first;
-  st.layers = layers.count;
-  for (int i = st.first_layer; i < st.first_layer + st.layers; ++i)
-    st.moe_layers += r.model.is_moe_layer(i) ? 1 : 0;
+  for (int c = 0; c < lay.pp_virtual; ++c) {
+    const StageLayers chunk = stage_layers(r, c * lay.pp + stage, lay.pp * lay.pp_virtual);
+    st.chunks.push_back(chunk);
+    for (int i = chunk.first; i < chunk.first + chunk.count; ++i) {
+      st.layer_list.push_back(i);
+      st.moe_layers += r.model.is_moe_layer(i) ? 1 : 0;
+    }
+  }
+  st.layers = static_cast<int>(st.layer_list.size());
   st.first = stage == 0;
-  st.last = stage == pp - 1;
+  st.last = stage == lay.pp - 1;
   return st;
 }
 
@@ -76,7 +83,7 @@ std::vector<model::TensorRows> local_params(const recipe::Recipe& r, const Model
     add(s.V / t, C);
     if (s.learned_positions) add(s.T, C);
   }
-  for (int i = st.first_layer; i < st.first_layer + st.layers; ++i) {
+  for (const int i : st.layer_list) {
     const int64_t block_begin = offset;
     norm();
     add(s.W / t, C);
@@ -121,8 +128,9 @@ int64_t expert_capacity(const ModelShape& s, int64_t N, int cp) {
 // until backward (kept) and what the recompute region reuses across layers (shared), as assign()
 // does. Only the head-, ffn- and expert-ffn-wide tensors are tp shards; the norms and the
 // residual stream hold R token rows (N, or N / tp with sequence parallelism).
+// `common_only`: the norms' and attention's part alone (every layer has it).
 Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, trainctl::Recompute mode,
-                        int64_t N, int64_t R, int tp, int cp) {
+                        int64_t N, int64_t R, int tp, int cp, bool common_only = false) {
   const bool full = mode == trainctl::Recompute::full;
   const bool none = mode == trainctl::Recompute::none;
   Tally t;
@@ -144,6 +152,7 @@ Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, trainctl:
   unless_full(r, z.stats);                                  // ln2 mean/rstd
   unless_full(r, z.stats);
   if_none(r * s.C, z.storage);  // ln2_out
+  if (common_only) return t;
   if (!moe) {
     unless_full(n * static_cast<double>(s.F1 / tp), z.storage);  // fc1 output
     if_none(n * static_cast<double>(s.F / tp), z.storage);       // activation output
@@ -186,11 +195,10 @@ double stage_scratch(const ModelShape& s, const Sizes& z, const StageShape& st, 
     take(n * static_cast<double>(s.V / t), z.storage);  // dlogits
     take(r * s.C, z.storage);                           // d_lnf_out
   }
+  // (The gradients exchanged with the neighbouring stages travel in the slots' own tensors.)
   for (int i = 0; i < 4; ++i)
-    take(r * s.C, z.storage);               // branch, d_resid, d_ln_out, d_norm_in
-  if (!st.last) take(r * s.C, z.storage);   // gradient received from the next stage
-  if (!st.first) take(r * s.C, z.storage);  // gradient sent to the previous stage
-  if (R < N) {                              // sequence parallel
+    take(r * s.C, z.storage);  // branch, d_resid, d_ln_out, d_norm_in
+  if (R < N) {                 // sequence parallel
     take(n * s.C, z.storage);               // a GEMM's gathered input or output gradient
     take(n * s.C, z.storage);               // the partial sums before a reduce-scatter
     take(2.0 * s.C, z.grad);                // a norm's weight and bias gradients
@@ -253,7 +261,7 @@ double stage_scratch(const ModelShape& s, const Sizes& z, const StageShape& st, 
 MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const Sizes& z,
                            const topology::ClusterSpec& cluster, const Variant& lay,
                            const MemoryOptions& options, int stage, int zero_rank) {
-  const StageShape st = stage_shape(r, stage, lay.pp);
+  const StageShape st = stage_shape(r, stage, lay);
   MemoryEstimate m;
   m.worst_stage = stage;
 
@@ -360,27 +368,40 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   const bool sp = lay.sequence_parallel && lay.tp > 1;
   const int64_t R = sp ? N / lay.tp : N;  // token rows of the residual stream and the norms
   const double n = static_cast<double>(N), rows = static_cast<double>(R);
-  double kept = round64(rows * s.C * z.storage) * (st.layers + 1);           // the residual stream
+  // A slot serves any chunk: its j-th layer holds what the j-th layer of every chunk needs (a
+  // dense MLP's, an MoE's, or both where the chunks differ), as assign() lays it out.
+  int depth = 0;
+  for (const StageLayers& chunk : st.chunks)
+    depth = std::max(depth, chunk.count);
+  std::vector<char> dense_at(static_cast<size_t>(depth), 0), moe_at(static_cast<size_t>(depth), 0);
+  for (const StageLayers& chunk : st.chunks)
+    for (int j = 0; j < chunk.count; ++j)
+      (r.model.is_moe_layer(chunk.first + j) ? moe_at : dense_at)[static_cast<size_t>(j)] = 1;
+  const int dense_positions = static_cast<int>(std::count(dense_at.begin(), dense_at.end(), 1));
+  const int moe_positions = static_cast<int>(std::count(moe_at.begin(), moe_at.end(), 1));
+  double kept = round64(rows * s.C * z.storage) * (depth + 1);               // the residual stream
   kept += 2 * round64(n * 4);                                                // tokens, targets
   if (lay.tp > 1 && st.last) kept += round64(n * 4) + round64(n * z.stats);  // local targets, lse
   double shared_peak = 0;
-  const int dense_layers = st.layers - st.moe_layers;
-  if (dense_layers > 0) {
-    const Tally d = block_activations(s, z, false, lay.recompute, N, R, lay.tp, lay.cp);
-    kept += d.kept * dense_layers;
-    shared_peak = std::max(shared_peak, d.shared);
-  }
-  if (st.moe_layers > 0) {
-    const Tally e = block_activations(s, z, true, lay.recompute, N, R, lay.tp, lay.cp);
-    kept += e.kept * st.moe_layers;
-    shared_peak = std::max(shared_peak, e.shared);
-  }
+  // The norms and attention are every layer's; the MLP's or MoE's part where a chunk has one.
+  const Tally d = block_activations(s, z, false, lay.recompute, N, R, lay.tp, lay.cp);
+  const Tally e = block_activations(s, z, true, lay.recompute, N, R, lay.tp, lay.cp);
+  const Tally common = block_activations(s, z, false, lay.recompute, N, R, lay.tp, lay.cp, true);
+  kept += common.kept * depth + (d.kept - common.kept) * dense_positions +
+          (e.kept - common.kept) * moe_positions;
+  // The shared region is rewound per layer: its peak is the largest layer's.
+  for (int j = 0; j < depth; ++j)
+    shared_peak = std::max(shared_peak, common.shared +
+                                            (dense_at[static_cast<size_t>(j)] ? d.shared - common.shared : 0.0) +
+                                            (moe_at[static_cast<size_t>(j)] ? e.shared - common.shared : 0.0));
   if (st.last) kept += 2 * round64(rows * z.stats) + round64(rows * s.C * z.storage);  // final norm
 
-  // 1F1B: stage i has min(pp - i, micro-batches per step) forwards outstanding at its peak.
-  const int micro_batches =
-      std::max(1, r.training.global_batch / (lay.micro_batch * lay.dp * lay.ep));
-  m.in_flight = std::max(1, std::min(lay.pp - stage, micro_batches));
+  // The schedule's slots (pipeline_slots): 1F1B's stage i has min(pp - i, micro-batches per step)
+  // forwards outstanding at its peak; interleaved more, each of a chunk.
+  const PipelineShape pipeline = lay.pipeline(r);
+  m.in_flight = pipeline.problem().empty() ? pipeline_slots(pipeline, stage)
+                                           : std::max(1, std::min(lay.pp - stage,
+                                                                  pipeline.micro_batches));
   m.activations_kept = kept * m.in_flight;
   m.activations = m.activations_kept + shared_peak + stage_scratch(s, z, st, lay, N, R);
 

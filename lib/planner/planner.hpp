@@ -30,6 +30,11 @@ namespace trainctl::planner {
 // order tp fastest, then ep, dp, pp) and the micro-batch size it runs with.
 struct Variant : Layout {
   int micro_batch = 1;
+  // The pipeline schedule and model chunks per rank (parallel.pp_schedule, pp_virtual).
+  PipeSchedule pp_schedule = PipeSchedule::one_f_one_b;
+  int pp_virtual = 1;
+  // The step's pipeline: its ranks, micro-batches per step, schedule and chunks.
+  PipelineShape pipeline(const recipe::Recipe& recipe) const;
 
   Variant() = default;
   Variant(int tp, int pp, int dp, int ep, int micro_batch, int zero = 0,
@@ -100,8 +105,10 @@ struct TimeEstimate {
   double hardware_flops = 0;  // per step, whole cluster, recompute included
   double tokens_per_s_per_gpu = 0;
   double mfu = 0;  // model_flops / (step_s * GPUs * peak)
-  // The pipeline schedule's inputs (timeline.hpp): per stage, one micro-batch's forward and
-  // backward (recompute included) with the stage's collectives; one pipeline send.
+  // The pipeline schedule's inputs (timeline.hpp): the schedule, and per (virtual) stage one
+  // micro-batch's forward and backward (recompute included) with the stage's collectives; one
+  // pipeline send.
+  PipelineShape pipeline;
   std::vector<StageTimes> stage_times;
   double pp_transfer_s = 0;
   // TimeOptions::skip_above_s cut the estimate short: step_s is only a lower bound, the rest of
@@ -142,7 +149,7 @@ inline constexpr double kLinkEfficiency = 0.80;
 TimeEstimate estimate_time(const recipe::Recipe& recipe, const topology::ClusterSpec& cluster,
                            const Variant& layout, const TimeOptions& options = {});
 
-// The step's pipeline schedule (1F1B over t.micro_batches) on the estimate's stage times: what
+// The step's pipeline schedule (t.pipeline) on the estimate's stage times: what
 // `trainctl plan --timeline` draws, and whose length estimate_time takes as the pipeline's part of
 // the step.
 Timeline planned_timeline(const TimeEstimate& t);

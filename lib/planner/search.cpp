@@ -46,10 +46,16 @@ Variant::Variant(int tp_degree, int pp_degree, int dp_degree, int ep_degree, int
 }
 
 std::string Variant::describe() const {
-  return fmt::format("tp={} pp={} dp={} ep={} mb={} zero={} recompute={}{}{}", tp, pp, dp, ep,
+  return fmt::format("tp={} pp={} dp={} ep={} mb={} zero={} recompute={}{}{}{}", tp, pp, dp, ep,
                      micro_batch, zero, recipe::to_string(recompute),
                      cp > 1 ? fmt::format(" cp={}", cp) : std::string(),
-                     sequence_parallel ? " sp=1" : "");
+                     sequence_parallel ? " sp=1" : "",
+                     pp_virtual > 1 ? fmt::format(" interleaved={}", pp_virtual) : std::string());
+}
+
+PipelineShape Variant::pipeline(const recipe::Recipe& r) const {
+  return {pp, std::max(1, r.training.global_batch / (micro_batch * dp * ep)), pp_schedule,
+          pp_virtual};
 }
 
 std::string check_divisibility(const recipe::Recipe& r, const Variant& l) {
@@ -71,6 +77,12 @@ std::string check_divisibility(const recipe::Recipe& r, const Variant& l) {
         "parallel.pp <= model.layers fails: {} > {} (each pipeline stage needs "
         "at least one layer)",
         l.pp, m.layers);
+  if (l.pp * l.pp_virtual > m.layers)
+    return fmt::format(
+        "parallel.pp * parallel.pp_virtual <= model.layers fails: {} * {} > {} (each model chunk "
+        "needs at least one layer)",
+        l.pp, l.pp_virtual, m.layers);
+  if (const std::string problem = l.pipeline(r).problem(); !problem.empty()) return problem;
   if (l.cp > 1 && m.seq_len % (2 * l.cp) != 0)
     return not_divisible("model.seq_len", m.seq_len, "(2 * cp)", 2 * l.cp) +
            " (each cp rank holds two of the 2 * cp chunks of a sequence)";
@@ -256,6 +268,8 @@ Variant recipe_layout(const recipe::Recipe& r) {
   Variant v;
   static_cast<Layout&>(v) = r.parallel;
   v.micro_batch = r.training.micro_batch;
+  v.pp_schedule = r.parallel.pp_schedule;
+  v.pp_virtual = r.parallel.pp_virtual;
   return v;
 }
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "planner/planner.hpp"
@@ -53,15 +54,16 @@ double ring_seconds(double bytes, int group, const Link& link, double passes) {
   return steps / group * bytes / link.bytes_per_s + steps * link.latency_s;
 }
 
-// The 1F1B action lists of `stages` over `micro_batches`: the search scores many layouts with
-// the same pipeline shape, so the lists are built once per shape (per thread).
-const std::vector<std::vector<PipeAction>>& schedule_lists(int stages, int micro_batches) {
-  thread_local std::map<std::pair<int, int>, std::vector<std::vector<PipeAction>>> cache;
-  const std::pair<int, int> key{stages, micro_batches};
+// The action lists of a pipeline: the search scores many layouts with the same pipeline shape,
+// so the lists are built once per shape (per thread).
+const std::vector<std::vector<PipeAction>>& schedule_lists(const PipelineShape& shape) {
+  using Key = std::tuple<int, int, PipeSchedule, int>;
+  thread_local std::map<Key, std::vector<std::vector<PipeAction>>> cache;
+  const Key key{shape.stages, shape.micro_batches, shape.schedule, shape.virtual_stages};
   auto it = cache.find(key);
   if (it == cache.end()) {
     if (cache.size() >= 64) cache.clear();
-    it = cache.emplace(key, one_f_one_b_lists(stages, micro_batches)).first;
+    it = cache.emplace(key, pipeline_lists(shape)).first;
   }
   return it->second;
 }
@@ -121,14 +123,20 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
 
   TimeEstimate t;
   t.micro_batches = std::max(1, r.training.global_batch / (lay.micro_batch * lay.dp * lay.ep));
-  // The slowest stage sets the pace: stages differ by their layers (even, or parallel.pp_layers),
-  // where MoE layers fall, and the head (last).
-  double worst_stage = -1, worst_compute = 0, worst_tp = 0, worst_ep = 0, worst_cp = 0,
-         worst_p2p = 0;
-  int layers = 0;  // of the slowest stage
-  for (int stage = 0; stage < lay.pp; ++stage) {
-    const bool last = stage == lay.pp - 1;
-    const StageLayers st = stage_layers(r, stage, lay.pp);
+  t.pipeline = lay.pipeline(r);
+  // The slowest rank sets the pace: stages differ by their layers (even, or parallel.pp_layers),
+  // where MoE layers fall, and the head (last). With virtual stages (interleaved) a rank runs
+  // each of its chunks, virtual stage c * pp + r, every micro-batch.
+  struct RankSum {
+    double total = 0, compute = 0, tp = 0, ep = 0, cp = 0, p2p = 0;
+    int layers = 0;
+  };
+  std::vector<RankSum> ranks(static_cast<size_t>(lay.pp));
+  const int virtual_stages = lay.pp * lay.pp_virtual;
+  double transfer = 0;  // one pipeline send
+  for (int stage = 0; stage < virtual_stages; ++stage) {
+    const bool last = stage == virtual_stages - 1;
+    const StageLayers st = stage_layers(r, stage, virtual_stages);
     const int layers_here = st.count;
     int moe = 0;
     for (int i = st.first; i < st.first + st.count; ++i)
@@ -177,23 +185,27 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     // (with its recompute) the rest; the sends are the schedule's own.
     const double work = total - p2p;
     t.stage_times.push_back({work / passes, work * (passes - 1.0) / passes});
-    if (total > worst_stage) {
-      worst_stage = total;
-      layers = layers_here;
-      worst_compute = compute;
-      worst_tp = tp_comm;
-      worst_ep = ep_comm;
-      worst_cp = cp_comm;
-      worst_p2p = p2p;
-    }
+    RankSum& rank = ranks[static_cast<size_t>(stage % lay.pp)];
+    rank.total += total;
+    rank.compute += compute;
+    rank.tp += tp_comm;
+    rank.ep += ep_comm;
+    rank.cp += cp_comm;
+    rank.p2p += p2p;
+    rank.layers += layers_here;
+    transfer = p2p / 2;  // the same [N, C] / tp each way
   }
+  const RankSum& worst = *std::max_element(
+      ranks.begin(), ranks.end(), [](const RankSum& a, const RankSum& b) { return a.total < b.total; });
+  const double worst_stage = worst.total, worst_compute = worst.compute;
+  const int layers = worst.layers;
   const double m = t.micro_batches;
   t.compute_s = m * worst_compute;
-  t.tp_comm_s = m * worst_tp;
-  t.ep_comm_s = m * worst_ep;
-  t.cp_comm_s = m * worst_cp;
-  t.pp_p2p_s = m * worst_p2p;
-  t.pp_transfer_s = worst_p2p / 2;  // the same [N, C] / tp each way
+  t.tp_comm_s = m * worst.tp;
+  t.ep_comm_s = m * worst.ep;
+  t.cp_comm_s = m * worst.cp;
+  t.pp_p2p_s = m * worst.p2p;
+  t.pp_transfer_s = transfer;
 
   // Gradient sync: non-expert gradients over the dp*ep replicas, expert gradients over dp.
   const double expert_elements = static_cast<double>(s.moe_layers) * s.moe_experts / lay.ep;
@@ -285,8 +297,7 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     t.bound_only = true;
     return t;
   }
-  const double pipeline_s =
-      makespan(schedule_lists(lay.pp, t.micro_batches), t.stage_times, t.pp_transfer_s);
+  const double pipeline_s = makespan(schedule_lists(t.pipeline), t.stage_times, t.pp_transfer_s);
   t.bubble_s = std::max(0.0, pipeline_s - m * worst_stage);
   t.step_s = std::max(pipeline_s, m * worst_stage) + t.dp_exposed_s;
   const double tokens = static_cast<double>(r.training.global_batch) * s.T;
@@ -300,8 +311,9 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
 }
 
 Timeline planned_timeline(const TimeEstimate& t) {
-  const int stages = static_cast<int>(t.stage_times.size());
-  return simulate(schedule_lists(stages, t.micro_batches), t.stage_times, t.pp_transfer_s);
+  Timeline timeline = simulate(schedule_lists(t.pipeline), t.stage_times, t.pp_transfer_s);
+  timeline.schedule = schedule_name(t.pipeline.schedule);
+  return timeline;
 }
 
 }  // namespace trainctl::planner

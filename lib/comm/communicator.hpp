@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -26,6 +27,15 @@
 namespace trainctl::comm {
 
 using tensor::DType;
+
+// A send under way (Communicator::isend). wait() returns once the data has left the caller's
+// buffer for the peer and throws as send would; the destructor waits too, swallowing errors (the
+// group is broken then, and its next call says so).
+class PendingSend {
+ public:
+  virtual ~PendingSend() = default;
+  virtual void wait() = 0;
+};
 
 class Communicator {
  public:
@@ -82,6 +92,13 @@ class Communicator {
                     std::chrono::milliseconds timeout = kGroupTimeout) = 0;
   virtual void recv(void* data, size_t bytes, int peer, uint32_t tag,
                     std::chrono::milliseconds timeout = kGroupTimeout) = 0;
+  // A send that runs while the caller goes on (buffered: the caller need not wait for the peer's
+  // receive); `data` must stay unchanged until the handle's wait() returns. Gloo posts it and
+  // returns; the default (NCCL, whose sends share the group's stream with its receives, and the
+  // one-rank group) sends before returning, so a caller's order must also work unbuffered.
+  virtual std::unique_ptr<PendingSend> isend(const void* data, size_t bytes, int peer,
+                                             uint32_t tag,
+                                             std::chrono::milliseconds timeout = kGroupTimeout);
   // data[bytes] <- root's data[bytes].
   virtual void broadcast(void* data, size_t bytes, int root,
                          std::chrono::milliseconds timeout = kGroupTimeout) = 0;

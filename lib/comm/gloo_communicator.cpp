@@ -316,6 +316,22 @@ class GlooCommunicator final : public Communicator {
         peer);
   }
 
+  // Posted and returned: Gloo's unbound buffer sends while the caller goes on; the handle waits.
+  std::unique_ptr<PendingSend> isend(const void* data, size_t bytes, int peer, uint32_t tag,
+                                     milliseconds timeout) override {
+    check_peer("isend", *this, peer);
+    auto pending = std::make_unique<GlooSend>(*this, peer, timeout);
+    if (bytes == 0) return pending;
+    run(
+        "isend", timeout,
+        [&](milliseconds) {
+          pending->buffer = context_->createUnboundBuffer(const_cast<void*>(data), bytes);
+          pending->buffer->send(peer, gloo::Slot::build(kSendRecvSlotPrefix, tag));
+        },
+        peer);
+    return pending;
+  }
+
   void recv(void* data, size_t bytes, int peer, uint32_t tag, milliseconds timeout) override {
     check_peer("recv", *this, peer);
     if (bytes == 0) return;
@@ -398,6 +414,32 @@ class GlooCommunicator final : public Communicator {
       gloo::allreduce(opts);
     });
   }
+
+  // An isend's handle: waits for its buffer as send would, once.
+  struct GlooSend final : PendingSend {
+    GlooSend(GlooCommunicator& owner, int peer, milliseconds timeout)
+        : owner(owner), peer(peer), timeout(timeout) {}
+    ~GlooSend() override {
+      try {
+        wait();
+      } catch (const std::exception&) {  // the group is broken; its next call says so
+      }
+    }
+    void wait() override {
+      if (!buffer) return;
+      std::unique_ptr<gloo::transport::UnboundBuffer> posted = std::move(buffer);
+      owner.run(
+          "send", timeout,
+          [&](milliseconds t) {
+            if (!posted->waitSend(t)) throw gloo::IoException("send aborted");
+          },
+          peer);
+    }
+    GlooCommunicator& owner;
+    int peer;
+    milliseconds timeout;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  };
 
   // Runs one Gloo call; turns any Gloo failure into a CommError that names the peer when it can.
   template <class Call>

@@ -103,6 +103,35 @@ void TimedCommunicator::recv(void* data, size_t bytes, int peer, uint32_t tag,
   inner_->recv(data, bytes, peer, tag, timeout);
 }
 
+namespace {
+
+class TimedSend final : public PendingSend {
+ public:
+  TimedSend(std::unique_ptr<PendingSend> inner, std::shared_ptr<CommClock> clock)
+      : inner_(std::move(inner)), clock_(std::move(clock)) {}
+  void wait() override {
+    Timed timed(*clock_);
+    inner_->wait();
+  }
+
+ private:
+  std::unique_ptr<PendingSend> inner_;
+  std::shared_ptr<CommClock> clock_;
+};
+
+}  // namespace
+
+std::unique_ptr<PendingSend> TimedCommunicator::isend(const void* data, size_t bytes, int peer,
+                                                      uint32_t tag,
+                                                      std::chrono::milliseconds timeout) {
+  std::unique_ptr<PendingSend> inner;
+  {
+    Timed timed(*clock_);
+    inner = inner_->isend(data, bytes, peer, tag, timeout);
+  }
+  return std::make_unique<TimedSend>(std::move(inner), clock_);
+}
+
 void TimedCommunicator::broadcast(void* data, size_t bytes, int root,
                                   std::chrono::milliseconds timeout) {
   Timed timed(*clock_);

@@ -59,6 +59,9 @@ class TimedCommunicator final : public Communicator {
             std::chrono::milliseconds timeout) override;
   void recv(void* data, size_t bytes, int peer, uint32_t tag,
             std::chrono::milliseconds timeout) override;
+  // Timed while it posts, and again while its handle waits.
+  std::unique_ptr<PendingSend> isend(const void* data, size_t bytes, int peer, uint32_t tag,
+                                     std::chrono::milliseconds timeout) override;
   void broadcast(void* data, size_t bytes, int root, std::chrono::milliseconds timeout) override;
   void barrier(std::chrono::milliseconds timeout) override;
 

@@ -1,7 +1,9 @@
 #include "layout/timeline.hpp"
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
+#include <tuple>
 
 namespace trainctl {
 
@@ -57,7 +59,7 @@ namespace {
 
 // simulate() and makespan(): the intervals into `record` when it is not null.
 double run(const std::vector<std::vector<PipeAction>>& lists, const std::vector<StageTimes>& times,
-           double transfer_s, Timeline* record) {
+           double transfer_s, bool buffered, Timeline* record) {
   const size_t P = lists.size();
   if (P == 0 ? !times.empty() : times.empty() || times.size() % P != 0)
     throw std::invalid_argument("pipeline timeline: " + std::to_string(P) + " action lists but " +
@@ -76,6 +78,9 @@ double run(const std::vector<std::vector<PipeAction>>& lists, const std::vector<
   }
   std::vector<size_t> done(P, 0);
   std::vector<double> clock(P, 0.0);
+  // Buffered sends: the arrival time of each message posted, by (virtual stage it goes to,
+  // micro-batch, gradient?).
+  std::map<std::tuple<size_t, int, bool>, double> mailbox;
   // A stage runs until it waits for a peer; the peer, on reaching the other side of that
   // transfer, completes it and wakes the stage again. Every action is visited once or twice.
   std::vector<size_t> ready(P);
@@ -99,6 +104,21 @@ double run(const std::vector<std::vector<PipeAction>>& lists, const std::vector<
       const bool down = downstream(a.op);
       if ((down && v + 1 >= S) || (!down && v == 0)) break;  // no such peer: stuck
       const size_t to = down ? v + 1 : v - 1, peer = to % P;
+      if (buffered) {
+        const bool grad = a.op == PipeOp::send_grad || a.op == PipeOp::recv_grad;
+        if (a.op == PipeOp::send_activation || a.op == PipeOp::send_grad) {
+          mailbox[{to, a.micro_batch, grad}] = clock[s] + transfer_s;
+          if (record) record->stages[s].push_back({a, clock[s], clock[s]});
+          ready.push_back(peer);  // it may wait for this message
+          continue;
+        }
+        const auto it = mailbox.find({v, a.micro_batch, grad});
+        if (it == mailbox.end()) break;  // waits for the message
+        const double end = std::max(clock[s], it->second);
+        if (record) record->stages[s].push_back({a, clock[s], end});
+        clock[s] = end;
+        continue;
+      }
       if (done[peer] >= lists[peer].size()) break;
       const PipeAction& b = lists[peer][done[peer]];
       if (b.op != partner(a.op) || b.micro_batch != a.micro_batch ||
@@ -127,15 +147,15 @@ double run(const std::vector<std::vector<PipeAction>>& lists, const std::vector<
 }  // namespace
 
 Timeline simulate(const std::vector<std::vector<PipeAction>>& lists,
-                  const std::vector<StageTimes>& times, double transfer_s) {
+                  const std::vector<StageTimes>& times, double transfer_s, bool buffered_sends) {
   Timeline t;
-  t.makespan = run(lists, times, transfer_s, &t);
+  t.makespan = run(lists, times, transfer_s, buffered_sends, &t);
   return t;
 }
 
 double makespan(const std::vector<std::vector<PipeAction>>& lists,
-                const std::vector<StageTimes>& times, double transfer_s) {
-  return run(lists, times, transfer_s, nullptr);
+                const std::vector<StageTimes>& times, double transfer_s, bool buffered_sends) {
+  return run(lists, times, transfer_s, buffered_sends, nullptr);
 }
 
 std::vector<std::vector<PipeAction>> one_f_one_b_lists(int stages, int micro_batches) {

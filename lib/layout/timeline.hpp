@@ -3,7 +3,9 @@
 //
 // The rules are the engine's: a stage runs its actions in order; a forward or backward takes
 // its stage's time; a send and the matching receive are one rendezvous (sends may be unbuffered,
-// so both sides wait for the later of the two) that then takes the transfer time. The result is
+// so both sides wait for the later of the two) that then takes the transfer time. With buffered
+// sends (the interleaved schedule's, Communicator::isend) a send costs its stage nothing and the
+// message arrives the transfer time later; the receive waits for it. The result is
 // the schedule's own: it does not depend on the order the simulation visits the stages.
 //
 // The planner runs its stage times through it (its step time, and `trainctl plan --timeline`); a
@@ -46,11 +48,13 @@ struct Timeline {
 // P * V for V chunks per rank: chunk c of rank r at c * P + r) and `transfer_s` per message. Throws std::invalid_argument on mismatched sizes or a negative time, and
 // std::logic_error naming the stuck actions when the lists deadlock.
 Timeline simulate(const std::vector<std::vector<PipeAction>>& lists,
-                  const std::vector<StageTimes>& times, double transfer_s);
+                  const std::vector<StageTimes>& times, double transfer_s,
+                  bool buffered_sends = false);
 
 // simulate()'s makespan alone, without recording the actions (the planner's search).
 double makespan(const std::vector<std::vector<PipeAction>>& lists,
-                const std::vector<StageTimes>& times, double transfer_s);
+                const std::vector<StageTimes>& times, double transfer_s,
+                bool buffered_sends = false);
 
 // The whole 1F1B schedule: one_f_one_b for every stage.
 std::vector<std::vector<PipeAction>> one_f_one_b_lists(int stages, int micro_batches);

@@ -68,6 +68,13 @@ const std::vector<std::vector<PipeAction>>& schedule_lists(const PipelineShape& 
   return it->second;
 }
 
+// The interleaved schedule's sends do not wait for the peer (Trainer, Communicator::isend). On
+// NCCL they still do until sends get a stream of their own: there the planner is optimistic by
+// the waits (the lists run either way).
+bool buffered_sends(const PipelineShape& shape) {
+  return shape.schedule == PipeSchedule::interleaved;
+}
+
 }  // namespace
 
 double peak_tflops(const topology::GpuSpec& g, tensor::DType compute) {
@@ -297,7 +304,8 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     t.bound_only = true;
     return t;
   }
-  const double pipeline_s = makespan(schedule_lists(t.pipeline), t.stage_times, t.pp_transfer_s);
+  const double pipeline_s = makespan(schedule_lists(t.pipeline), t.stage_times, t.pp_transfer_s,
+                                     buffered_sends(t.pipeline));
   t.bubble_s = std::max(0.0, pipeline_s - m * worst_stage);
   t.step_s = std::max(pipeline_s, m * worst_stage) + t.dp_exposed_s;
   const double tokens = static_cast<double>(r.training.global_batch) * s.T;
@@ -311,7 +319,8 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
 }
 
 Timeline planned_timeline(const TimeEstimate& t) {
-  Timeline timeline = simulate(schedule_lists(t.pipeline), t.stage_times, t.pp_transfer_s);
+  Timeline timeline = simulate(schedule_lists(t.pipeline), t.stage_times, t.pp_transfer_s,
+                               buffered_sends(t.pipeline));
   timeline.schedule = schedule_name(t.pipeline.schedule);
   return timeline;
 }

@@ -226,6 +226,24 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
   const size_t arm_at = *std::min_element(last_backward.begin(), last_backward.end());
   const int P = parallel.pp_size(), rank = parallel.pp_rank();
   const int next = (rank + 1) % P, previous = (rank + P - 1) % P;
+  // The interleaved schedule sends without waiting for the peer (its lists also run with
+  // blocking sends, only slower: timeline.hpp); a slot's sends are waited for before its tensors
+  // are written again, and all of them before the step goes on.
+  const bool buffered = pipeline_.schedule == PipeSchedule::interleaved;
+  std::vector<std::vector<std::unique_ptr<comm::PendingSend>>> pending(
+      static_cast<size_t>(slots_.slots));
+  auto settle = [&](int slot) {
+    for (auto& send : pending[static_cast<size_t>(slot)])
+      send->wait();
+    pending[static_cast<size_t>(slot)].clear();
+  };
+  auto send = [&](const tensor::Tensor& t, int peer, uint32_t tag, int slot) {
+    if (buffered)
+      pending[static_cast<size_t>(slot)].push_back(
+          mesh_->pp().isend(t.data, t.bytes(), peer, tag));
+    else
+      mesh_->pp().send(t.data, t.bytes(), peer, tag);
+  };
   const ScopedSink sink(model_, model_.params().grads_sharded() ? sync_.get() : nullptr);
   const bool overlap = sync_ && sync_->overlaps();
   // ZeRO-1 with overlap: the last step's parameter gather may still run; the step's first forward
@@ -248,6 +266,7 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
         break;
       }
       case PipeOp::forward: {
+        if (buffered) settle(slot);
         const size_t first = static_cast<size_t>(action.micro_batch) * tokens;
         std::optional<ParamsNeeded> needed;
         if (gathering && i == first_forward[chunk])
@@ -259,12 +278,11 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
             weight, sums);
         break;
       }
-      case PipeOp::send_activation: {
-        const tensor::Tensor out = model_.stage_output(slot);
-        mesh_->pp().send(out.data, out.bytes(), next, tag);
+      case PipeOp::send_activation:
+        send(model_.stage_output(slot), next, tag, slot);
         break;
-      }
       case PipeOp::recv_grad: {
+        if (buffered) settle(slot);
         const tensor::Tensor grad = model_.output_grad(slot);
         mesh_->pp().recv(grad.data, grad.bytes(), next, tag);
         break;
@@ -280,11 +298,9 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
           model_.backward(grad_scale, slot);
         }
         break;
-      case PipeOp::send_grad: {
-        const tensor::Tensor grad = model_.input_grad(slot);
-        mesh_->pp().send(grad.data, grad.bytes(), previous, tag);
+      case PipeOp::send_grad:
+        send(model_.input_grad(slot), previous, tag, slot);
         break;
-      }
     }
     if (recorded) {
       // A compute action ends when its device work does (the CUDA backend's ops return early).
@@ -292,6 +308,8 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
       recorded->push_back({action, action_start, since_start()});
     }
   }
+  for (int slot = 0; slot < slots_.slots; ++slot)
+    settle(slot);
 }
 
 Timeline Trainer::gather_timeline(const std::vector<TimedAction>& mine) const {

@@ -2,7 +2,10 @@
 // pictures: telemetry_timeline_test.cpp.
 #include <catch2/catch.hpp>
 
+#include <map>
+#include <set>
 #include <stdexcept>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -74,4 +77,163 @@ TEST_CASE("the timeline names the stuck actions of lists that deadlock", "[pipel
   CHECK_THROWS_AS(simulate(lists, {StageTimes{1, 1}}, 0), std::invalid_argument);
   CHECK_THROWS_AS(simulate(one_f_one_b_lists(2, 2), {StageTimes{1, -1}, StageTimes{1, 1}}, 0),
                   std::invalid_argument);
+}
+
+// ---- the interleaved schedule (virtual stages) ----
+
+namespace {
+
+PipelineShape interleaved(int P, int V, int M) {
+  return {P, M, PipeSchedule::interleaved, V};
+}
+
+}  // namespace
+
+// Every virtual stage forwards and backwards each micro-batch once, in Megatron's order: a rank's
+// forwards run micro-batch groups of P chunk by chunk, and it starts backwards after
+// 2 (P - r - 1) + (V - 1) P of them.
+TEST_CASE("interleaved: every chunk forwards then backwards each micro-batch exactly once",
+          "[pipeline]") {
+  for (int P = 2; P <= 5; ++P)
+    for (int V = 2; V <= 4; ++V)
+      for (int M = P; M <= 3 * P; M += P) {
+        const auto lists = pipeline_lists(interleaved(P, V, M));
+        REQUIRE(lists.size() == static_cast<size_t>(P));
+        for (int r = 0; r < P; ++r) {
+          INFO("P " << P << " V " << V << " M " << M << " rank " << r);
+          std::vector<int> forwards(static_cast<size_t>(V * M), 0), backwards(forwards);
+          int forwards_before_backward = -1, count = 0, k = 0;
+          for (const PipeAction& a : lists[static_cast<size_t>(r)]) {
+            REQUIRE((a.chunk >= 0 && a.chunk < V && a.micro_batch >= 0 && a.micro_batch < M));
+            const size_t i = static_cast<size_t>(a.chunk * M + a.micro_batch);
+            const int v = a.chunk * P + r;  // the virtual stage
+            if (a.op == PipeOp::forward) {
+              // Forward k: chunk (k mod PV) / P of micro-batch (k / PV) P + k mod P.
+              CHECK(a.chunk == (k % (P * V)) / P);
+              CHECK(a.micro_batch == (k / (P * V)) * P + k % P);
+              ++k;
+              ++forwards[i];
+              ++count;
+            }
+            if (a.op == PipeOp::backward) {
+              CHECK(forwards[i] == 1);
+              ++backwards[i];
+              if (forwards_before_backward < 0) forwards_before_backward = count - 1;
+            }
+            // Nothing arrives before the first virtual stage or leaves the last.
+            if (v == 0) CHECK((a.op != PipeOp::recv_activation && a.op != PipeOp::send_grad));
+            if (v == P * V - 1)
+              CHECK((a.op != PipeOp::send_activation && a.op != PipeOp::recv_grad));
+          }
+          CHECK(forwards == std::vector<int>(static_cast<size_t>(V * M), 1));
+          CHECK(backwards == forwards);
+          CHECK(forwards_before_backward == std::min(V * M - 1, 2 * (P - r - 1) + (V - 1) * P));
+        }
+      }
+}
+
+// The transfers are placed so that the lists run with rendezvous sends whatever the stage times
+// (simulate throws on a deadlock), and with buffered ones. A rank's slots: Megatron's count
+// (the micro-batches forwarded and not yet backwarded, plus the one arriving) and at most two
+// more, for activations that arrive before their forward (a receive is placed when its sender
+// finishes; measured: 1 at pp2, 2 from pp3 to pp8, V 2 to 4).
+TEST_CASE("interleaved: the lists run without buffering on any clock, in few slots",
+          "[pipeline]") {
+  for (int P = 2; P <= 5; ++P)
+    for (int V = 2; V <= 4; ++V)
+      for (int M = P; M <= 3 * P; M += P) {
+        INFO("P " << P << " V " << V << " M " << M);
+        const auto lists = pipeline_lists(interleaved(P, V, M));
+        for (const std::vector<StageTimes>& times :
+             {std::vector<StageTimes>(static_cast<size_t>(P * V), {1.0, 2.0}),
+              std::vector<StageTimes>(static_cast<size_t>(P * V), {2.0, 1.0})}) {
+          std::vector<StageTimes> skewed = times;
+          skewed.back() = {5.0, 9.0};  // a heavy head
+          for (const auto& t : {times, skewed}) {
+            const Timeline timeline = simulate(lists, t, 0.5);
+            CHECK(timeline.micro_batches() == M);
+            CHECK(simulate(lists, t, 0.5, true).makespan <= timeline.makespan + 1e-9);
+            for (int r = 0; r < P; ++r)
+              CHECK(timeline.stages[static_cast<size_t>(r)].size() ==
+                    lists[static_cast<size_t>(r)].size());
+          }
+        }
+        for (int r = 0; r < P; ++r) {
+          const SlotPlan plan = plan_slots(lists[static_cast<size_t>(r)]);
+          const int megatron = std::min(V * M, 2 * (P - r - 1) + (V - 1) * P + 1);
+          CHECK(plan.slots <= megatron + 2);
+          CHECK(plan.slots >= megatron);
+          CHECK(pipeline_slots(interleaved(P, V, M), r) == plan.slots);
+          // Every action has a slot, and a micro-batch's chunk keeps its slot throughout.
+          std::map<std::pair<int, int>, int> slot_of;
+          for (size_t i = 0; i < plan.slot.size(); ++i) {
+            const PipeAction& a = lists[static_cast<size_t>(r)][i];
+            REQUIRE(plan.slot[i] >= 0);
+            const auto [it, fresh] = slot_of.try_emplace({a.chunk, a.micro_batch}, plan.slot[i]);
+            CHECK(it->second == plan.slot[i]);
+          }
+        }
+      }
+}
+
+// With equal virtual stages and free transfers the bubble shrinks by V: (P - 1) / (V M + P - 1)
+// of the stages' time, against 1F1B's (P - 1) / (M + P - 1).
+TEST_CASE("interleaved on a clock: the bubble shrinks by the chunks per rank", "[pipeline]") {
+  for (int P = 2; P <= 4; ++P)
+    for (int V = 2; V <= 4; ++V)
+      for (int M = P; M <= 4 * P; M += P) {
+        INFO("P " << P << " V " << V << " M " << M);
+        const Timeline t =
+            simulate(pipeline_lists(interleaved(P, V, M)),
+                     std::vector<StageTimes>(static_cast<size_t>(P * V), {1.0, 2.0}), 0.0, true);
+        CHECK(t.bubble_share() == Approx(double(P - 1) / (V * M + P - 1)));
+        CHECK(t.makespan == Approx(3.0 * (V * M + P - 1)));
+      }
+}
+
+// 1F1B's closed form is what its lists need; the shapes the schedules cannot run are named.
+TEST_CASE("pipeline shapes: 1F1B's slots in closed form, and the shapes refused", "[pipeline]") {
+  for (int P = 1; P <= 6; ++P)
+    for (int M = 1; M <= 10; ++M)
+      for (int s = 0; s < P; ++s) {
+        const PipelineShape shape{P, M};
+        CHECK(plan_slots(pipeline_lists(shape)[static_cast<size_t>(s)]).slots ==
+              std::min(P - s, M));
+        CHECK(pipeline_slots(shape, s) == std::min(P - s, M));
+      }
+  CHECK(interleaved(2, 2, 4).problem().empty());
+  CHECK_THAT(interleaved(2, 2, 3).problem(), Catch::Contains("3 micro-batches per step % pp 2 = 1"));
+  CHECK_THAT(interleaved(1, 2, 4).problem(), Catch::Contains("parallel.pp >= 2"));
+  CHECK_THAT(interleaved(2, 1, 4).problem(), Catch::Contains("pp_virtual >= 2"));
+  CHECK_THAT((PipelineShape{2, 4, PipeSchedule::one_f_one_b, 2}.problem()),
+             Catch::Contains("needs parallel.pp_schedule: interleaved"));
+  CHECK_THROWS_WITH(pipeline_lists(interleaved(2, 2, 3)), Catch::Contains("groups of pp"));
+  CHECK(parse_schedule("interleaved") == PipeSchedule::interleaved);
+  CHECK(parse_schedule("1f1b") == PipeSchedule::one_f_one_b);
+  CHECK(!parse_schedule("zb"));
+}
+
+// Tags: every message between two ranks in a step has its own, the same on both sides.
+TEST_CASE("interleaved: message tags match across each pair and never repeat", "[pipeline]") {
+  for (int P = 2; P <= 4; ++P)
+    for (int V = 2; V <= 3; ++V) {
+      const int M = 2 * P;
+      const auto lists = pipeline_lists(interleaved(P, V, M));
+      // (from rank, to rank, tag) of every send, and of every receive.
+      std::multiset<std::tuple<int, int, uint32_t>> sends, receives;
+      for (int r = 0; r < P; ++r)
+        for (const PipeAction& a : lists[static_cast<size_t>(r)]) {
+          const uint32_t tag = pipeline_tag(a, r, V);
+          const int next = (r + 1) % P, previous = (r + P - 1) % P;
+          if (a.op == PipeOp::send_activation) sends.insert({r, next, tag});
+          if (a.op == PipeOp::send_grad) sends.insert({r, previous, tag});
+          if (a.op == PipeOp::recv_activation) receives.insert({previous, r, tag});
+          if (a.op == PipeOp::recv_grad) receives.insert({next, r, tag});
+        }
+      INFO("P " << P << " V " << V);
+      CHECK(sends == receives);
+      CHECK(std::set<std::tuple<int, int, uint32_t>>(sends.begin(), sends.end()).size() ==
+            sends.size());
+      CHECK(sends.size() == static_cast<size_t>(2 * (P * V - 1) * M));
+    }
 }

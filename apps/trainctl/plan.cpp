@@ -99,6 +99,10 @@ planner::Variant parse_layout(const std::string& text, const recipe::Recipe& r, 
       v.cp = number;
     else if (key == "zero")
       v.zero = number;
+    else if (key == "v" || key == "pp_virtual") {  // the interleaved schedule's chunks per rank
+      v.pp_virtual = number;
+      v.pp_schedule = number > 1 ? PipeSchedule::interleaved : PipeSchedule::one_f_one_b;
+    }
     else if (key == "sp" || key == "sequence_parallel") {
       if (number > 1)
         throw std::invalid_argument(fmt::format("--layout {}={}: use 0 or 1", key, value));
@@ -110,7 +114,9 @@ planner::Variant parse_layout(const std::string& text, const recipe::Recipe& r, 
       dp_given = true;
     } else {
       throw std::invalid_argument(fmt::format(
-          "--layout key '{}' is unknown: use tp, pp, dp, ep, cp, zero, sp, mb and recompute", key));
+          "--layout key '{}' is unknown: use tp, pp, dp, ep, cp, zero, sp, mb, v (interleaved "
+          "chunks per stage) and recompute",
+          key));
     }
   }
   const int64_t others = int64_t{v.tp} * v.pp * v.ep * v.cp;
@@ -258,6 +264,8 @@ std::string resolve_parallel_auto(recipe::Recipe& r) {
   const planner::Variant& best = plan.ranked.front().layout;
   static_cast<Layout&>(r.parallel) = best;  // degrees, zero, recompute: one layout value
   r.training.micro_batch = best.micro_batch;
+  r.parallel.pp_schedule = best.pp_schedule;
+  r.parallel.pp_virtual = best.pp_virtual;
   r.parallel.automatic = false;  // the run directory's recipe.yaml records what actually ran
   return fmt::format("parallel: auto -> {} (planner, this machine: a world of 1)", best.describe());
 }

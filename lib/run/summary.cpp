@@ -86,9 +86,7 @@ telemetry::MemoryReport memory_report(RunContext& run) {
 
 telemetry::MemoryReport planned_memory(RunContext& run) {
   const recipe::Recipe& r = run.recipe();
-  planner::Variant layout;
-  static_cast<Layout&>(layout) = r.parallel;
-  layout.micro_batch = r.training.micro_batch;
+  const planner::Variant layout = planner::recipe_layout(r);
   // The memory model asks of the cluster only whether it has GPUs (Gloo's staging on a CPU, the
   // CUDA context's overhead on a GPU).
   topology::ClusterSpec cluster = planner::cpu_machine();

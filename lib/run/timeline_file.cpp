@@ -14,9 +14,7 @@ namespace trainctl::run {
 void write_timeline(const std::filesystem::path& run_dir, RunContext& run, int64_t step,
                     const Timeline& measured) {
   const recipe::Recipe& r = run.recipe();
-  planner::Variant layout;
-  static_cast<Layout&>(layout) = r.parallel;
-  layout.micro_batch = r.training.micro_batch;
+  const planner::Variant layout = planner::recipe_layout(r);
   // The planner's view of the same layout on this machine (its CPU, or its GPUs as detected).
   const topology::ClusterSpec cluster =
       run.on_cuda() ? topology::detect().cluster : planner::cpu_machine();

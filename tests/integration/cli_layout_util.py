@@ -56,14 +56,17 @@ FAMILIES = {
 
 
 def layout_sets(layout):
-    """'dp2-tp2-pp2', 'dp2-zero1' or 'tp2-sp' (sequence parallel) -> --set values; '1' is the
-    single rank."""
+    """'dp2-tp2-pp2', 'dp2-zero1', 'tp2-sp' (sequence parallel) or 'pp2-v2' (the interleaved
+    schedule, two chunks per rank) -> --set values; '1' is the single rank."""
     sets = []
     if layout == "1":
         return sets
     for part in layout.split("-"):
         if part == "sp":
             sets.append("parallel.sequence_parallel=true")
+            continue
+        if part.startswith("v") and part[1:].isdigit():  # interleaved, that many chunks per rank
+            sets += ["parallel.pp_schedule=interleaved", f"parallel.pp_virtual={part[1:]}"]
             continue
         axis, degree = part.rstrip("0123456789"), part[len(part.rstrip("0123456789")):]
         check(axis in ("dp", "tp", "pp", "ep", "cp", "zero") and degree, f"bad layout {layout!r}")

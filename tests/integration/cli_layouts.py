@@ -16,7 +16,9 @@ grouped-query attention at tp2; with sequence parallelism (the norms and residua
 of the tokens): gpt tp2 and dp2 x tp2 x pp2, llama tp2, moe ep2 x tp2; with context parallelism
 (each sequence's chunks split over ranks, attention around a ring): gpt cp2, cp2 x dp2 with ZeRO-1,
 cp2 x pp2, llama cp2 x tp2 with sequence parallelism, moe cp2 and ep2 x cp2 (every cp rank routes
-the whole micro-batch). Then the same layout run twice is
+the whole micro-batch); with the interleaved schedule (two model chunks per rank, a micro-batch
+going around the ranks twice): gpt pp2 and moe dp2 x pp2 with ZeRO-1. Then the same layout run
+twice is
 bit-identical (losses, and the checkpoint's bytes of every tensor). Every run's memory per
 category is what the planner's model planned for its rank 0, to the byte (comm under tp: at most
 64 KiB above). A dp2 ZeRO-3 run with the block gradients summed in bf16 (precision.reduce_dtype)
@@ -63,6 +65,8 @@ LAYOUTS = [
     ("llama", "cp2-tp2-sp"),
     ("moe", "cp2"),
     ("moe", "ep2-cp2"),
+    ("gpt", "pp2-v2"),
+    ("moe", "dp2-pp2-v2-zero1"),
 ]
 REPEAT = ("gpt", "tp2-pp2")
 ODD_STEPS = 10

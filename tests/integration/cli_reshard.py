@@ -6,12 +6,13 @@ A run at dp2 x tp2 saves at step 10 (its schedule is that of a 20-step run) and 
 run directory resume to step 20 at pp2, at dp4, at dp2 with ZeRO-1, 2 and 3
 (`trainctl resume DIR --set parallel...`; ZeRO-1 and 2 gather each step's parameters while the next
 forward runs, ZeRO-3 each block's before it runs), at tp2 with sequence parallelism and at cp2
-(context parallel). All seven
-continue the single-rank 20-step run within the layout tolerance: steps 11..20 have the same loss
+(context parallel) and at pp2 with the interleaved schedule (two model chunks per rank). All
+eight continue the single-rank 20-step run within the layout tolerance: steps 11..20 have the same loss
 and token count (the global sample position carried over, so no sample is skipped or repeated when
 the number of data ranks changes from 2 to 1 or 4), and the final weights match. Each resumed
 checkpoint's state says it has consumed exactly 20 * global_batch samples. A cp2 run's checkpoint
-at step 10 resumes on one rank the same way."""
+at step 10 resumes on one rank the same way, and an interleaved pp2 run's (rank 0 holding layers 0
+and 2) on plain 1F1B over three stages."""
 import json
 import os
 import shutil
@@ -47,7 +48,8 @@ def body(binary, root):
         check(position == HALF * 4, f"{saved}/checkpoints/{name} records sample position "
                                     f"{position}; expected {HALF} steps * 4 = {HALF * 4}")
 
-        for target in ("pp2", "dp4", "dp2-zero1", "dp2-zero2", "dp2-zero3", "tp2-sp", "cp2"):
+        for target in ("pp2", "dp4", "dp2-zero1", "dp2-zero2", "dp2-zero3", "tp2-sp", "cp2",
+                       "pp2-v2"):
             run_dir = os.path.join(tmp, f"resume-{target}")
             shutil.copytree(saved, run_dir)
             sets = ["parallel.dp=1", "parallel.tp=1", *lu.layout_sets(target),
@@ -78,6 +80,19 @@ def body(binary, root):
         position, name = sampler_position(run_dir)
         check(position == STEPS * 4, f"cp2 -> 1: {name} records sample position {position}; "
                                      f"expected {STEPS * 4}")
+
+        # An interleaved run's checkpoint (two chunks per rank: rank 0 held layers 0 and 2)
+        # resumes on plain 1F1B over three stages (layers 0-1, 2, 3).
+        saved_v = os.path.join(tmp, "pp2-v2")
+        lu.train(binary, root, saved_v, "gpt", "pp2-v2", HALF, SCHEDULE)
+        lu.check_losses(straight, saved_v, "pp2-v2 first half", 1, HALF)
+        run_dir = os.path.join(tmp, "resume-pp2-v2-to-pp3")
+        shutil.copytree(saved_v, run_dir)
+        sets = ["parallel.pp=3", "parallel.pp_schedule=1f1b", "parallel.pp_virtual=1",
+                f"training.steps={STEPS}"]
+        cli_util.run_ok(binary, ["resume", run_dir, *[a for s in sets for a in ("--set", s)]], root)
+        lu.check_losses(straight, run_dir, "pp2-v2 -> pp3", 1, STEPS)
+        lu.check_weights(want_weights, lu.final_weights(binary, root, run_dir), "pp2-v2 -> pp3")
 
 
 if __name__ == "__main__":

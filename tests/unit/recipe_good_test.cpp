@@ -210,21 +210,22 @@ TEST_CASE("the hash depends on the values only, not on how the file is written")
 // modules' own structs, a choice mapped onto a module enum such as precision.compute onto
 // tensor::DType). The values were printed by `trainctl validate` before that change (commit
 // 7b6e0f8); a new key changes every hash and must update them here, on purpose (the last time:
-// logging.timeline_step).
+// parallel.pp_schedule and pp_virtual).
 TEST_CASE("the hash of a recipe is stable across versions of the code") {
-  CHECK(recipe_hash(default_recipe(Arch::gpt)) == "c3370ad72e8c176c");
+  CHECK(recipe_hash(default_recipe(Arch::gpt)) == "36af283d3338bf63");
   CHECK(recipe_hash(load_text("name: default\ndata:\n  source: synthetic\n")) ==
-        "c3370ad72e8c176c");
-  CHECK(recipe_hash(default_recipe(Arch::llama)) == "791d012aeae85c61");
+        "36af283d3338bf63");
+  CHECK(recipe_hash(default_recipe(Arch::llama)) == "a6aed08e37ddb27a");
   CHECK(
       recipe_hash(load_text("name: f\nprecision: {compute: fp64}\ndata: {source: synthetic}\n")) ==
-      "8cb7b2b772ab6b20");
+      "fd54f10d1dd5100f");
   // Every choice key at a value other than its default.
   const Recipe every_choice = load_text(
       "name: every-choice\n"
       "model: {arch: llama, norm: layernorm, activation: gelu, position: learned}\n"
       "moe: {experts: 4, top_k: 1, every: 1}\n"
-      "parallel: {recompute: selective, zero: 2, tp: 2, sequence_parallel: true}\n"
+      "parallel: {recompute: selective, zero: 2, tp: 2, sequence_parallel: true, pp: 2, "
+      "pp_schedule: interleaved, pp_virtual: 2}\n"
       "precision: {compute: fp16, loss_scale: 512, reduce_dtype: bf16}\n"
       "schedule: {decay: wsd}\n"
       "data: {source: synthetic}\n"
@@ -233,7 +234,7 @@ TEST_CASE("the hash of a recipe is stable across versions of the code") {
       "cluster: {device: cpu}\n");
   CHECK(every_choice.model.storage == DType::f16);
   CHECK(every_choice.precision.loss_scale == LossScale{LossScaleMode::fixed, 512.0});
-  CHECK(recipe_hash(every_choice) == "4ea460643639408a");
+  CHECK(recipe_hash(every_choice) == "3335eb4ce4e64bec");
 }
 
 TEST_CASE("each schema key stores into and fetches from its own member only") {
@@ -310,4 +311,18 @@ TEST_CASE("parallel.pp_layers and parallel.timeout_s: uneven stages, read and du
                    "t.yaml"));
   CHECK(default_recipe().parallel.timeout_s == 60.0);
   CHECK(default_recipe().parallel.pp_layers.empty());
+}
+
+TEST_CASE("parallel.pp_schedule interleaved with pp_virtual chunks: read and dumped back") {
+  const std::string yaml =
+      "name: t\ndata: {source: synthetic}\nmodel: {layers: 8}\n"
+      "parallel: {pp: 2, pp_schedule: interleaved, pp_virtual: 2, pp_layers: [1, 3, 3, 1]}\n";
+  const Recipe r = parse_recipe(yaml, "t.yaml");
+  CHECK(r.parallel.pp_schedule == PipeSchedule::interleaved);
+  CHECK(r.parallel.pp_virtual == 2);
+  CHECK(r.parallel.pp_layers == std::vector<int>{1, 3, 3, 1});
+  CHECK(parse_recipe(dump_recipe(r), "dump.yaml") == r);
+  CHECK(dump_recipe(r).find("pp_schedule: interleaved") != std::string::npos);
+  CHECK(default_recipe().parallel.pp_schedule == PipeSchedule::one_f_one_b);
+  CHECK(default_recipe().parallel.pp_virtual == 1);
 }

@@ -255,6 +255,38 @@ const std::vector<BadCase> kBadCases = {
      kOk + "model: {layers: 5}\nparallel: {pp: 2, pp_layers: [3, 3]}\n",
      {},
      {"4:30: sum(parallel.pp_layers) == model.layers fails: 3 + 3 = 6 != 5"}},
+    {"pp_virtual needs the interleaved schedule",
+     kOk + "parallel: {pp: 2, pp_virtual: 2}\n",
+     {},
+     {"3:31: parallel.pp_virtual = 2 needs parallel.pp_schedule: interleaved (1f1b runs one model "
+      "chunk per stage); set parallel.pp_virtual: 1 or parallel.pp_schedule: interleaved"}},
+    {"interleaved needs pp and pp_virtual of 2 or more",
+     kOk + "parallel: {pp_schedule: interleaved}\n",
+     {},
+     {"3:25: parallel.pp_schedule: interleaved needs parallel.pp >= 2 and parallel.pp_virtual >= 2 "
+      "model chunks per stage (got pp 1, pp_virtual 1); or use parallel.pp_schedule: 1f1b"}},
+    {"interleaved: micro-batches in groups of pp",
+     kOk + "training: {global_batch: 12}\nparallel: {pp: 2, pp_schedule: interleaved, "
+           "pp_virtual: 2}\n",
+     {},
+     {"4:32: parallel.pp_schedule: interleaved runs micro-batches in groups of parallel.pp: "
+      "training.global_batch / (training.micro_batch * parallel.dp * parallel.ep) = 12 / (4 * 1 "
+      "* 1) = 3 micro-batches per step, and 3 % 2 = 1 must be 0"}},
+    {"interleaved: a layer per chunk",
+     kOk + "model: {layers: 3}\nparallel: {pp: 2, pp_schedule: interleaved, pp_virtual: 2}\n",
+     {},
+     {"4:16: parallel.pp * parallel.pp_virtual <= model.layers fails: 2 * 2 = 4 > 3 (each model "
+      "chunk needs at least one layer)"}},
+    {"interleaved: pp_layers per virtual stage",
+     kOk + "model: {layers: 8}\nparallel: {pp: 2, pp_schedule: interleaved, pp_virtual: 2, "
+           "pp_layers: [4, 4]}\n",
+     {},
+     {"4:71: parallel.pp_layers needs one entry per virtual stage (parallel.pp * "
+      "parallel.pp_virtual = 2 * 2 = 4, chunk c of rank r at c * pp + r), got 2: [4, 4]"}},
+    {"pp_schedule: a known schedule",
+     kOk + "parallel: {pp: 2, pp_schedule: zb}\n",
+     {},
+     {"3:32: parallel.pp_schedule: expected one of 1f1b | interleaved, got 'zb'"}},
     {"pp_layers: positive",
      kOk + "model: {layers: 5}\nparallel: {pp: 2, pp_layers: [5, 0]}\n",
      {},

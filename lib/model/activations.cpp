@@ -64,6 +64,7 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
   for (Slot& slot : slots) {
     for (int l = 0; l <= depth; ++l)
       slot.resid.push_back(kept.take(S, {rows, C}));
+    if (num_chunks() > 1) slot.grad_in = kept.take(S, {rows, C});
     slot.tokens = kept.take(DType::i32, {N});
     slot.targets = kept.take(DType::i32, {N});
     if (tp_on() && par.last_stage()) {

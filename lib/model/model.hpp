@@ -112,9 +112,10 @@ class Transformer {
   void set_block_value_source(BlockValueSource* source);
 
   // Pipeline boundaries, [micro_batch * seq_len, hidden] tensors in the storage type, all in the
-  // slot: the gradients take the places of activations that are dead by then, so a slot's
-  // transfers may wait while other slots compute. A slot whose backward ran may receive the next
-  // input before its input_grad is sent, but its next forward must come after that send.
+  // slot: the gradients take the places of activations that are dead by then (with chunks the
+  // input's gradient has a tensor of its own), so a slot's transfers may wait while other slots
+  // compute. A slot whose backward ran may receive the next input before its input_grad is sent;
+  // without chunks its next forward must come after that send, with chunks its next backward.
   Tensor stage_input(int slot);   // receive the previous stage's output here before forward
   Tensor stage_output(int slot);  // after forward, send this to the next stage
   Tensor output_grad(int slot);   // receive the next stage's input_grad here before backward

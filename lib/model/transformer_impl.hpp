@@ -42,7 +42,8 @@ struct BlockActs {
 // The slot's first residual tensor is the chunk's input (received from the previous stage), the
 // second, after backward, the input's gradient sent back (so the next micro-batch's input may
 // arrive in the first before it leaves, as 1F1B's order has it), and the one after the chunk's
-// last layer its output and the gradient received for it.
+// last layer its output and the gradient received for it. With chunks the input's gradient has
+// a tensor of its own (grad_in), so the next forward in the slot need not wait for its send.
 struct Slot {
   std::vector<Tensor> resid;  // the largest chunk's layers + 1 residual-stream tensors [rows, C]
   Tensor tokens, targets;     // [N] i32, global ids
@@ -54,6 +55,7 @@ struct Slot {
   int64_t valid_targets = 0;
   bool have_forward = false;
   int chunk = 0;  // the chunk of the last forward
+  Tensor grad_in;  // [rows, C] with chunks: the input's gradient sent back
 };
 
 struct Transformer::Impl {
@@ -134,9 +136,9 @@ struct Transformer::Impl {
   Tensor chunk_output(const Slot& s) const {
     return s.resid[static_cast<size_t>(chunk_layers(s.chunk))];
   }
-  // The gradient of the chunk's input, after backward: the second residual tensor (every chunk
-  // has a layer), dead by then.
-  static Tensor input_grad_of(const Slot& s) { return s.resid[1]; }
+  // The gradient of the chunk's input, after backward: grad_in with chunks, else the second
+  // residual tensor (every chunk has a layer), dead by then.
+  static Tensor input_grad_of(const Slot& s) { return s.grad_in.empty() ? s.resid[1] : s.grad_in; }
 
   Param param(const std::string& name) const { return store.param(name); }
   Param optional_param(const std::string& name) const {

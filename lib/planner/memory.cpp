@@ -380,6 +380,7 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   const int dense_positions = static_cast<int>(std::count(dense_at.begin(), dense_at.end(), 1));
   const int moe_positions = static_cast<int>(std::count(moe_at.begin(), moe_at.end(), 1));
   double kept = round64(rows * s.C * z.storage) * (depth + 1);               // the residual stream
+  if (lay.pp_virtual > 1) kept += round64(rows * s.C * z.storage);           // the input's gradient
   kept += 2 * round64(n * 4);                                                // tokens, targets
   if (lay.tp > 1 && st.last) kept += round64(n * 4) + round64(n * z.stats);  // local targets, lse
   double shared_peak = 0;

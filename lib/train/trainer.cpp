@@ -227,20 +227,22 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
   const int P = parallel.pp_size(), rank = parallel.pp_rank();
   const int next = (rank + 1) % P, previous = (rank + P - 1) % P;
   // The interleaved schedule sends without waiting for the peer (its lists also run with
-  // blocking sends, only slower: timeline.hpp); a slot's sends are waited for before its tensors
-  // are written again, and all of them before the step goes on.
+  // blocking sends, only slower: timeline.hpp). A slot's activation send is waited for before
+  // its output tensor is written again (the next forward, or the gradient received into it), its
+  // gradient send before the next backward writes the gradient's own tensor (model.hpp), and all
+  // of them before the step goes on.
   const bool buffered = pipeline_.schedule == PipeSchedule::interleaved;
-  std::vector<std::vector<std::unique_ptr<comm::PendingSend>>> pending(
-      static_cast<size_t>(slots_.slots));
-  auto settle = [&](int slot) {
-    for (auto& send : pending[static_cast<size_t>(slot)])
+  using Pending = std::vector<std::unique_ptr<comm::PendingSend>>;
+  std::vector<Pending> activation_sends(static_cast<size_t>(slots_.slots)),
+      grad_sends(activation_sends.size());
+  auto settle = [](Pending& sends) {
+    for (auto& send : sends)
       send->wait();
-    pending[static_cast<size_t>(slot)].clear();
+    sends.clear();
   };
-  auto send = [&](const tensor::Tensor& t, int peer, uint32_t tag, int slot) {
+  auto send = [&](const tensor::Tensor& t, int peer, uint32_t tag, Pending& sends) {
     if (buffered)
-      pending[static_cast<size_t>(slot)].push_back(
-          mesh_->pp().isend(t.data, t.bytes(), peer, tag));
+      sends.push_back(mesh_->pp().isend(t.data, t.bytes(), peer, tag));
     else
       mesh_->pp().send(t.data, t.bytes(), peer, tag);
   };
@@ -257,6 +259,11 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
     const PipeAction& action = schedule_[i];
     const size_t chunk = static_cast<size_t>(action.chunk);
     const int slot = slots_.slot[i];
+    // The slot's earlier sends must be done before its tensors are written again: a wait for the
+    // peer, timed as idle rather than as the action's.
+    if (buffered && (action.op == PipeOp::forward || action.op == PipeOp::recv_grad))
+      settle(activation_sends[static_cast<size_t>(slot)]);
+    if (buffered && action.op == PipeOp::backward) settle(grad_sends[static_cast<size_t>(slot)]);
     const double action_start = recorded ? since_start() : 0.0;
     const uint32_t tag = pipeline_tag(action, rank, pipeline_.virtual_stages);
     switch (action.op) {
@@ -266,7 +273,6 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
         break;
       }
       case PipeOp::forward: {
-        if (buffered) settle(slot);
         const size_t first = static_cast<size_t>(action.micro_batch) * tokens;
         std::optional<ParamsNeeded> needed;
         if (gathering && i == first_forward[chunk])
@@ -279,10 +285,9 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
         break;
       }
       case PipeOp::send_activation:
-        send(model_.stage_output(slot), next, tag, slot);
+        send(model_.stage_output(slot), next, tag, activation_sends[static_cast<size_t>(slot)]);
         break;
       case PipeOp::recv_grad: {
-        if (buffered) settle(slot);
         const tensor::Tensor grad = model_.output_grad(slot);
         mesh_->pp().recv(grad.data, grad.bytes(), next, tag);
         break;
@@ -299,7 +304,7 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
         }
         break;
       case PipeOp::send_grad:
-        send(model_.input_grad(slot), previous, tag, slot);
+        send(model_.input_grad(slot), previous, tag, grad_sends[static_cast<size_t>(slot)]);
         break;
     }
     if (recorded) {
@@ -308,8 +313,10 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
       recorded->push_back({action, action_start, since_start()});
     }
   }
-  for (int slot = 0; slot < slots_.slots; ++slot)
-    settle(slot);
+  for (size_t slot = 0; slot < activation_sends.size(); ++slot) {
+    settle(activation_sends[slot]);
+    settle(grad_sends[slot]);
+  }
 }
 
 Timeline Trainer::gather_timeline(const std::vector<TimedAction>& mine) const {

@@ -67,7 +67,8 @@ struct MemoryEstimate {
   double comm_buffers = 0;
   double overhead = 0;  // CUDA context, library workspaces (0 on a CPU machine)
   int worst_stage = 0;  // the pipeline stage of the rank described
-  int in_flight = 1;    // micro-batches in flight on that stage
+  int in_flight = 1;    // activation sets in flight on that stage: micro-batches, or chunks of one
+                        // with the interleaved schedule (pipeline_slots)
   double total() const {
     return params + grads + optimizer + activations + comm_buffers + overhead;
   }

@@ -67,7 +67,7 @@ namespace {
 
 std::string memory_line(const MemoryEstimate& m, double headroom) {
   return fmt::format(
-      "memory per GPU (stage {}, {} micro-batch(es) in flight): params {:.2f} GiB, grads {:.2f}, "
+      "memory per GPU (stage {}, {} activation set(s) in flight): params {:.2f} GiB, grads {:.2f}, "
       "optimizer {:.2f}, activations {:.2f}, comm buffers {:.2f}, overhead {:.2f} = {:.2f} GiB, "
       "headroom {:.2f} GiB",
       m.worst_stage, m.in_flight, m.params / kGiB, m.grads / kGiB, m.optimizer / kGiB,

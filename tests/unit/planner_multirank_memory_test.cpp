@@ -66,7 +66,8 @@ struct Measured {
 };
 
 // Builds the engine of global rank `rank` of `layout` as lib/run/context.cpp does (ModelParallel
-// from the rank's coordinates; activation slots min(pp - stage, micro-batches); ZeRO parts = dp).
+// from the rank's coordinates; activation slots as the schedule needs: pipeline_slots; ZeRO parts
+// = dp).
 Measured engine_rank(const recipe::Recipe& r, const planner::Variant& layout, int rank,
                      backend::Backend& cpu) {
   const Coordinates at = coordinates_of(layout, rank);
@@ -79,8 +80,8 @@ Measured engine_rank(const recipe::Recipe& r, const planner::Variant& layout, in
   if (layout.ep > 1) parallel.ep = &ep;
   if (layout.cp > 1) parallel.cp = &cp;
   parallel.stage_layers = r.parallel.pp_layers;
-  const int micro_batches = r.training.global_batch / (layout.micro_batch * layout.dp * layout.ep);
-  parallel.activation_slots = std::max(1, std::min(layout.pp - at.pp, micro_batches));
+  parallel.virtual_stages = layout.pp_virtual;
+  parallel.activation_slots = pipeline_slots(layout.pipeline(r), at.pp);
   model::Transformer engine(r.model, cpu, layout.micro_batch, parallel);
   const model::ParamStore::Bytes bytes = engine.params().bytes();
   return {static_cast<double>(bytes.params), static_cast<double>(bytes.grads),
@@ -163,6 +164,26 @@ TEST_CASE("memory model matches the engine on uneven pipeline stages (parallel.p
     recipe::Recipe r = recipe_for(k);
     r.parallel.pp_layers = {1, 3};  // the last stage holds most layers and the head
     check_every_rank(r, layout(1, 2, 1, 1, k));
+  }
+}
+
+// The interleaved schedule: a rank holds its chunks' layers, its slots serve any chunk (each layer
+// position holding what that position of every chunk needs: [1, 2, 2, 1] puts a dense layer and
+// an MoE layer at rank 0's first position), its slot count is the schedule's, and each slot has a
+// tensor for the gradient sent back.
+TEST_CASE("memory model matches the engine on interleaved pipelines (two chunks per rank)") {
+  for (const ModelCase& k : {kDense[0], kDense[2], kMoe[0], kMoe[1]}) {
+    recipe::Recipe r = recipe_for(k);
+    r.model.layers = 6;
+    for (const std::vector<int>& split : {std::vector<int>{}, std::vector<int>{1, 2, 2, 1}}) {
+      r.parallel.pp_layers = split;
+      planner::Variant v = layout(1, 2, 1, 1, k);
+      v.pp_schedule = PipeSchedule::interleaved;
+      v.pp_virtual = 2;
+      check_every_rank(r, v);
+      v.tp = 2;
+      check_every_rank(r, v);
+    }
   }
 }
 

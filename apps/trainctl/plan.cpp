@@ -102,8 +102,7 @@ planner::Variant parse_layout(const std::string& text, const recipe::Recipe& r, 
     else if (key == "v" || key == "pp_virtual") {  // the interleaved schedule's chunks per rank
       v.pp_virtual = number;
       v.pp_schedule = number > 1 ? PipeSchedule::interleaved : PipeSchedule::one_f_one_b;
-    }
-    else if (key == "sp" || key == "sequence_parallel") {
+    } else if (key == "sp" || key == "sequence_parallel") {
       if (number > 1)
         throw std::invalid_argument(fmt::format("--layout {}={}: use 0 or 1", key, value));
       v.sequence_parallel = number == 1;

@@ -96,8 +96,7 @@ class Communicator {
   // receive); `data` must stay unchanged until the handle's wait() returns. Gloo posts it and
   // returns; the default (NCCL, whose sends share the group's stream with its receives, and the
   // one-rank group) sends before returning, so a caller's order must also work unbuffered.
-  virtual std::unique_ptr<PendingSend> isend(const void* data, size_t bytes, int peer,
-                                             uint32_t tag,
+  virtual std::unique_ptr<PendingSend> isend(const void* data, size_t bytes, int peer, uint32_t tag,
                                              std::chrono::milliseconds timeout = kGroupTimeout);
   // data[bytes] <- root's data[bytes].
   virtual void broadcast(void* data, size_t bytes, int root,

@@ -156,10 +156,9 @@ std::vector<std::vector<PipeAction>> place_transfers(
   }
   for (int r = 0; r < P; ++r)
     if (next[static_cast<size_t>(r)] < compute[static_cast<size_t>(r)].size())
-      throw std::logic_error("pipeline schedule: the compute orders deadlock (rank " +
-                             std::to_string(r) + " at " +
-                             to_string(compute[static_cast<size_t>(r)][next[static_cast<size_t>(r)]]) +
-                             ")");
+      throw std::logic_error(
+          "pipeline schedule: the compute orders deadlock (rank " + std::to_string(r) + " at " +
+          to_string(compute[static_cast<size_t>(r)][next[static_cast<size_t>(r)]]) + ")");
   // (time, class: 0 message / 1 compute, virtual stage, micro-batch, direction, side)
   using Order = std::tuple<double, int, int, int, int, int>;
   std::vector<std::vector<std::pair<Order, PipeAction>>> events(static_cast<size_t>(P));
@@ -186,8 +185,7 @@ std::vector<std::vector<PipeAction>> place_transfers(
   std::vector<std::vector<PipeAction>> lists(static_cast<size_t>(P));
   for (int r = 0; r < P; ++r) {
     auto& e = events[static_cast<size_t>(r)];
-    std::sort(e.begin(), e.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::sort(e.begin(), e.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     for (const auto& [order, action] : e)
       lists[static_cast<size_t>(r)].push_back(action);
   }

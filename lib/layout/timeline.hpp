@@ -45,8 +45,9 @@ struct Timeline {
 };
 
 // Runs `lists` (one action list per rank) with each virtual stage's compute times (P of them, or
-// P * V for V chunks per rank: chunk c of rank r at c * P + r) and `transfer_s` per message. Throws std::invalid_argument on mismatched sizes or a negative time, and
-// std::logic_error naming the stuck actions when the lists deadlock.
+// P * V for V chunks per rank: chunk c of rank r at c * P + r) and `transfer_s` per message. Throws
+// std::invalid_argument on mismatched sizes or a negative time, and std::logic_error naming the
+// stuck actions when the lists deadlock.
 Timeline simulate(const std::vector<std::vector<PipeAction>>& lists,
                   const std::vector<StageTimes>& times, double transfer_s,
                   bool buffered_sends = false);

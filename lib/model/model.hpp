@@ -79,8 +79,7 @@ class Transformer {
   // virtual stages. Every stage receives tokens and targets (the first stage embeds the tokens in
   // its chunk 0, the last one scores the targets in its last chunk). Otherwise stage_input(slot)
   // must hold the previous stage's output before forward.
-  ForwardResult forward(const int32_t* tokens, const int32_t* targets, int slot = 0,
-                        int chunk = 0);
+  ForwardResult forward(const int32_t* tokens, const int32_t* targets, int slot = 0, int chunk = 0);
   // Differentiates the objective of the forward of `slot` (its chunk); parameter gradients +=
   // grad_scale * d objective. Unless the chunk scores the targets, output_grad(slot) must hold
   // d objective / d stage_output(slot) (already multiplied by grad_scale) first. Evaluation-only

@@ -39,9 +39,9 @@
 // Pipeline parallel over pp stages: stage s holds layers [first_layer, end_layer); the first stage
 // also the embeddings, the last the final norm and the head. With V virtual stages per rank
 // (the interleaved schedule) the layers form pp * V stages and rank r holds V chunks, chunk c
-// being stage c * pp + r: the embeddings stay on rank 0 (chunk 0), the head on rank pp - 1. With tied embeddings and pp > 1 the
-// last stage holds a copy of embed.wte (ParamSpec::tied_copy) whose gradient the trainer sums with
-// the first stage's, so both stay equal.
+// being stage c * pp + r: the embeddings stay on rank 0 (chunk 0), the head on rank pp - 1. With
+// tied embeddings and pp > 1 the last stage holds a copy of embed.wte (ParamSpec::tied_copy) whose
+// gradient the trainer sums with the first stage's, so both stay equal.
 #pragma once
 
 #include <cstdint>

@@ -79,8 +79,7 @@ size_t Transformer::Impl::block_of_layer(int layer) const {
   const auto it = std::lower_bound(blocks.begin(), blocks.end(), layer,
                                    [](const Block& b, int l) { return b.layer < l; });
   if (it == blocks.end() || it->layer != layer)
-    throw std::logic_error("Transformer: layer " + std::to_string(layer) +
-                           " is not on this stage");
+    throw std::logic_error("Transformer: layer " + std::to_string(layer) + " is not on this stage");
   return static_cast<size_t>(it - blocks.begin());
 }
 

@@ -54,7 +54,7 @@ struct Slot {
   std::vector<BlockActs> acts;
   int64_t valid_targets = 0;
   bool have_forward = false;
-  int chunk = 0;  // the chunk of the last forward
+  int chunk = 0;   // the chunk of the last forward
   Tensor grad_in;  // [rows, C] with chunks: the input's gradient sent back
 };
 
@@ -66,7 +66,7 @@ struct Transformer::Impl {
   ModelParallel par;
   int64_t B, T, N;  // T: the tokens of a sequence on this rank (seq_len / cp), N = B * T
   int64_t rows;  // token rows of the residual stream on this rank: N, or N / tp (sequence parallel)
-  std::vector<StageRange> chunks;  // this rank's layers: one range, or one per virtual stage
+  std::vector<StageRange> chunks;   // this rank's layers: one range, or one per virtual stage
   std::vector<size_t> chunk_begin;  // blocks[chunk_begin[c], chunk_begin[c + 1]) run chunk c
   ParamStore store;
   Param wte, wpe, head;

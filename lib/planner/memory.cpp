@@ -199,9 +199,9 @@ double stage_scratch(const ModelShape& s, const Sizes& z, const StageShape& st, 
   for (int i = 0; i < 4; ++i)
     take(r * s.C, z.storage);  // branch, d_resid, d_ln_out, d_norm_in
   if (R < N) {                 // sequence parallel
-    take(n * s.C, z.storage);               // a GEMM's gathered input or output gradient
-    take(n * s.C, z.storage);               // the partial sums before a reduce-scatter
-    take(2.0 * s.C, z.grad);                // a norm's weight and bias gradients
+    take(n * s.C, z.storage);  // a GEMM's gathered input or output gradient
+    take(n * s.C, z.storage);  // the partial sums before a reduce-scatter
+    take(2.0 * s.C, z.grad);   // a norm's weight and bias gradients
   }
   if (t > 1) take(static_cast<double>(std::max(N, expert_rows)), z.storage);  // ones (bias grads)
   const double W = static_cast<double>(s.W / t), HD = static_cast<double>(s.H / t * s.D);
@@ -392,17 +392,18 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
           (e.kept - common.kept) * moe_positions;
   // The shared region is rewound per layer: its peak is the largest layer's.
   for (int j = 0; j < depth; ++j)
-    shared_peak = std::max(shared_peak, common.shared +
-                                            (dense_at[static_cast<size_t>(j)] ? d.shared - common.shared : 0.0) +
-                                            (moe_at[static_cast<size_t>(j)] ? e.shared - common.shared : 0.0));
+    shared_peak = std::max(shared_peak,
+                           common.shared +
+                               (dense_at[static_cast<size_t>(j)] ? d.shared - common.shared : 0.0) +
+                               (moe_at[static_cast<size_t>(j)] ? e.shared - common.shared : 0.0));
   if (st.last) kept += 2 * round64(rows * z.stats) + round64(rows * s.C * z.storage);  // final norm
 
   // The schedule's slots (pipeline_slots): 1F1B's stage i has min(pp - i, micro-batches per step)
   // forwards outstanding at its peak; interleaved more, each of a chunk.
   const PipelineShape pipeline = lay.pipeline(r);
-  m.in_flight = pipeline.problem().empty() ? pipeline_slots(pipeline, stage)
-                                           : std::max(1, std::min(lay.pp - stage,
-                                                                  pipeline.micro_batches));
+  m.in_flight = pipeline.problem().empty()
+                    ? pipeline_slots(pipeline, stage)
+                    : std::max(1, std::min(lay.pp - stage, pipeline.micro_batches));
   m.activations_kept = kept * m.in_flight;
   m.activations = m.activations_kept + shared_peak + stage_scratch(s, z, st, lay, N, R);
 

@@ -202,8 +202,9 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     rank.layers += layers_here;
     transfer = p2p / 2;  // the same [N, C] / tp each way
   }
-  const RankSum& worst = *std::max_element(
-      ranks.begin(), ranks.end(), [](const RankSum& a, const RankSum& b) { return a.total < b.total; });
+  const RankSum& worst =
+      *std::max_element(ranks.begin(), ranks.end(),
+                        [](const RankSum& a, const RankSum& b) { return a.total < b.total; });
   const double worst_stage = worst.total, worst_compute = worst.compute;
   const int layers = worst.layers;
   const double m = t.micro_batches;

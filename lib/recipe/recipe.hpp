@@ -39,8 +39,8 @@ using Norm = model::NormKind;                // model.norm
 using Activation = model::ActivationKind;    // model.activation
 using Position = model::PositionKind;        // model.position
 using tensor::DType;                         // precision.compute: f32, bf16, f16 or f64 only
-using trainctl::Recompute;                   // parallel.recompute (layout/layout.hpp)
 using trainctl::PipeSchedule;                // parallel.pp_schedule (layout/pipeline.hpp)
+using trainctl::Recompute;                   // parallel.recompute (layout/layout.hpp)
 using Fp8 = model::Fp8Mode;                  // precision.fp8
 using LossScaleMode = train::LossScaleKind;  // precision.loss_scale
 using Decay = train::DecayKind;              // schedule.decay

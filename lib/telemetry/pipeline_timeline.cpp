@@ -138,7 +138,8 @@ std::string render_svg(const Timeline& t, const std::string& title) {
       const double x0 = x_of(a.start), w = std::max(x_of(a.end) - x0, 0.5);
       svg += fmt::format(
           "<rect class=\"{}\" data-stage=\"{}\" data-op=\"{}\" data-micro-batch=\"{}\" "
-          "data-chunk=\"{}\" x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"{}\" "
+          "data-chunk=\"{}\" x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.0f}\" "
+          "fill=\"{}\" "
           "stroke=\"#ffffff\" "
           "stroke-width=\"0.5\"/>\n",
           forward ? "forward" : "backward", s, forward ? "forward" : "backward",

@@ -73,12 +73,11 @@ void check_parallel(const TrainConfig& config, const model::Transformer& model,
     throw std::invalid_argument(problem);
   const int slots = pipeline_slots(shape, parallel.pp_rank());
   if (parallel.activation_slots < slots)
-    throw std::invalid_argument("pipeline stage " + str(parallel.pp_rank()) + " of " +
-                                str(parallel.pp_size()) + " holds " +
-                                str(parallel.activation_slots) + " activation slots; " +
-                                schedule_name(shape.schedule) + " over " +
-                                str(config.accum_steps(data_ranks)) + " micro-batches needs " +
-                                str(slots) + " (pipeline_slots)");
+    throw std::invalid_argument(
+        "pipeline stage " + str(parallel.pp_rank()) + " of " + str(parallel.pp_size()) + " holds " +
+        str(parallel.activation_slots) + " activation slots; " + schedule_name(shape.schedule) +
+        " over " + str(config.accum_steps(data_ranks)) + " micro-batches needs " + str(slots) +
+        " (pipeline_slots)");
 }
 
 }  // namespace

@@ -5,8 +5,8 @@
 #include <map>
 #include <set>
 #include <stdexcept>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "layout/timeline.hpp"
@@ -137,8 +137,7 @@ TEST_CASE("interleaved: every chunk forwards then backwards each micro-batch exa
 // (the micro-batches forwarded and not yet backwarded, plus the one arriving) and at most two
 // more, for activations that arrive before their forward (a receive is placed when its sender
 // finishes; measured: 1 at pp2, 2 from pp3 to pp8, V 2 to 4).
-TEST_CASE("interleaved: the lists run without buffering on any clock, in few slots",
-          "[pipeline]") {
+TEST_CASE("interleaved: the lists run without buffering on any clock, in few slots", "[pipeline]") {
   for (int P = 2; P <= 5; ++P)
     for (int V = 2; V <= 4; ++V)
       for (int M = P; M <= 3 * P; M += P) {
@@ -202,7 +201,8 @@ TEST_CASE("pipeline shapes: 1F1B's slots in closed form, and the shapes refused"
         CHECK(pipeline_slots(shape, s) == std::min(P - s, M));
       }
   CHECK(interleaved(2, 2, 4).problem().empty());
-  CHECK_THAT(interleaved(2, 2, 3).problem(), Catch::Contains("3 micro-batches per step % pp 2 = 1"));
+  CHECK_THAT(interleaved(2, 2, 3).problem(),
+             Catch::Contains("3 micro-batches per step % pp 2 = 1"));
   CHECK_THAT(interleaved(1, 2, 4).problem(), Catch::Contains("parallel.pp >= 2"));
   CHECK_THAT(interleaved(2, 1, 4).problem(), Catch::Contains("pp_virtual >= 2"));
   CHECK_THAT((PipelineShape{2, 4, PipeSchedule::one_f_one_b, 2}.problem()),

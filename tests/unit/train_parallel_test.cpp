@@ -339,12 +339,12 @@ int train_rank(const Setup& s, const std::string& dir, int rank) {
     parallel = model::ModelParallel::from_mesh(*mesh, s.zero);
     parallel.stage_layers = s.stage_layers;
     parallel.virtual_stages = s.virtual_stages;
-    parallel.activation_slots = trainctl::pipeline_slots(
-        {parallel.pp_size(), tc.accum_steps(mesh->dp_ep().size()),
-         s.virtual_stages > 1 ? trainctl::PipeSchedule::interleaved
-                              : trainctl::PipeSchedule::one_f_one_b,
-         s.virtual_stages},
-        parallel.pp_rank());
+    parallel.activation_slots =
+        trainctl::pipeline_slots({parallel.pp_size(), tc.accum_steps(mesh->dp_ep().size()),
+                                  s.virtual_stages > 1 ? trainctl::PipeSchedule::interleaved
+                                                       : trainctl::PipeSchedule::one_f_one_b,
+                                  s.virtual_stages},
+                                 parallel.pp_rank());
   } else {
     parallel.layout.zero = s.zero;  // one rank: ZeRO-2 still keeps its gradients sharded
   }
@@ -860,8 +860,7 @@ TEST_CASE("interleaved pipelines (pp2 and pp3, two chunks per rank) train like o
     std::string split;
     for (const int n : c.stage_layers)
       split += (split.empty() ? "" : ", ") + std::to_string(n);
-    INFO(s.layout.to_string() << " zero " << c.zero << " interleaved V2, stages [" << split
-                              << "]");
+    INFO(s.layout.to_string() << " zero " << c.zero << " interleaved V2, stages [" << split << "]");
     if (c.dp == 1) {
       check_matches(run_job(s), reference, s.model, 1e-9);
     } else {

@@ -138,15 +138,14 @@ std::string render_svg(const Timeline& t, const std::string& title) {
       const double x0 = x_of(a.start), w = std::max(x_of(a.end) - x0, 0.5);
       svg += fmt::format(
           "<rect class=\"{}\" data-stage=\"{}\" data-op=\"{}\" data-micro-batch=\"{}\" "
-          "data-chunk=\"{}\" x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.0f}\" "
-          "fill=\"{}\" "
-          "stroke=\"#ffffff\" "
-          "stroke-width=\"0.5\"/>\n",
+          "x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"{}\" "
+          "stroke=\"#ffffff\" stroke-width=\"0.5\" data-chunk=\"{}\"/>\n",
           forward ? "forward" : "backward", s, forward ? "forward" : "backward",
-          a.action.micro_batch, a.action.chunk, x0, y, w, row,
+          a.action.micro_batch, x0, y, w, row,
           // Later chunks (interleaved) in darker shades of the same colours.
           forward ? (a.action.chunk % 2 ? "#2a4f7a" : "#4c78a8")
-                  : (a.action.chunk % 2 ? "#b35f0b" : "#f58518"));
+                  : (a.action.chunk % 2 ? "#b35f0b" : "#f58518"),
+          a.action.chunk);
       if (w >= 14)
         svg += fmt::format(
             "<text x=\"{:.2f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#ffffff\" "

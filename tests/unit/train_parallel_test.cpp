@@ -731,6 +731,15 @@ TEST_CASE("dp2 x pp2 with ZeRO-1 trains like one rank", "[train][parallel]") {
 
 namespace {
 
+// The pipeline tests' reference: one rank, `layers` GPT layers in f64, 4 steps.
+Setup one_rank_f64(int layers) {
+  Setup one;
+  one.use_mesh = false;
+  one.steps = 4;
+  one.model = small_models::gpt(layers, tensor::DType::f64);
+  return one;
+}
+
 Setup moe_setup() {
   Setup one;
   one.use_mesh = false;
@@ -787,20 +796,14 @@ TEST_CASE("a MoE model with ep2, dp2 and ep2 x dp2 (ZeRO 0 to 3) trains like one
 TEST_CASE("uneven pipeline stages train like one rank, with dp2 ZeRO-1, tp2 and MoE",
           "[train][parallel][pipeline]") {
   constexpr auto f64 = tensor::DType::f64;
-  Setup deep;
-  deep.use_mesh = false;
-  deep.steps = 4;
-  deep.model = small_models::gpt(16, f64);
+  Setup deep = one_rank_f64(16);
   const JobResult deep_reference = run_job(deep);
   deep.use_mesh = true;
   deep.layout.pp = 4;
   deep.stage_layers = {3, 5, 5, 3};
   check_matches(run_job(deep), deep_reference, deep.model, 1e-9);
 
-  Setup four;
-  four.use_mesh = false;
-  four.steps = 4;
-  four.model = small_models::gpt(4, f64);
+  Setup four = one_rank_f64(4);
   const JobResult reference = run_job(four);
   struct Case {
     int tp, dp, zero;
@@ -836,11 +839,7 @@ TEST_CASE("uneven pipeline stages train like one rank, with dp2 ZeRO-1, tp2 and 
 // activations). In f64 within 1e-9, as the uneven 1F1B stages above.
 TEST_CASE("interleaved pipelines (pp2 and pp3, two chunks per rank) train like one rank",
           "[train][parallel][pipeline]") {
-  constexpr auto f64 = tensor::DType::f64;
-  Setup eight;
-  eight.use_mesh = false;
-  eight.steps = 4;
-  eight.model = small_models::gpt(8, f64);
+  Setup eight = one_rank_f64(8);
   const JobResult reference = run_job(eight);
   struct Case {
     int tp, dp, zero;
@@ -870,11 +869,8 @@ TEST_CASE("interleaved pipelines (pp2 and pp3, two chunks per rank) train like o
     }
   }
 
-  Setup six;
-  six.use_mesh = false;
-  six.steps = 4;
+  Setup six = one_rank_f64(6);
   six.global_batch = 12;  // 6 micro-batches: two groups of pp3
-  six.model = small_models::gpt(6, f64);
   const JobResult six_reference = run_job(six);
   six.use_mesh = true;
   six.layout.pp = 3;
@@ -884,7 +880,7 @@ TEST_CASE("interleaved pipelines (pp2 and pp3, two chunks per rank) train like o
   Setup moe = moe_setup();
   moe.steps = 4;
   moe.model.layers = 6;  // MoE layers 1, 3, 5
-  moe.model.storage = f64;
+  moe.model.storage = tensor::DType::f64;
   const JobResult moe_reference = run_job(moe);
   moe.use_mesh = true;
   moe.layout.pp = 2;

@@ -119,8 +119,16 @@ std::vector<PipeAction> interleaved_compute(int P, int V, int M, int r) {
 std::vector<std::vector<PipeAction>> place_transfers(
     const std::vector<std::vector<PipeAction>>& compute, int V) {
   const int P = static_cast<int>(compute.size()), S = P * V;
-  using Key = std::pair<int, int>;  // (virtual stage, micro-batch)
-  std::map<Key, double> forward_end, backward_end;
+  int M = 0;
+  for (const std::vector<PipeAction>& list : compute)
+    for (const PipeAction& a : list)
+      M = std::max(M, a.micro_batch + 1);
+  // End times by (virtual stage, micro-batch); negative: not run yet.
+  std::vector<double> forward_end(static_cast<size_t>(S) * static_cast<size_t>(M), -1.0),
+      backward_end(forward_end);
+  auto at = [&](std::vector<double>& ends, int v, int m) -> double& {
+    return ends[static_cast<size_t>(v) * static_cast<size_t>(M) + static_cast<size_t>(m)];
+  };
   std::vector<std::vector<std::pair<double, double>>> span(static_cast<size_t>(P));
   std::vector<size_t> next(static_cast<size_t>(P), 0);
   std::vector<double> clock(static_cast<size_t>(P), 0.0);
@@ -134,20 +142,20 @@ std::vector<std::vector<PipeAction>> place_transfers(
         const bool fwd = a.op == PipeOp::forward;
         double ready = clock[static_cast<size_t>(r)];
         if (fwd && v > 0) {
-          const auto it = forward_end.find({v - 1, a.micro_batch});
-          if (it == forward_end.end()) break;
-          ready = std::max(ready, it->second);
+          const double input = at(forward_end, v - 1, a.micro_batch);
+          if (input < 0) break;
+          ready = std::max(ready, input);
         }
         if (!fwd && v + 1 < S) {
-          const auto it = backward_end.find({v + 1, a.micro_batch});
-          if (it == backward_end.end()) break;
-          ready = std::max(ready, it->second);
+          const double grad = at(backward_end, v + 1, a.micro_batch);
+          if (grad < 0) break;
+          ready = std::max(ready, grad);
         }
-        if (!fwd && !forward_end.contains({v, a.micro_batch}))
+        if (!fwd && at(forward_end, v, a.micro_batch) < 0)
           throw std::logic_error("pipeline schedule: rank " + std::to_string(r) + " runs " +
                                  to_string(a) + " before its forward");
         const double end = ready + (fwd ? 1.0 : 2.0);
-        (fwd ? forward_end : backward_end)[{v, a.micro_batch}] = end;
+        at(fwd ? forward_end : backward_end, v, a.micro_batch) = end;
         span[static_cast<size_t>(r)].push_back({ready, end});
         clock[static_cast<size_t>(r)] = end;
         progress = true;

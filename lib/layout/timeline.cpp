@@ -1,9 +1,7 @@
 #include "layout/timeline.hpp"
 
 #include <algorithm>
-#include <map>
 #include <stdexcept>
-#include <tuple>
 
 namespace trainctl {
 
@@ -78,9 +76,19 @@ double run(const std::vector<std::vector<PipeAction>>& lists, const std::vector<
   }
   std::vector<size_t> done(P, 0);
   std::vector<double> clock(P, 0.0);
-  // Buffered sends: the arrival time of each message posted, by (virtual stage it goes to,
-  // micro-batch, gradient?).
-  std::map<std::tuple<size_t, int, bool>, double> mailbox;
+  // Buffered sends: the arrival time of each message posted (negative: not yet), by (virtual
+  // stage it goes to, micro-batch, gradient?).
+  int micro_batches = 0;
+  if (buffered)
+    for (const std::vector<PipeAction>& list : lists)
+      for (const PipeAction& a : list)
+        micro_batches = std::max(micro_batches, a.micro_batch + 1);
+  std::vector<double> mailbox(buffered ? S * static_cast<size_t>(micro_batches) * 2 : 0, -1.0);
+  auto message = [&](size_t to, int micro_batch, bool grad) -> double& {
+    return mailbox[(to * static_cast<size_t>(micro_batches) + static_cast<size_t>(micro_batch)) *
+                       2 +
+                   (grad ? 1 : 0)];
+  };
   // A stage runs until it waits for a peer; the peer, on reaching the other side of that
   // transfer, completes it and wakes the stage again. Every action is visited once or twice.
   std::vector<size_t> ready(P);
@@ -107,14 +115,14 @@ double run(const std::vector<std::vector<PipeAction>>& lists, const std::vector<
       if (buffered) {
         const bool grad = a.op == PipeOp::send_grad || a.op == PipeOp::recv_grad;
         if (a.op == PipeOp::send_activation || a.op == PipeOp::send_grad) {
-          mailbox[{to, a.micro_batch, grad}] = clock[s] + transfer_s;
+          message(to, a.micro_batch, grad) = clock[s] + transfer_s;
           if (record) record->stages[s].push_back({a, clock[s], clock[s]});
           ready.push_back(peer);  // it may wait for this message
           continue;
         }
-        const auto it = mailbox.find({v, a.micro_batch, grad});
-        if (it == mailbox.end()) break;  // waits for the message
-        const double end = std::max(clock[s], it->second);
+        const double arrival = message(v, a.micro_batch, grad);
+        if (arrival < 0) break;  // waits for the message
+        const double end = std::max(clock[s], arrival);
         if (record) record->stages[s].push_back({a, clock[s], end});
         clock[s] = end;
         continue;

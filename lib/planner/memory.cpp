@@ -402,7 +402,7 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   // forwards outstanding at its peak; interleaved more, each of a chunk.
   const PipelineShape pipeline = lay.pipeline(r);
   m.in_flight = pipeline.problem().empty()
-                    ? pipeline_slots(pipeline, stage)
+                    ? schedule_of(pipeline).slots[static_cast<size_t>(stage)]
                     : std::max(1, std::min(lay.pp - stage, pipeline.micro_batches));
   m.activations_kept = kept * m.in_flight;
   m.activations = m.activations_kept + shared_peak + stage_scratch(s, z, st, lay, N, R);

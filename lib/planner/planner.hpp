@@ -177,12 +177,18 @@ struct Rejection {
 // many tokens of a sequence: long contexts, what Megatron and torchtitan use it for; shorter
 // sequences are split by tp and dp (`--layout cp=N` still scores any cp).
 inline constexpr int kMinContextTokens = 4096;
+// The search tries the interleaved schedule for a variant only where 1F1B's bubble is large
+// enough that removing part of it could move the step by this share (1%).
+inline constexpr double kMinBubbleGain = 0.01;
 
 struct SearchOptions {
   std::vector<trainctl::Recompute> recompute{
       trainctl::Recompute::none, trainctl::Recompute::selective, trainctl::Recompute::full};
   std::vector<int> zero{0, 1, 2, 3};
   std::vector<bool> sequence_parallel{false, true};  // true: tried where tp > 1 divides seq_len
+  // Model chunks per pipeline rank tried where pp > 1: 1 is 1F1B, more the interleaved schedule
+  // (where the micro-batches come in groups of pp and every chunk gets a layer).
+  std::vector<int> pp_virtual{1, 2};
   int max_micro_batch =
       64;  // micro-batch sizes tried: divisors of the per-replica batch up to this
   TimeOptions time;

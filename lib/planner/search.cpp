@@ -169,29 +169,47 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
               if (zero && dp * cp == 1) continue;  // ZeRO shards over dp x cp: nothing to shard
               for (trainctl::Recompute mode : options.recompute)
                 for (const bool sp : options.sequence_parallel) {
-                  // Sequence parallel splits the tokens over tp: only with tp > 1 and whole shares.
-                  if (sp && (tp == 1 || r.model.seq_len % tp != 0)) continue;
-                  Variant l{tp, pp, dp, ep, mb, zero, mode};
-                  l.cp = cp;
-                  l.sequence_parallel = sp;
-                  ++plan.variants_evaluated;
-                  ++tried;
-                  const MemoryEstimate mem = estimate_memory(r, cluster, l, options.memory);
-                  if (mem.total() > capacity) {
-                    if (mem.total() < closest) {
-                      closest = mem.total();
-                      closest_layout = l;
+                  // The bubble of the variant's 1F1B schedule, of its step (-1: not simulated).
+                  double one_f_one_b_bubble = -1;
+                  for (const int chunks : options.pp_virtual) {
+                    // Sequence parallel splits the tokens over tp: only with tp > 1 and whole
+                    // shares.
+                    if (sp && (tp == 1 || r.model.seq_len % tp != 0)) continue;
+                    if (chunks > 1 &&
+                        (pp == 1 || per_replica / mb % pp != 0 || pp * chunks > r.model.layers))
+                      continue;
+                    // Chunks shrink the bubble by at most (1 - 1 / chunks); where 1F1B's was
+                    // simulated and that is under kMinBubbleGain of its step, they cannot matter.
+                    if (chunks > 1 && one_f_one_b_bubble >= 0 &&
+                        one_f_one_b_bubble * (1.0 - 1.0 / chunks) < kMinBubbleGain)
+                      continue;
+                    Variant l{tp, pp, dp, ep, mb, zero, mode};
+                    l.cp = cp;
+                    l.sequence_parallel = sp;
+                    if (chunks > 1) {
+                      l.pp_schedule = PipeSchedule::interleaved;
+                      l.pp_virtual = chunks;
                     }
-                    continue;
-                  }
-                  ++plan.variants_feasible;
-                  TimeOptions time_options = options.time;
-                  if (found) time_options.skip_above_s = best.time.step_s;  // cannot win
-                  const TimeEstimate time = estimate_time(r, cluster, l, time_options);
-                  if (time.bound_only) continue;
-                  if (!found || time.step_s < best.time.step_s) {
-                    best = Candidate{l, mem, time, capacity - mem.total()};
-                    found = true;
+                    ++plan.variants_evaluated;
+                    ++tried;
+                    const MemoryEstimate mem = estimate_memory(r, cluster, l, options.memory);
+                    if (mem.total() > capacity) {
+                      if (mem.total() < closest) {
+                        closest = mem.total();
+                        closest_layout = l;
+                      }
+                      continue;
+                    }
+                    ++plan.variants_feasible;
+                    TimeOptions time_options = options.time;
+                    if (found) time_options.skip_above_s = best.time.step_s;  // cannot win
+                    const TimeEstimate time = estimate_time(r, cluster, l, time_options);
+                    if (chunks == 1 && !time.bound_only) one_f_one_b_bubble = time.bubble_share();
+                    if (time.bound_only) continue;
+                    if (!found || time.step_s < best.time.step_s) {
+                      best = Candidate{l, mem, time, capacity - mem.total()};
+                      found = true;
+                    }
                   }
                 }
             }

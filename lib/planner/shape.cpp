@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <tuple>
 
 namespace trainctl::planner {
 
@@ -82,6 +84,24 @@ int64_t ModelShape::capacity(int64_t tokens) const {
   const double slots = capacity_factor * static_cast<double>(tokens * K) /
                        static_cast<double>(std::max<int64_t>(E, 1));
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(slots)));
+}
+
+const ScheduleOfShape& schedule_of(const PipelineShape& shape) {
+  using Key = std::tuple<int, int, PipeSchedule, int>;
+  thread_local std::map<Key, ScheduleOfShape> cache;
+  const Key key{shape.stages, shape.micro_batches, shape.schedule, shape.virtual_stages};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    if (cache.size() >= 64) cache.clear();
+    ScheduleOfShape built;
+    built.lists = pipeline_lists(shape);
+    for (int s = 0; s < shape.stages; ++s)
+      built.slots.push_back(shape.schedule == PipeSchedule::one_f_one_b
+                                ? pipeline_slots(shape, s)  // its closed form
+                                : plan_slots(built.lists[static_cast<size_t>(s)]).slots);
+    it = cache.emplace(key, std::move(built)).first;
+  }
+  return it->second;
 }
 
 StageLayers stage_layers(const recipe::Recipe& r, int stage, int pp) {

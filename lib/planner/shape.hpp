@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "layout/pipeline.hpp"
 #include "recipe/recipe.hpp"
 
 namespace trainctl::planner {
@@ -60,6 +61,15 @@ struct StageLayers {
   int first = 0, count = 0;
 };
 StageLayers stage_layers(const recipe::Recipe& recipe, int stage, int pp);
+
+// The action lists of a pipeline and each stage's activation slots (plan_slots): the search
+// scores many layouts with the same pipeline shape, so they are built once per shape (per
+// thread). The reference stays valid until the next call.
+struct ScheduleOfShape {
+  std::vector<std::vector<PipeAction>> lists;
+  std::vector<int> slots;
+};
+const ScheduleOfShape& schedule_of(const PipelineShape& shape);
 
 // A duration for people: "12.3 us", "4.5 ms", "1.23 s".
 std::string seconds(double s);

@@ -9,8 +9,6 @@
 // all-gather (d-1)/d, each over the slowest link its group spans, at kLinkEfficiency of nominal.
 #include <algorithm>
 #include <cmath>
-#include <map>
-#include <tuple>
 #include <utility>
 
 #include "planner/planner.hpp"
@@ -52,20 +50,6 @@ double ring_seconds(double bytes, int group, const Link& link, double passes) {
   if (group <= 1 || bytes <= 0) return 0;
   const double steps = passes * (group - 1);
   return steps / group * bytes / link.bytes_per_s + steps * link.latency_s;
-}
-
-// The action lists of a pipeline: the search scores many layouts with the same pipeline shape,
-// so the lists are built once per shape (per thread).
-const std::vector<std::vector<PipeAction>>& schedule_lists(const PipelineShape& shape) {
-  using Key = std::tuple<int, int, PipeSchedule, int>;
-  thread_local std::map<Key, std::vector<std::vector<PipeAction>>> cache;
-  const Key key{shape.stages, shape.micro_batches, shape.schedule, shape.virtual_stages};
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    if (cache.size() >= 64) cache.clear();
-    it = cache.emplace(key, pipeline_lists(shape)).first;
-  }
-  return it->second;
 }
 
 // The interleaved schedule's sends do not wait for the peer (Trainer, Communicator::isend). On
@@ -305,7 +289,7 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     t.bound_only = true;
     return t;
   }
-  const double pipeline_s = makespan(schedule_lists(t.pipeline), t.stage_times, t.pp_transfer_s,
+  const double pipeline_s = makespan(schedule_of(t.pipeline).lists, t.stage_times, t.pp_transfer_s,
                                      buffered_sends(t.pipeline));
   t.bubble_s = std::max(0.0, pipeline_s - m * worst_stage);
   t.step_s = std::max(pipeline_s, m * worst_stage) + t.dp_exposed_s;
@@ -320,7 +304,7 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
 }
 
 Timeline planned_timeline(const TimeEstimate& t) {
-  Timeline timeline = simulate(schedule_lists(t.pipeline), t.stage_times, t.pp_transfer_s,
+  Timeline timeline = simulate(schedule_of(t.pipeline).lists, t.stage_times, t.pp_transfer_s,
                                buffered_sends(t.pipeline));
   timeline.schedule = schedule_name(t.pipeline.schedule);
   return timeline;

@@ -20,6 +20,7 @@ std::string degrees(const Variant& l) {
   if (l.cp > 1) s += fmt::format(" cp={}", l.cp);
   if (l.ep > 1) s += fmt::format(" ep={}", l.ep);
   if (l.sequence_parallel) s += " sp";
+  if (l.pp_virtual > 1) s += fmt::format(" v{}", l.pp_virtual);  // interleaved chunks per stage
   return s;
 }
 
@@ -226,7 +227,9 @@ nlohmann::json layout_json(const Variant& l) {
           {"micro_batch", l.micro_batch},
           {"zero", l.zero},
           {"sequence_parallel", l.sequence_parallel},
-          {"recompute", std::string(recipe::to_string(l.recompute))}};
+          {"recompute", std::string(recipe::to_string(l.recompute))},
+          {"pp_schedule", schedule_name(l.pp_schedule)},
+          {"pp_virtual", l.pp_virtual}};
 }
 
 nlohmann::json memory_json(const MemoryEstimate& m, double headroom) {

@@ -89,6 +89,7 @@ def validate_plan(binary, root, tmp):
             own = {"tp": int(p["tp"]), "pp": int(p["pp"]), "dp": int(p["dp"]), "ep": int(p["ep"]),
                    "cp": int(p["cp"]), "zero": int(p["zero"]), "recompute": p["recompute"],
                    "sequence_parallel": p["sequence_parallel"] == "true",
+                   "pp_schedule": p["pp_schedule"], "pp_virtual": int(p["pp_virtual"]),
                    "micro_batch": int(t["micro_batch"])}
             first = plan["ranked"][0]["layout"]
             check(first == own, f"{name}: the planner now ranks {first} first, the recipe says "

@@ -217,7 +217,8 @@ struct Preview {
 // GPU: from the recipe's split (parallel.pp_layers, else even), layers move one at a time between
 // neighbouring stages while the step shrinks (the first and last stages also hold the embedding
 // and the head, so they usually end with fewer layers). Returns the split and its estimate; the
-// split is the starting one when nothing moved.
+// split is the starting one when nothing moved. With the interleaved schedule the stages are the
+// virtual ones (pp * pp_virtual entries, as parallel.pp_layers has them).
 struct StageBalance {
   std::vector<int> pp_layers;
   TimeEstimate time;

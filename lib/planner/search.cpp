@@ -340,7 +340,8 @@ StageBalance balance_stages(const recipe::Recipe& recipe, const topology::Cluste
                             const Variant& layout, const TimeOptions& time_options,
                             const MemoryOptions& memory_options) {
   recipe::Recipe r = recipe;
-  const int pp = layout.pp;
+  // The virtual stages: pp, or pp * chunks with the interleaved schedule (pp_layers' entries).
+  const int pp = layout.pp * layout.pp_virtual;
   std::vector<int> split;
   for (int s = 0; s < pp; ++s)
     split.push_back(stage_layers(r, s, pp).count);

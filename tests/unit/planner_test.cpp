@@ -380,7 +380,7 @@ TEST_CASE("the planner's step is its pipeline timeline's") {
 // Stage balance: Llama 3 8B at pp4 has a 128K-token head on its last stage (about 2.4 layers of
 // work), so the even 8/8/8/8 split leaves the last stage slowest; the planner moves layers off
 // it while the modelled step shrinks, and says so in the preview. A model without a large head
-// keeps its even split.
+// keeps its even split. With the interleaved schedule the split is over the virtual stages.
 TEST_CASE("the planner balances pipeline stages around the head and the embedding") {
   recipe::Recipe r = llama_7b();
   r.model.kv_heads = 8;
@@ -414,6 +414,15 @@ TEST_CASE("the planner balances pipeline stages around the head and the embeddin
   small_head.model.vocab = 32000;
   small_head.model.tied_embeddings = true;
   CHECK(planner::balance_stages(small_head, cluster, v).pp_layers == std::vector<int>{8, 8, 8, 8});
+  // Interleaved with two chunks: the split is over the 8 virtual stages, the last (rank 3's
+  // second chunk, with the head) lightened.
+  planner::Variant chunks = v;
+  chunks.pp_schedule = PipeSchedule::interleaved;
+  chunks.pp_virtual = 2;
+  const planner::StageBalance c = planner::balance_stages(r, cluster, chunks);
+  REQUIRE(c.pp_layers.size() == 8);
+  CHECK(c.pp_layers.back() < 4);
+  CHECK(c.time.step_s < planner::estimate_time(r, cluster, chunks).step_s);
 }
 
 // Above 90% of the GPU's memory a layout is reported as tight: fragmentation and library buffers

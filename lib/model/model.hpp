@@ -89,9 +89,10 @@ class Transformer {
   // Called by backward() each time a group of parameter gradients is complete for this backward:
   // the head and final norm (last stage), each block (last layer first), the embedding (first
   // stage). `ranges` are [begin, end) element ranges of the flat buffer; every parameter of the
-  // table is reported exactly once per backward, and backward writes no reported range again.
-  // The data-parallel reduction starts a bucket once all of it was reported (overlap); with
-  // gradient accumulation arm it only for the last backward of a step. Runs on the calling
+  // table is reported exactly once per backward (with chunks: once per backward of each chunk,
+  // the chunk's own), and backward writes no reported range again. The data-parallel reduction
+  // starts a bucket once all of it was reported (overlap); with gradient accumulation arm it only
+  // for the last backward of a step (with chunks: of each chunk). Runs on the calling
   // thread, in the same order on every rank of the same stage.
   using GradsReadyHook = std::function<void(const std::vector<IndexRange>& ranges)>;
   void set_grads_ready_hook(GradsReadyHook hook);  // an empty function disarms it
@@ -99,8 +100,9 @@ class Transformer {
   // Called by forward() before each unit reads its parameters, with the same units as the grads
   // hook in forward order: the embedding (first stage), each block (first layer first), the final
   // norm and head (last stage). `ranges` are element ranges of params().values(); every
-  // parameter of the table is announced exactly once per forward. ZeRO-1 waits here for the
-  // gather of the updated parameters (overlap); arm it for the step's first forward. Runs on the
+  // parameter of the table is announced exactly once per forward (with chunks: per forward of
+  // each chunk, the chunk's own). ZeRO-1 waits here for the gather of the updated parameters
+  // (overlap); arm it for the step's first forward (with chunks: each chunk's first). Runs on the
   // calling thread.
   using ParamsNeededHook = std::function<void(const std::vector<IndexRange>& ranges)>;
   void set_params_needed_hook(ParamsNeededHook hook);  // an empty function disarms it

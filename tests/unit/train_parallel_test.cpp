@@ -834,7 +834,8 @@ TEST_CASE("uneven pipeline stages train like one rank, with dp2 ZeRO-1, tp2 and 
 // The interleaved schedule (parallel.pp_schedule: interleaved): each rank holds pp_virtual model
 // chunks, a micro-batch goes around the ranks pp_virtual times, and rank pp - 1 hands chunk c's
 // output to rank 0's chunk c + 1. pp2 and pp3 with two chunks per rank, even and uneven
-// ([1, 3, 3, 1]: lighter first and last virtual stages), with dp2 and ZeRO 1 and 3, with tp2 and
+// ([1, 3, 3, 1]: lighter first and last virtual stages), with dp2 and ZeRO 1 to 3 (2 and 3 also
+// with the reductions overlapping backward), with tp2 and
 // for a MoE model (whose chunks differ: the slot's layers hold a dense and an MoE layer's
 // activations). In f64 within 1e-9, as the uneven 1F1B stages above.
 TEST_CASE("interleaved pipelines (pp2 and pp3, two chunks per rank) train like one rank",
@@ -867,6 +868,23 @@ TEST_CASE("interleaved pipelines (pp2 and pp3, two chunks per rank) train like o
       ref.global_batch = s.global_batch;
       check_matches(run_job(s), run_job(ref), s.model, 1e-9);
     }
+  }
+
+  // With the background groups: the gradient reductions (ZeRO-2's per block and micro-batch, and
+  // ZeRO-3's with its block gathers) overlap each chunk's backward, armed by each chunk's last.
+  for (const int zero : {2, 3}) {
+    Setup s = eight;
+    s.use_mesh = true;
+    s.background = true;
+    s.layout.dp = 2;
+    s.layout.pp = 2;
+    s.virtual_stages = 2;
+    s.zero = zero;
+    s.global_batch = 16;
+    Setup ref = eight;
+    ref.global_batch = 16;
+    INFO("dp2 pp2 zero " << zero << " interleaved V2, background groups");
+    check_matches(run_job(s), run_job(ref), s.model, 1e-9);
   }
 
   Setup six = one_rank_f64(6);

@@ -30,7 +30,7 @@ using tensor::DType;
 
 // A send under way (Communicator::isend). wait() returns once the data has left the caller's
 // buffer for the peer and throws as send would; the destructor waits too, swallowing errors (the
-// group is broken then, and its next call says so).
+// group is broken then, and its next call says so). It must not outlive its communicator.
 class PendingSend {
  public:
   virtual ~PendingSend() = default;

@@ -166,11 +166,4 @@ double makespan(const std::vector<std::vector<PipeAction>>& lists,
   return run(lists, times, transfer_s, buffered_sends, nullptr);
 }
 
-std::vector<std::vector<PipeAction>> one_f_one_b_lists(int stages, int micro_batches) {
-  std::vector<std::vector<PipeAction>> lists;
-  for (int s = 0; s < stages; ++s)
-    lists.push_back(one_f_one_b(stages, s, micro_batches));
-  return lists;
-}
-
 }  // namespace trainctl

@@ -57,7 +57,4 @@ double makespan(const std::vector<std::vector<PipeAction>>& lists,
                 const std::vector<StageTimes>& times, double transfer_s,
                 bool buffered_sends = false);
 
-// The whole 1F1B schedule: one_f_one_b for every stage.
-std::vector<std::vector<PipeAction>> one_f_one_b_lists(int stages, int micro_batches);
-
 }  // namespace trainctl

@@ -385,8 +385,12 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   if (lay.tp > 1 && st.last) kept += round64(n * 4) + round64(n * z.stats);  // local targets, lse
   double shared_peak = 0;
   // The norms and attention are every layer's; the MLP's or MoE's part where a chunk has one.
-  const Tally d = block_activations(s, z, false, lay.recompute, N, R, lay.tp, lay.cp);
-  const Tally e = block_activations(s, z, true, lay.recompute, N, R, lay.tp, lay.cp);
+  const Tally d = dense_positions > 0
+                      ? block_activations(s, z, false, lay.recompute, N, R, lay.tp, lay.cp)
+                      : Tally{};
+  const Tally e = moe_positions > 0
+                      ? block_activations(s, z, true, lay.recompute, N, R, lay.tp, lay.cp)
+                      : Tally{};
   const Tally common = block_activations(s, z, false, lay.recompute, N, R, lay.tp, lay.cp, true);
   kept += common.kept * depth + (d.kept - common.kept) * dense_positions +
           (e.kept - common.kept) * moe_positions;

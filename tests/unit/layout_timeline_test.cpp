@@ -16,7 +16,7 @@ using namespace trainctl;
 namespace {
 
 Timeline run(int stages, int micro_batches, StageTimes each, double transfer = 0) {
-  return simulate(one_f_one_b_lists(stages, micro_batches),
+  return simulate(pipeline_lists({stages, micro_batches}),
                   std::vector<StageTimes>(static_cast<size_t>(stages), each), transfer);
 }
 
@@ -61,21 +61,21 @@ TEST_CASE("1F1B on a clock: transfers and a slow last stage", "[pipeline]") {
   CHECK(one.makespan == Approx(4 * 3.0 + 2 * 3 * 0.25));
   check_sequential(one);
   const Timeline slow_head =
-      simulate(one_f_one_b_lists(2, 4), {StageTimes{1.0, 2.0}, StageTimes{2.0, 4.0}}, 0.0);
+      simulate(pipeline_lists({2, 4}), {StageTimes{1.0, 2.0}, StageTimes{2.0, 4.0}}, 0.0);
   CHECK(slow_head.makespan == Approx(1.0 + 4 * 6.0 + 2.0));
   CHECK(slow_head.busy(1) == Approx(24.0));
   check_sequential(slow_head);
 }
 
 TEST_CASE("the timeline names the stuck actions of lists that deadlock", "[pipeline]") {
-  std::vector<std::vector<PipeAction>> lists = one_f_one_b_lists(2, 2);
+  std::vector<std::vector<PipeAction>> lists = pipeline_lists({2, 2});
   // Stage 1 waits for micro-batch 1's activation first; stage 0 sends micro-batch 0's.
   std::swap(lists[1][0], lists[1][3]);
   CHECK_THROWS_WITH(simulate(lists, {StageTimes{1, 1}, StageTimes{1, 1}}, 0),
                     Catch::Contains("deadlock") && Catch::Contains("stage 0 at sendA0") &&
                         Catch::Contains("stage 1 at recvA1"));
   CHECK_THROWS_AS(simulate(lists, {StageTimes{1, 1}}, 0), std::invalid_argument);
-  CHECK_THROWS_AS(simulate(one_f_one_b_lists(2, 2), {StageTimes{1, -1}, StageTimes{1, 1}}, 0),
+  CHECK_THROWS_AS(simulate(pipeline_lists({2, 2}), {StageTimes{1, -1}, StageTimes{1, 1}}, 0),
                   std::invalid_argument);
 }
 

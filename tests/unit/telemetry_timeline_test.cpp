@@ -17,7 +17,7 @@ using telemetry::render_text;
 namespace {
 
 Timeline run(int stages, int micro_batches, StageTimes each, double transfer = 0) {
-  return simulate(one_f_one_b_lists(stages, micro_batches),
+  return simulate(pipeline_lists({stages, micro_batches}),
                   std::vector<StageTimes>(static_cast<size_t>(stages), each), transfer);
 }
 

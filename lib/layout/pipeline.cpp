@@ -71,10 +71,12 @@ std::string PipelineShape::problem() const {
                     V = std::to_string(virtual_stages);
   if (stages < 1 || micro_batches < 1)
     return "pipeline of " + P + " stages over " + M + " micro-batches: both must be >= 1";
-  if (schedule == PipeSchedule::one_f_one_b) {
+  if (schedule != PipeSchedule::interleaved) {
     if (virtual_stages != 1)
-      return "parallel.pp_virtual " + V + " needs parallel.pp_schedule: interleaved (1f1b runs " +
-             "one chunk per stage)";
+      return "parallel.pp_virtual " + V + " needs parallel.pp_schedule: interleaved (" +
+             schedule_name(schedule) + " runs one chunk per stage)";
+    if (schedule == PipeSchedule::zb_h1 && stages < 2)
+      return "parallel.pp_schedule zb-h1 needs parallel.pp >= 2 (got " + P + ")";
     return "";
   }
   if (virtual_stages < 2)
@@ -113,6 +115,22 @@ std::vector<PipeAction> interleaved_compute(int P, int V, int M, int r) {
   return order;
 }
 
+// ZB-H1's compute order for stage s (see the header).
+std::vector<PipeAction> zb_h1_compute(int P, int M, int s) {
+  const int warmup = std::min(P - s, M);
+  std::vector<PipeAction> order;
+  for (int m = 0; m < warmup; ++m)
+    order.push_back({PipeOp::forward, m});
+  for (int m = 0; m < M; ++m) {
+    order.push_back({PipeOp::backward, m});
+    if (m >= s) order.push_back({PipeOp::weight_grad, m - s});
+    if (m + warmup < M) order.push_back({PipeOp::forward, m + warmup});
+  }
+  for (int m = std::max(M - s, 0); m < M; ++m)
+    order.push_back({PipeOp::weight_grad, m});
+  return order;
+}
+
 // The transfers of compute orders over P ranks of V chunks (see the header): the compute orders
 // on a clock with free, buffered messages give every message its producer's end time; each rank
 // then runs its computes and messages sorted by one global key.
@@ -130,6 +148,11 @@ std::vector<std::vector<PipeAction>> place_transfers(
     return ends[static_cast<size_t>(v) * static_cast<size_t>(M) + static_cast<size_t>(m)];
   };
   std::vector<std::vector<std::pair<double, double>>> span(static_cast<size_t>(P));
+  // A split backward (B, then W) takes 1 like a forward; a whole one 2.
+  bool split = false;
+  for (const std::vector<PipeAction>& list : compute)
+    for (const PipeAction& a : list)
+      split = split || a.op == PipeOp::weight_grad;
   std::vector<size_t> next(static_cast<size_t>(P), 0);
   std::vector<double> clock(static_cast<size_t>(P), 0.0);
   for (bool progress = true; progress;) {
@@ -139,6 +162,16 @@ std::vector<std::vector<PipeAction>> place_transfers(
       for (size_t& i = next[static_cast<size_t>(r)]; i < list.size(); ++i) {
         const PipeAction& a = list[i];
         const int v = a.chunk * P + r;
+        if (a.op == PipeOp::weight_grad) {  // after its B on this rank; sends nothing
+          if (at(backward_end, v, a.micro_batch) < 0)
+            throw std::logic_error("pipeline schedule: rank " + std::to_string(r) + " runs " +
+                                   to_string(a) + " before its backward");
+          const double start = clock[static_cast<size_t>(r)];
+          span[static_cast<size_t>(r)].push_back({start, start + 1.0});
+          clock[static_cast<size_t>(r)] = start + 1.0;
+          progress = true;
+          continue;
+        }
         const bool fwd = a.op == PipeOp::forward;
         double ready = clock[static_cast<size_t>(r)];
         if (fwd && v > 0) {
@@ -154,7 +187,7 @@ std::vector<std::vector<PipeAction>> place_transfers(
         if (!fwd && at(forward_end, v, a.micro_batch) < 0)
           throw std::logic_error("pipeline schedule: rank " + std::to_string(r) + " runs " +
                                  to_string(a) + " before its forward");
-        const double end = ready + (fwd ? 1.0 : 2.0);
+        const double end = ready + (fwd || split ? 1.0 : 2.0);
         at(fwd ? forward_end : backward_end, v, a.micro_batch) = end;
         span[static_cast<size_t>(r)].push_back({ready, end});
         clock[static_cast<size_t>(r)] = end;
@@ -178,6 +211,7 @@ std::vector<std::vector<PipeAction>> place_transfers(
       const double end = span[static_cast<size_t>(r)][i].second;
       events[static_cast<size_t>(r)].push_back(
           {{span[static_cast<size_t>(r)][i].first, 1, v, m, 0, 0}, a});
+      if (a.op == PipeOp::weight_grad) continue;
       const bool fwd = a.op == PipeOp::forward;
       const int to = fwd ? v + 1 : v - 1;  // the virtual stage the result goes to
       if (to < 0 || to >= S) continue;
@@ -214,7 +248,9 @@ std::vector<std::vector<PipeAction>> pipeline_lists(const PipelineShape& shape) 
   std::vector<std::vector<PipeAction>> compute;
   for (int r = 0; r < shape.stages; ++r)
     compute.push_back(
-        interleaved_compute(shape.stages, shape.virtual_stages, shape.micro_batches, r));
+        shape.schedule == PipeSchedule::zb_h1
+            ? zb_h1_compute(shape.stages, shape.micro_batches, r)
+            : interleaved_compute(shape.stages, shape.virtual_stages, shape.micro_batches, r));
   return place_transfers(compute, shape.virtual_stages);
 }
 
@@ -222,14 +258,16 @@ SlotPlan plan_slots(const std::vector<PipeAction>& actions) {
   SlotPlan plan;
   plan.slot.assign(actions.size(), -1);
   // A micro-batch's chunk takes the lowest free slot at its receive (or forward) and frees it at
-  // its backward; its gradient leaves afterwards from a tensor the next forward writes (model.hpp),
-  // so a slot's next forward must wait for that send.
+  // its backward (or its W, when the list has one); its gradient leaves afterwards from a tensor
+  // the next forward writes (model.hpp), so a slot's next forward must wait for that send.
   std::map<std::pair<int, int>, int> held, sending;
   std::vector<bool> busy;
   std::vector<int> unsent(actions.size(), 0);  // per slot: gradient sends pending
-  std::set<std::pair<int, int>> sends;
-  for (const PipeAction& a : actions)
+  std::set<std::pair<int, int>> sends, weighed;
+  for (const PipeAction& a : actions) {
     if (a.op == PipeOp::send_grad) sends.insert({a.chunk, a.micro_batch});
+    if (a.op == PipeOp::weight_grad) weighed.insert({a.chunk, a.micro_batch});
+  }
   for (size_t i = 0; i < actions.size(); ++i) {
     const PipeAction& a = actions[i];
     const std::pair<int, int> key{a.chunk, a.micro_batch};
@@ -260,13 +298,14 @@ SlotPlan plan_slots(const std::vector<PipeAction>& actions) {
     if (a.op == PipeOp::forward && unsent[static_cast<size_t>(slot)] > 0)
       throw std::logic_error("pipeline schedule: " + to_string(a) + " in slot " +
                              std::to_string(slot) + " before the slot's last gradient was sent");
-    if (a.op == PipeOp::backward) {
+    if (a.op == PipeOp::backward && sends.contains(key)) {
+      sending[key] = slot;
+      ++unsent[static_cast<size_t>(slot)];
+    }
+    // The slot is free after the backward, or with a split backward after its W.
+    if (a.op == (weighed.contains(key) ? PipeOp::weight_grad : PipeOp::backward)) {
       busy[static_cast<size_t>(slot)] = false;
       held.erase(it);
-      if (sends.contains(key)) {
-        sending[key] = slot;
-        ++unsent[static_cast<size_t>(slot)];
-      }
     }
   }
   plan.slots = static_cast<int>(busy.size());
@@ -297,7 +336,7 @@ uint32_t pipeline_tag(const PipeAction& action, int stage, int virtual_stages) {
 }
 
 std::string to_string(const PipeAction& action) {
-  static const char* const names[] = {"recvA", "F", "sendA", "recvG", "B", "sendG"};
+  static const char* const names[] = {"recvA", "F", "sendA", "recvG", "B", "sendG", "W"};
   std::string out = names[static_cast<int>(action.op)];
   out += std::to_string(action.micro_batch);
   if (action.chunk) {
@@ -309,7 +348,8 @@ std::string to_string(const PipeAction& action) {
 
 const char* op_name(PipeOp op) {
   static const char* const names[] = {"recv_activation", "forward",  "send_activation",
-                                      "recv_grad",       "backward", "send_grad"};
+                                      "recv_grad",       "backward", "send_grad",
+                                      "weight_grad"};
   return names[static_cast<int>(op)];
 }
 

@@ -14,21 +14,32 @@
 // backward in turn. It needs M % P == 0 and P >= 2. The bubble shrinks by V (each chunk is 1/V of
 // the stage) for more activations in flight.
 //
+// ZB-H1 (Qi et al. 2024, zero bubble): the backward is split into the input-gradient pass B (what
+// the previous stage waits for) and the weight-gradient pass W (what nobody waits for). Stage s
+// runs a warm-up of min(P - s, M) forwards, then for each micro-batch k in turn B_k, W_{k - s}
+// (from k = s on) and the next forward, then its last s W passes. The gradient goes back one B
+// per stage instead of one B + W, and the W passes held back on the later stages fill their
+// tails, so with F = B = W the bubble is (P - 1) / (3M + P - 1), a third of 1F1B's (a test runs
+// both on the clock). A micro-batch is in flight from its forward to its W: min(P, M) on every
+// stage, 1F1B's peak on stage 0 (the paper's "same peak memory"), more than 1F1B on the later
+// stages. It needs P >= 2.
+
 // Sends are blocking and may be unbuffered (a send returns only once the peer receives), so the
 // order of sends and receives between two adjacent ranks must match exactly. 1F1B's steady state
 // has stage s send activation f to s + 1 and then wait for the gradient of b, while s + 1 has just
 // finished backward b and needs activation f next: s + 1 therefore receives activation f BEFORE it
 // sends gradient b (Megatron pairs these two in one batched send/recv for the same reason). The
-// interleaved lists place their transfers by a rule that is deadlock-free by construction: the
-// compute orders are run on a clock with free, buffered messages (forward 1, backward 2), every
-// message gets the time its producer finished, and each rank performs its computes (at their
-// start) and its messages (at that time, before a compute starting then) in the order of one
-// global key, so the pending action with the smallest key can always run.
+// interleaved and ZB-H1 lists place their transfers by a rule that is deadlock-free by
+// construction: the compute orders are run on a clock with free, buffered messages (forward 1,
+// backward 2), every message gets the time its producer finished, and each rank performs its
+// computes (at their start) and its messages (at that time, before a compute starting then) in the
+// order of one global key, so the pending action with the smallest key can always run.
 //
 // Activations travel in slots: a micro-batch's chunk takes a slot when it is received (or
 // forwarded, on the first virtual stage) and frees it after its last action (the gradient sent
-// back, or the backward). plan_slots numbers them; the slot's input tensor also carries the
-// gradient sent back and its output tensor the gradient received (model.hpp).
+// back, or the backward; with a split backward the weight-gradient pass). plan_slots numbers them;
+// the slot's input tensor also carries the gradient sent back and its output tensor the gradient
+// received (model.hpp).
 #pragma once
 
 #include <array>
@@ -45,8 +56,9 @@ enum class PipeOp : uint8_t {
   forward,
   send_activation,  // stage_output(slot) to the next virtual stage
   recv_grad,        // from the next virtual stage into output_grad(slot)
-  backward,
-  send_grad,  // input_grad(slot) to the previous virtual stage
+  backward,         // the whole backward; with ZB-H1 the input-gradient pass (B) only
+  send_grad,        // input_grad(slot) to the previous virtual stage
+  weight_grad,      // ZB-H1: the weight-gradient pass (W) of a micro-batch whose B ran
 };
 
 struct PipeAction {
@@ -56,9 +68,14 @@ struct PipeAction {
   bool operator==(const PipeAction&) const = default;
 };
 
-enum class PipeSchedule : uint8_t { one_f_one_b, interleaved };
-inline constexpr std::array<std::string_view, 2> kPipeScheduleNames{"1f1b", "interleaved"};
-const char* schedule_name(PipeSchedule schedule);  // "1f1b", "interleaved" (the recipe's words)
+enum class PipeSchedule : uint8_t { one_f_one_b, interleaved, zb_h1 };
+inline constexpr std::array<std::string_view, 3> kPipeScheduleNames{"1f1b", "interleaved", "zb-h1"};
+// "1f1b", "interleaved", "zb-h1" (the recipe's words)
+const char* schedule_name(PipeSchedule schedule);
+// Whether the schedule splits the backward into B and W (PipeOp::weight_grad).
+inline bool splits_backward(PipeSchedule schedule) {
+  return schedule == PipeSchedule::zb_h1;
+}
 std::optional<PipeSchedule> parse_schedule(std::string_view name);
 
 // One step's pipeline: its ranks, micro-batches, schedule and chunks per rank.
@@ -66,7 +83,7 @@ struct PipelineShape {
   int stages = 1;  // pipeline ranks
   int micro_batches = 1;
   PipeSchedule schedule = PipeSchedule::one_f_one_b;
-  int virtual_stages = 1;  // model chunks per rank: 1 for 1F1B, >= 2 for interleaved
+  int virtual_stages = 1;  // model chunks per rank: >= 2 for interleaved, else 1
   // Why the shape cannot run, in the recipe's words; empty when it can.
   std::string problem() const;
 };
@@ -97,7 +114,7 @@ uint32_t pipeline_tag(PipeOp op, int micro_batch);
 // `stage` is the rank of the action, `virtual_stages` the chunks per rank.
 uint32_t pipeline_tag(const PipeAction& action, int stage, int virtual_stages);
 
-std::string to_string(const PipeAction& action);  // "F3", "B0", "sendA1", chunk 1: "F3.1"
+std::string to_string(const PipeAction& action);  // "F3", "B0", "W0", "sendA1", chunk 1: "F3.1"
 // "recv_activation", "forward", ... (the enumerator's name, for files).
 const char* op_name(PipeOp op);
 

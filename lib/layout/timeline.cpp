@@ -65,7 +65,7 @@ double run(const std::vector<std::vector<PipeAction>>& lists, const std::vector<
                                 " stage times (one per virtual stage: a multiple of the lists)");
   const size_t S = times.size();  // virtual stages: chunk c of rank r is c * P + r
   for (const StageTimes& t : times)
-    if (!(t.forward >= 0 && t.backward >= 0))
+    if (!(t.forward >= 0 && t.backward >= 0 && t.weight >= 0))
       throw std::invalid_argument("pipeline timeline: a stage time is negative or not a number");
   if (!(transfer_s >= 0))
     throw std::invalid_argument("pipeline timeline: the transfer time is negative");
@@ -74,6 +74,10 @@ double run(const std::vector<std::vector<PipeAction>>& lists, const std::vector<
     for (size_t s = 0; s < P; ++s)
       record->stages[s].reserve(lists[s].size());
   }
+  bool split = false;  // the backward runs as B and W (see StageTimes)
+  for (const std::vector<PipeAction>& list : lists)
+    for (const PipeAction& a : list)
+      split = split || a.op == PipeOp::weight_grad;
   std::vector<size_t> done(P, 0);
   std::vector<double> clock(P, 0.0);
   // Buffered sends: the arrival time of each message posted (negative: not yet), by (virtual
@@ -103,8 +107,11 @@ double run(const std::vector<std::vector<PipeAction>>& lists, const std::vector<
       const PipeAction& a = list[i];
       const size_t v = static_cast<size_t>(a.chunk) * P + s;
       if (v >= S) break;  // no such chunk: stuck
-      if (a.op == PipeOp::forward || a.op == PipeOp::backward) {
-        const double d = a.op == PipeOp::forward ? times[v].forward : times[v].backward;
+      if (a.op == PipeOp::forward || a.op == PipeOp::backward || a.op == PipeOp::weight_grad) {
+        const double d = a.op == PipeOp::forward ? times[v].forward
+                         : a.op == PipeOp::backward
+                             ? times[v].backward + (split ? 0 : times[v].weight)
+                             : times[v].weight;
         if (record) record->stages[s].push_back({a, clock[s], clock[s] + d});
         clock[s] += d;
         continue;

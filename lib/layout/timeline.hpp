@@ -23,16 +23,21 @@
 
 namespace trainctl {
 
-// One (virtual) stage's compute per micro-batch, in seconds.
+// One (virtual) stage's compute per micro-batch, in seconds: the backward's input-gradient part
+// and its weight-gradient part. A list with weight_grad actions (ZB-H1) runs them apart (its
+// backward takes `backward`, its W `weight`); any other list's backward takes both.
 struct StageTimes {
-  double forward = 0, backward = 0;
+  double forward = 0, backward = 0, weight = 0;
 };
 
 struct TimedAction {
   PipeAction action;
   double start = 0, end = 0;  // seconds from the step's start; a transfer starts when its side
                               // reached it, so its span includes the wait for the peer
-  bool compute() const { return action.op == PipeOp::forward || action.op == PipeOp::backward; }
+  bool compute() const {
+    return action.op == PipeOp::forward || action.op == PipeOp::backward ||
+           action.op == PipeOp::weight_grad;
+  }
 };
 
 struct Timeline {

@@ -125,42 +125,62 @@ void Linear::forward_gelu(Backend& be, const Tensor& y, const Tensor& pre, const
   be.gemm(g);
 }
 
+// dx[N, in] = dy[N, out] W[out, in]; the fp8 group amaxes of dy and W given (tp), or none.
+void Linear::input_gemm(Backend& be, const Tensor& dx, const Tensor& dy, const Tensor& amax_dy,
+                        const Tensor& amax_w) const {
+  GemmArgs g;
+  g.a = dy;
+  g.b = weight.value;
+  g.c = dx;
+  g.m = dy.shape[0];
+  g.n = weight.value.shape[1];
+  g.k = weight.value.shape[0];
+  g.fp8_a = fp8_grad(fp8);
+  g.fp8_b = fp8_input(fp8);
+  g.amax_a = amax_dy;
+  g.amax_b = amax_w;
+  be.gemm(g);
+}
+
+// dW[out, in] += dy^T x, db += the column sums of dy; the fp8 group amaxes of dy and x, or none.
+void Linear::weight_gemm(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& amax_dy,
+                         const Tensor& amax_x) const {
+  GemmArgs g;
+  g.a = dy;
+  g.b = x;
+  g.c = weight.grad;
+  g.trans_a = true;
+  g.m = weight.value.shape[0];
+  g.n = weight.value.shape[1];
+  g.k = x.shape[0];
+  g.beta = 1.0;
+  g.fp8_a = fp8_grad(fp8);
+  g.fp8_b = fp8_input(fp8);
+  g.amax_a = amax_dy;
+  g.amax_b = amax_x;
+  be.gemm(g);
+  if (!bias.value.empty()) be.bias_backward(bias.grad, dy);
+}
+
 void Linear::backward(Backend& be, const Tensor& dx, const Tensor& dy, const Tensor& x) const {
-  const int64_t rows = x.shape[0], in = weight.value.shape[1], out = weight.value.shape[0];
   const bool grouped = group_scaled(*this);
   if (grouped) tp->group_amax(be, {dy, weight.value, x});
   const Tensor amax_dy = grouped ? tp->amax_of(0) : Tensor{};
-  if (!dx.empty()) {  // dx[N, in] = dy[N, out] W[out, in]
-    GemmArgs g;
-    g.a = dy;
-    g.b = weight.value;
-    g.c = dx;
-    g.m = rows;
-    g.n = in;
-    g.k = out;
-    g.fp8_a = fp8_grad(fp8);
-    g.fp8_b = fp8_input(fp8);
-    g.amax_a = amax_dy;
-    if (grouped) g.amax_b = tp->amax_of(1);
-    be.gemm(g);
-  }
-  {  // dW[out, in] += dy^T x
-    GemmArgs g;
-    g.a = dy;
-    g.b = x;
-    g.c = weight.grad;
-    g.trans_a = true;
-    g.m = out;
-    g.n = in;
-    g.k = rows;
-    g.beta = 1.0;
-    g.fp8_a = fp8_grad(fp8);
-    g.fp8_b = fp8_input(fp8);
-    g.amax_a = amax_dy;
-    if (grouped) g.amax_b = tp->amax_of(2);
-    be.gemm(g);
-  }
-  if (!bias.value.empty()) be.bias_backward(bias.grad, dy);
+  if (!dx.empty()) input_gemm(be, dx, dy, amax_dy, grouped ? tp->amax_of(1) : Tensor{});
+  weight_gemm(be, dy, x, amax_dy, grouped ? tp->amax_of(2) : Tensor{});
+}
+
+// The same group amaxes as backward()'s (each entry is the max of one operand over the group).
+void Linear::backward_input(Backend& be, const Tensor& dx, const Tensor& dy) const {
+  const bool grouped = group_scaled(*this);
+  if (grouped) tp->group_amax(be, {dy, weight.value});
+  input_gemm(be, dx, dy, grouped ? tp->amax_of(0) : Tensor{}, grouped ? tp->amax_of(1) : Tensor{});
+}
+
+void Linear::backward_weights(Backend& be, const Tensor& dy, const Tensor& x) const {
+  const bool grouped = group_scaled(*this);
+  if (grouped) tp->group_amax(be, {dy, x});
+  weight_gemm(be, dy, x, grouped ? tp->amax_of(0) : Tensor{}, grouped ? tp->amax_of(1) : Tensor{});
 }
 
 // ---- Norm -----------------------------------------------------------------------------------
@@ -315,9 +335,16 @@ void Attention::forward(Backend& be, const Tensor& out, const Tensor& x, int64_t
 }
 
 void Attention::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x,
-                         int64_t B, int64_t T, const Saved& s, const Scratch& scratch) const {
+                         int64_t B, int64_t T, const Saved& s, const Scratch& scratch,
+                         const Deferred* defer) const {
   const bool sharded = tp_active(tp);
-  proj.backward(be, scratch.dattn, sharded ? tp->gather(dout) : dout, s.attn_out);
+  const Tensor dproj = sharded ? tp->gather(dout) : dout;
+  if (defer) {
+    be.cast(defer->dproj, dproj);
+    proj.backward_input(be, scratch.dattn, dproj);
+  } else {
+    proj.backward(be, scratch.dattn, dproj, s.attn_out);
+  }
   if (cp_active(cp))
     ring_backward(be, *this, *cp, s, scratch.dattn, scratch.dqkv, B, T);
   else
@@ -326,12 +353,20 @@ void Attention::backward(Backend& be, const Tensor& dx, const Tensor& dout, cons
     be.rope(scratch.dqkv_raw, scratch.dqkv, T, heads + kv_heads, head_dim, rope_theta, true,
             cp_active(cp) ? cp->positions : Tensor{});
   const Tensor dqkv = rope ? scratch.dqkv_raw : scratch.dqkv;
-  if (!sharded) {
-    qkv.backward(be, dx, dqkv, x);
-    return;
+  const Tensor din = sharded ? tp->partial_for(dx) : dx;
+  if (defer) {
+    be.cast(defer->dqkv, dqkv);
+    qkv.backward_input(be, din, dqkv);
+  } else {
+    qkv.backward(be, din, dqkv, sharded ? tp->gather(x) : x);
   }
-  qkv.backward(be, tp->partial_for(dx), dqkv, tp->gather(x));
-  tp->reduce(dx);
+  if (sharded) tp->reduce(dx);
+}
+
+void Attention::backward_weights(Backend& be, const Tensor& x, const Saved& s,
+                                 const Deferred& defer) const {
+  proj.backward_weights(be, defer.dproj, s.attn_out);
+  qkv.backward_weights(be, defer.dqkv, tp_active(tp) ? tp->gather(x) : x);
 }
 
 // ---- MLP ------------------------------------------------------------------------------------
@@ -358,19 +393,33 @@ void Mlp::forward(Backend& be, const Tensor& out, const Tensor& x, const Saved& 
 }
 
 void Mlp::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x,
-                   const Saved& s, const Scratch& scratch) const {
+                   const Saved& s, const Scratch& scratch, const Deferred* defer) const {
   const bool sharded = tp_active(tp);
-  fc2.backward(be, scratch.dact, sharded ? tp->gather(dout) : dout, s.act_out);
+  const Tensor dfc2 = sharded ? tp->gather(dout) : dout;
+  if (defer) {
+    be.cast(defer->dfc2, dfc2);
+    fc2.backward_input(be, scratch.dact, dfc2);
+  } else {
+    fc2.backward(be, scratch.dact, dfc2, s.act_out);
+  }
   if (activation == ActivationKind::gelu)
     be.gelu_backward(scratch.dfc1, scratch.dact, s.fc1_out);
   else
     be.swiglu_backward(scratch.dfc1, scratch.dact, s.fc1_out);
-  if (!sharded) {
-    fc1.backward(be, dx, scratch.dfc1, x);
-    return;
+  const Tensor din = sharded ? tp->partial_for(dx) : dx;
+  if (defer) {
+    be.cast(defer->dfc1, scratch.dfc1);
+    fc1.backward_input(be, din, scratch.dfc1);
+  } else {
+    fc1.backward(be, din, scratch.dfc1, sharded ? tp->gather(x) : x);
   }
-  fc1.backward(be, tp->partial_for(dx), scratch.dfc1, tp->gather(x));
-  tp->reduce(dx);
+  if (sharded) tp->reduce(dx);
+}
+
+void Mlp::backward_weights(Backend& be, const Tensor& x, const Saved& s,
+                           const Deferred& defer) const {
+  fc2.backward_weights(be, defer.dfc2, s.act_out);
+  fc1.backward_weights(be, defer.dfc1, tp_active(tp) ? tp->gather(x) : x);
 }
 
 // ---- MoE ------------------------------------------------------------------------------------
@@ -489,7 +538,7 @@ void Moe::activate(Backend& be, const Saved& s) const {
 
 void Moe::backward(Backend& be, const Tensor& dx_rows, const Tensor& dout_rows,
                    const Tensor& x_rows, const Saved& s, const Scratch& scratch,
-                   double loss_grad_scale) const {
+                   double loss_grad_scale, const Deferred* defer) const {
   // Sequence parallel: as forward, on the whole micro-batch; the input gradient comes out whole
   // (summed over tp inside) and the rank keeps its rows.
   const bool split = tp_active(tp) && tp->split_rows();
@@ -508,10 +557,13 @@ void Moe::backward(Backend& be, const Tensor& dx_rows, const Tensor& dout_rows,
     const Mlp::Scratch rows{expert_rows(scratch.expert.dact, b, cap, count),
                             expert_rows(scratch.expert.dfc1, b, cap, count)};
     const Tensor block_dout = expert_rows(exec_dout, b, cap, count);
+    const Mlp::Deferred block_defer = defer ? defer->expert_block(b, cap, count) : Mlp::Deferred{};
     experts[static_cast<size_t>(b % local)].backward(
         be, expert_rows(exec_din, b, cap, count), block_dout,
-        expert_rows(s.expert_in, b, cap, count), expert_saved(s.expert, b, cap, count), rows);
-    if (tp_active(tp) && !fc2_bias[static_cast<size_t>(b % local)].value.empty())
+        expert_rows(s.expert_in, b, cap, count), expert_saved(s.expert, b, cap, count), rows,
+        defer ? &block_defer : nullptr);
+    // Deferred: from the copy of block_dout (the expert's fc2 output gradient).
+    if (!defer && tp_active(tp) && !fc2_bias[static_cast<size_t>(b % local)].value.empty())
       be.bias_backward(fc2_bias[static_cast<size_t>(b % local)].grad, block_dout);
   }
   if (tp_active(tp)) tp->all_reduce(exec_din);
@@ -527,9 +579,34 @@ void Moe::backward(Backend& be, const Tensor& dx_rows, const Tensor& dout_rows,
                            loss_grad_scale);
     be.moe_permute_backward(scratch.dlogits, cp->dlogits_whole, cp->own);
   }
-  router.backward(be, scratch.dx_router, scratch.dlogits, split ? tp->gather(x_rows) : x_rows);
+  if (defer) {
+    be.cast(defer->drouter, scratch.dlogits);
+    router.backward_input(be, scratch.dx_router, scratch.dlogits);
+  } else {
+    router.backward(be, scratch.dx_router, scratch.dlogits, split ? tp->gather(x_rows) : x_rows);
+  }
   be.accumulate(dx, scratch.dx_router);
   if (split) be.cast(dx_rows, tp->local_rows(dx));
+}
+
+Mlp::Deferred Moe::Deferred::expert_block(int64_t block, int64_t cap, int64_t count) const {
+  return {expert_rows(dfc1, block, cap, count), expert_rows(dfc2, block, cap, count)};
+}
+
+void Moe::backward_weights(Backend& be, const Tensor& x_rows, const Saved& s,
+                           const Deferred& defer) const {
+  const int64_t cap = s.capacity, local = static_cast<int64_t>(experts.size());
+  for (int64_t b = 0; b < static_cast<int64_t>(s.block_counts.size()); ++b) {
+    const int64_t count = s.block_counts[static_cast<size_t>(b)];
+    if (count == 0) continue;
+    const Mlp::Deferred block = defer.expert_block(b, cap, count);
+    experts[static_cast<size_t>(b % local)].backward_weights(
+        be, expert_rows(s.expert_in, b, cap, count), expert_saved(s.expert, b, cap, count), block);
+    if (tp_active(tp) && !fc2_bias[static_cast<size_t>(b % local)].value.empty())
+      be.bias_backward(fc2_bias[static_cast<size_t>(b % local)].grad, block.dfc2);
+  }
+  const bool split = tp_active(tp) && tp->split_rows();
+  router.backward_weights(be, defer.drouter, split ? tp->gather(x_rows) : x_rows);
 }
 
 }  // namespace trainctl::model

@@ -4,6 +4,12 @@
 // activation gradients. `Saved` holds what forward keeps for backward; `Scratch` holds backward
 // temporaries that the caller may share between layers.
 //
+// Split backward (zero-bubble pipeline schedules): given a `Deferred`, a layer's backward computes
+// the input gradient only (and the norms' weight gradients, which need no GEMM) and copies the
+// output gradient of each of its GEMMs there; backward_weights later adds the GEMMs' weight and
+// bias gradients from those copies and the saved inputs (gathered again under sequence parallel).
+// The two passes run the same GEMMs on the same operands as one backward: the same bits.
+//
 // Dimension legend: N = B*T tokens of a micro-batch, C = hidden, H query heads, KV key/value heads,
 // D = head dim, F = ffn hidden, F1 = rows of fc1 (F, or 2F for SwiGLU), E experts, k = top_k,
 // cap = tokens per expert buffer, V = vocab. Under tensor parallel H, KV, F, F1 and V are this
@@ -134,6 +140,15 @@ struct Linear {
   void forward_gelu(Backend& be, const Tensor& y, const Tensor& pre, const Tensor& x) const;
   // dx may be empty (no input gradient wanted).
   void backward(Backend& be, const Tensor& dx, const Tensor& dy, const Tensor& x) const;
+  // backward() in two passes: dx now, the weight (and bias) gradient later from the same dy, x.
+  void backward_input(Backend& be, const Tensor& dx, const Tensor& dy) const;
+  void backward_weights(Backend& be, const Tensor& dy, const Tensor& x) const;
+
+ private:
+  void input_gemm(Backend& be, const Tensor& dx, const Tensor& dy, const Tensor& amax_dy,
+                  const Tensor& amax_w) const;
+  void weight_gemm(Backend& be, const Tensor& dy, const Tensor& x, const Tensor& amax_dy,
+                   const Tensor& amax_x) const;
 };
 
 // LayerNorm (weight, optional bias) or RMSNorm (weight) over the last dim of [N, C].
@@ -172,13 +187,20 @@ struct Attention {
     Tensor dqkv;      // [N, (H+2KV)D]
     Tensor dqkv_raw;  // [N, (H+2KV)D] (rope only)
   };
+  struct Deferred {  // split backward: the output gradients of qkv and proj
+    Tensor dqkv;     // [N, (H+2KV)D]
+    Tensor dproj;    // [N, C] (whole rows under sequence parallel)
+  };
   backend::AttentionShape shape(int64_t B, int64_t T) const {
     return {B, T, heads, kv_heads, head_dim};
   }
   void forward(Backend& be, const Tensor& out, const Tensor& x, int64_t B, int64_t T,
                const Saved& saved, const Scratch& scratch) const;
   void backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x, int64_t B,
-                int64_t T, const Saved& saved, const Scratch& scratch) const;
+                int64_t T, const Saved& saved, const Scratch& scratch,
+                const Deferred* defer = nullptr) const;
+  void backward_weights(Backend& be, const Tensor& x, const Saved& saved,
+                        const Deferred& defer) const;
 };
 
 // Feed-forward: fc1, GELU or SwiGLU, fc2.
@@ -194,10 +216,16 @@ struct Mlp {
     Tensor dact;  // [N, F]
     Tensor dfc1;  // [N, F1]
   };
+  struct Deferred {  // split backward: the output gradients of fc1 and fc2
+    Tensor dfc1;     // [N, F1]
+    Tensor dfc2;     // [N, C] (whole rows under sequence parallel)
+  };
   void forward(Backend& be, const Tensor& out, const Tensor& x, const Saved& saved) const;
   void activate(Backend& be, const Saved& saved) const;  // act_out from fc1_out (recompute)
   void backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x,
-                const Saved& saved, const Scratch& scratch) const;
+                const Saved& saved, const Scratch& scratch, const Deferred* defer = nullptr) const;
+  void backward_weights(Backend& be, const Tensor& x, const Saved& saved,
+                        const Deferred& defer) const;
 };
 
 // Mixture of experts: softmax router, top-k, capacity with dropping, E expert MLPs, weighted
@@ -249,6 +277,13 @@ struct Moe {
     Mlp::Scratch expert;             // [E*cap, ...], row views taken per expert
     Tensor send, recv;               // [E*cap, C] ep only: the other layout of an exchange
   };
+  struct Deferred {  // split backward: the router's logit gradients, the experts' (execution
+                     // layout)
+    Tensor drouter;  // [N, E]
+    Tensor dfc1;     // [E*cap, F1]
+    Tensor dfc2;     // [E*cap, C]
+    Mlp::Deferred expert_block(int64_t block, int64_t cap, int64_t count) const;
+  };
   backend::RouterLosses forward(Backend& be, const Tensor& out, const Tensor& x, Saved& saved,
                                 const Scratch& scratch) const;
   void activate(Backend& be, const Saved& saved) const;
@@ -256,7 +291,10 @@ struct Moe {
   void run_experts(Backend& be, const Tensor& out, const Saved& saved) const;
   // loss_grad_scale: d(objective)/d(this layer's aux/z loss) before the coefficients.
   void backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tensor& x,
-                const Saved& saved, const Scratch& scratch, double loss_grad_scale) const;
+                const Saved& saved, const Scratch& scratch, double loss_grad_scale,
+                const Deferred* defer = nullptr) const;
+  void backward_weights(Backend& be, const Tensor& x, const Saved& saved,
+                        const Deferred& defer) const;
 };
 
 }  // namespace trainctl::model

@@ -85,6 +85,14 @@ class Transformer {
   // d objective / d stage_output(slot) (already multiplied by grad_scale) first. Evaluation-only
   // forwards need no backward.
   void backward(double grad_scale, int slot = 0);
+  // backward() in two passes, with the same results (ModelParallel::split_backward; the ZB-H1
+  // schedule): backward_input computes what the previous stage waits for (input_grad(slot)), the
+  // norms' weight gradients and, on the last stage, the head's; backward_weights adds the blocks'
+  // GEMM weight gradients and the embedding's, and must come before the slot's next forward.
+  // The grads-ready hook reports the head in backward_input, the blocks and the embedding in
+  // backward_weights.
+  void backward_input(double grad_scale, int slot = 0);
+  void backward_weights(int slot = 0);
 
   // Called by backward() each time a group of parameter gradients is complete for this backward:
   // the head and final norm (last stage), each block (last layer first), the embedding (first

@@ -71,6 +71,9 @@ struct ModelParallel {
   // Micro-batches (of any chunk) whose activations this stage holds at once: the schedule's
   // pipeline_slots (1F1B: min(pp - pp_rank, M)).
   int activation_slots = 1;
+  // The backward in two passes (the ZB-H1 schedule, Transformer::backward_input/_weights): each
+  // slot also keeps its GEMMs' output gradients from the first pass to the second.
+  bool split_backward = false;
 
   // The mesh's layout with ZeRO stage `zero`, this rank's coordinates in it, and its tp and ep
   // groups where their degree is above 1.

@@ -51,6 +51,21 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
     tp.sequence_parallel = true;
     rows = N / par.tp_size();
   }
+  if (par.split_backward) {
+    // The W pass reads what B left in the slot: kept activations, not recomputed ones, and the
+    // block's gradients and values in place (not bound to a ZeRO-2/3 slot for one pass).
+    if (par.layout.recompute != trainctl::Recompute::none)
+      throw std::invalid_argument(
+          "a split backward (pp_schedule zb-h1) needs recompute: none; recompute: " +
+          std::string(trainctl::kRecomputeNames[static_cast<size_t>(par.layout.recompute)]) +
+          " would run the forward again for the weight-gradient pass");
+    if (par.layout.zero >= 2)
+      throw std::invalid_argument("a split backward (pp_schedule zb-h1) needs zero <= 1 (got " +
+                                  std::to_string(par.layout.zero) +
+                                  "): ZeRO-2/3 bind a block's gradients or values for one pass");
+    if (chunks.size() != 1)
+      throw std::invalid_argument("a split backward (pp_schedule zb-h1) runs one chunk per stage");
+  }
   if (cfg.fp8 != Fp8Mode::none && !be.capabilities().fp8)
     throw std::invalid_argument("fp8 GEMMs need a backend with fp8 support; backend '" +
                                 std::string(be.name()) +
@@ -188,17 +203,31 @@ void Transformer::Impl::block_recompute(const Block& b, BlockActs& a) {
   }
 }
 
-// d_resid: in, gradient w.r.t. the block output; out, w.r.t. the block input.
-void Transformer::Impl::block_backward(const Block& b, const BlockActs& a, double grad_scale) {
+// d_resid: in, gradient w.r.t. the block output; out, w.r.t. the block input. split: the GEMMs'
+// weight gradients are left to block_weights (layers.hpp).
+void Transformer::Impl::block_backward(const Block& b, const BlockActs& a, double grad_scale,
+                                       bool split) {
   if (b.mlp)
-    b.mlp->backward(be, d_ln_out, d_resid, a.ln2_out, a.mlp_s, mlp_scratch);
+    b.mlp->backward(be, d_ln_out, d_resid, a.ln2_out, a.mlp_s, mlp_scratch,
+                    split ? &a.mlp_w : nullptr);
   else
-    b.moe->backward(be, d_ln_out, d_resid, a.ln2_out, a.moe_s, moe_scratch, grad_scale);
+    b.moe->backward(be, d_ln_out, d_resid, a.ln2_out, a.moe_s, moe_scratch, grad_scale,
+                    split ? &a.moe_w : nullptr);
   b.ln2.backward(be, d_norm_in, d_ln_out, a.x_mid, a.ln2_s);
   be.accumulate(d_resid, d_norm_in);
-  b.attn.backward(be, d_ln_out, d_resid, a.ln1_out, B, T, a.attn_s, attn_scratch);
+  b.attn.backward(be, d_ln_out, d_resid, a.ln1_out, B, T, a.attn_s, attn_scratch,
+                  split ? &a.attn_w : nullptr);
   b.ln1.backward(be, d_norm_in, d_ln_out, a.x_in, a.ln1_s);
   be.accumulate(d_resid, d_norm_in);
+}
+
+// The W pass of one block, in block_backward's order.
+void Transformer::Impl::block_weights(const Block& b, const BlockActs& a) {
+  if (b.mlp)
+    b.mlp->backward_weights(be, a.ln2_out, a.mlp_s, a.mlp_w);
+  else
+    b.moe->backward_weights(be, a.ln2_out, a.moe_s, a.moe_w);
+  b.attn.backward_weights(be, a.ln1_out, a.attn_s, a.attn_w);
 }
 
 Slot& Transformer::Impl::slot_at(int slot, const char* what) {
@@ -222,6 +251,9 @@ std::vector<int32_t> Transformer::Impl::cp_positions(int r) const {
 ForwardResult Transformer::Impl::forward(const int32_t* host_tokens, const int32_t* host_targets,
                                          int slot_index, int chunk) {
   Slot& s = slot_at(slot_index, "forward");
+  if (s.weights_pending)
+    throw std::logic_error("Transformer::forward: slot " + std::to_string(slot_index) +
+                           " still waits for backward_weights");
   if (chunk < 0 || chunk >= num_chunks())
     throw std::out_of_range("Transformer::forward: chunk " + std::to_string(chunk) +
                             " outside [0, " + std::to_string(num_chunks()) + ")");
@@ -314,12 +346,16 @@ ForwardResult Transformer::Impl::forward(const int32_t* host_tokens, const int32
   return result;
 }
 
-void Transformer::Impl::backward(double grad_scale, int slot_index) {
+void Transformer::Impl::backward(double grad_scale, int slot_index, bool split) {
   Slot& s = slot_at(slot_index, "backward");
   if (!s.have_forward)
     throw std::logic_error("Transformer::backward called without forward (slot " +
                            std::to_string(slot_index) + ")");
+  if (split && !par.split_backward)
+    throw std::logic_error(
+        "Transformer::backward_input: the model was built without ModelParallel::split_backward");
   s.have_forward = false;
+  s.weights_pending = split;
   if (scores(s.chunk)) {
     const double ce_scale =
         s.valid_targets ? grad_scale / static_cast<double>(s.valid_targets) : 0.0;
@@ -345,25 +381,48 @@ void Transformer::Impl::backward(double grad_scale, int slot_index) {
     if (store.values_sharded()) want_block_values(i, -1);
     if (sharded) build_block(i);  // its Params now see the slots
     block_recompute(blocks[i], s.acts[i - begin]);
-    block_backward(blocks[i], s.acts[i - begin], grad_scale);
+    block_backward(blocks[i], s.acts[i - begin], grad_scale, split);
+    if (split) continue;  // the block's gradients are complete after its W pass
     report_ready(block_ranges[i]);
     if (sharded) block_grads_done(i, grad_slot);
   }
-  if (embeds(s.chunk)) {
-    // Context parallel: wpe's gradient goes to the rows' global positions (every tp rank adds
-    // the same, as without cp).
-    const Tensor dpositions = cp_on() ? Tensor{} : wpe.grad;
-    const Tensor d = tp.gather(d_resid);
-    if (!tp_on())
-      be.embedding_backward(wte.grad, dpositions, d, s.tokens, T);
-    else
-      be.embedding_backward_shard(wte.grad, dpositions, d, s.tokens, T, vocab_begin);
-    if (cp_on() && !wpe.grad.empty())
-      be.embedding_backward(wpe.grad, Tensor{}, d, row_positions, T);
-    report_ready(embedding_ranges);
+  if (split && embeds(s.chunk)) {
+    // The embedding's gradient is its weight gradient: the W pass takes it from the slot's second
+    // residual tensor (dead by now: the first stage sends no input gradient).
+    be.cast(s.resid[1], d_resid);
+  } else if (embeds(s.chunk)) {
+    embedding_backward(s, d_resid);
   } else {
     be.cast(input_grad_of(s), d_resid);
   }
+}
+
+void Transformer::Impl::backward_weights(int slot_index) {
+  Slot& s = slot_at(slot_index, "backward_weights");
+  if (!s.weights_pending)
+    throw std::logic_error("Transformer::backward_weights: slot " + std::to_string(slot_index) +
+                           " has no input-gradient pass to follow");
+  s.weights_pending = false;
+  const size_t begin = chunk_begin[static_cast<size_t>(s.chunk)];
+  for (size_t i = chunk_begin[static_cast<size_t>(s.chunk) + 1]; i-- > begin;) {
+    block_weights(blocks[i], s.acts[i - begin]);
+    report_ready(block_ranges[i]);
+  }
+  if (embeds(s.chunk)) embedding_backward(s, s.resid[1]);
+}
+
+// d_rows: the gradient of the embedding's output (this rank's rows under sequence parallel).
+void Transformer::Impl::embedding_backward(const Slot& s, const Tensor& d_rows) {
+  // Context parallel: wpe's gradient goes to the rows' global positions (every tp rank adds
+  // the same, as without cp).
+  const Tensor dpositions = cp_on() ? Tensor{} : wpe.grad;
+  const Tensor d = tp.gather(d_rows);
+  if (!tp_on())
+    be.embedding_backward(wte.grad, dpositions, d, s.tokens, T);
+  else
+    be.embedding_backward_shard(wte.grad, dpositions, d, s.tokens, T, vocab_begin);
+  if (cp_on() && !wpe.grad.empty()) be.embedding_backward(wpe.grad, Tensor{}, d, row_positions, T);
+  report_ready(embedding_ranges);
 }
 
 int Transformer::Impl::bind_block_grads(size_t index) {
@@ -426,7 +485,13 @@ ForwardResult Transformer::forward(const int32_t* tokens, const int32_t* targets
   return impl_->forward(tokens, targets, slot, chunk);
 }
 void Transformer::backward(double grad_scale, int slot) {
-  impl_->backward(grad_scale, slot);
+  impl_->backward(grad_scale, slot, false);
+}
+void Transformer::backward_input(double grad_scale, int slot) {
+  impl_->backward(grad_scale, slot, true);
+}
+void Transformer::backward_weights(int slot) {
+  impl_->backward_weights(slot);
 }
 
 // Units by layer and role: a tied head on one stage is embed.wte itself, complete only after the

@@ -34,6 +34,10 @@ struct BlockActs {
   Attention::Saved attn_s;
   Mlp::Saved mlp_s;
   Moe::Saved moe_s;
+  // Split backward (ModelParallel::split_backward): the GEMMs' output gradients for the W pass.
+  Attention::Deferred attn_w;
+  Mlp::Deferred mlp_w;
+  Moe::Deferred moe_w;
 };
 
 // The activations of one micro-batch in flight (a pipeline stage holds several).
@@ -54,8 +58,9 @@ struct Slot {
   std::vector<BlockActs> acts;
   int64_t valid_targets = 0;
   bool have_forward = false;
-  int chunk = 0;   // the chunk of the last forward
-  Tensor grad_in;  // [rows, C] with chunks: the input's gradient sent back
+  bool weights_pending = false;  // split backward: B ran, W not yet
+  int chunk = 0;                 // the chunk of the last forward
+  Tensor grad_in;                // [rows, C] with chunks: the input's gradient sent back
 };
 
 struct Transformer::Impl {
@@ -173,7 +178,9 @@ struct Transformer::Impl {
   // transformer.cpp
   backend::RouterLosses block_forward(const Block& b, BlockActs& a);
   void block_recompute(const Block& b, BlockActs& a);
-  void block_backward(const Block& b, const BlockActs& a, double grad_scale);
+  void block_backward(const Block& b, const BlockActs& a, double grad_scale, bool split);
+  void block_weights(const Block& b, const BlockActs& a);
+  void embedding_backward(const Slot& s, const Tensor& d_rows);
   Slot& slot_at(int slot, const char* what);
 
   // vocab_loss.cpp
@@ -189,7 +196,9 @@ struct Transformer::Impl {
   }
   ForwardResult forward(const int32_t* host_tokens, const int32_t* host_targets, int slot_index,
                         int chunk);
-  void backward(double grad_scale, int slot_index);
+  // split: the input-gradient pass of a split backward (the W pass is backward_weights).
+  void backward(double grad_scale, int slot_index, bool split);
+  void backward_weights(int slot_index);
   double forward_flops_per_token() const;
 };
 

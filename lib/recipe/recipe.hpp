@@ -76,7 +76,7 @@ struct EnumNames<Recompute> {
 };
 template <>
 struct EnumNames<PipeSchedule> {
-  static constexpr std::array<std::string_view, 2> names = kPipeScheduleNames;
+  static constexpr auto names = kPipeScheduleNames;
 };
 template <>
 struct EnumNames<DType> {  // a module enum the recipe offers only part of: `values` lists it

@@ -63,18 +63,41 @@ void check_model(const Recipe& r, RuleChecker& c) {
 // positive entry per (virtual) stage and sums to model.layers. An even split needs no
 // divisibility (the earlier stages take the remainder). The schedule's own needs
 // (PipelineShape::problem): interleaved takes pp >= 2, pp_virtual >= 2 and micro-batches in
-// groups of pp; 1f1b one chunk per rank.
+// groups of pp; 1f1b and zb-h1 one chunk per rank, zb-h1 pp >= 2 and (the model's split backward)
+// recompute none and zero <= 1.
 void check_pipeline(const Recipe& r, RuleChecker& c) {
   const ParallelConfig& p = r.parallel;
   if (c.usable({"parallel.pp_schedule", "parallel.pp_virtual", "parallel.pp"})) {
-    if (p.pp_schedule == PipeSchedule::one_f_one_b && p.pp_virtual != 1) {
+    if (p.pp_schedule != PipeSchedule::interleaved && p.pp_virtual != 1) {
       c.fail({"parallel.pp_virtual", "parallel.pp_schedule"},
-             fmt::format("parallel.pp_virtual = {} needs parallel.pp_schedule: interleaved (1f1b "
+             fmt::format("parallel.pp_virtual = {} needs parallel.pp_schedule: interleaved ({} "
                          "runs one model chunk per stage); set parallel.pp_virtual: 1 or "
                          "parallel.pp_schedule: interleaved",
-                         p.pp_virtual));
+                         p.pp_virtual, schedule_name(p.pp_schedule)));
       return;
     }
+    if (p.pp_schedule == PipeSchedule::zb_h1 && p.pp < 2) {
+      c.fail({"parallel.pp_schedule", "parallel.pp"},
+             fmt::format("parallel.pp_schedule: zb-h1 needs parallel.pp >= 2 (got {}); or use "
+                         "parallel.pp_schedule: 1f1b",
+                         p.pp));
+      return;
+    }
+    if (p.pp_schedule == PipeSchedule::zb_h1 && c.usable({"parallel.recompute"}) &&
+        p.recompute != Recompute::none)
+      c.fail({"parallel.pp_schedule", "parallel.recompute"},
+             fmt::format("parallel.pp_schedule: zb-h1 keeps each micro-batch's activations for "
+                         "its weight-gradient pass, which parallel.recompute: {} would run the "
+                         "forward again for; set parallel.recompute: none or "
+                         "parallel.pp_schedule: 1f1b",
+                         kRecomputeNames[static_cast<size_t>(p.recompute)]));
+    if (p.pp_schedule == PipeSchedule::zb_h1 && c.usable({"parallel.zero"}) && p.zero >= 2)
+      c.fail({"parallel.pp_schedule", "parallel.zero"},
+             fmt::format("parallel.pp_schedule: zb-h1 needs parallel.zero <= 1 (got {}): ZeRO-2 "
+                         "and 3 bind a block's gradients or values for one backward pass, and "
+                         "zb-h1 splits it in two; set parallel.zero: 1 or parallel.pp_schedule: "
+                         "1f1b",
+                         p.zero));
     if (p.pp_schedule == PipeSchedule::interleaved && (p.pp < 2 || p.pp_virtual < 2)) {
       c.fail({"parallel.pp_schedule", "parallel.pp", "parallel.pp_virtual"},
              fmt::format("parallel.pp_schedule: interleaved needs parallel.pp >= 2 and "

@@ -218,8 +218,10 @@ std::vector<KeySpec> build_schema() {
       "interleaved: pp * pp_virtual entries, virtual stage c * pp + r being chunk c of rank r"));
   t.push_back(row<B(parallel, pp_schedule)>(
       "parallel.pp_schedule", PipeSchedule::one_f_one_b, none(),
-      "pipeline schedule: 1f1b, or interleaved (Megatron's virtual pipeline: pp_virtual model "
-      "chunks per rank, a bubble pp_virtual times smaller for more activations in flight)"));
+      "pipeline schedule: 1f1b, interleaved (Megatron's virtual pipeline: pp_virtual model "
+      "chunks per rank, a bubble pp_virtual times smaller for more activations in flight), or "
+      "zb-h1 (zero bubble: the backward split into input- and weight-gradient passes, a bubble "
+      "about a third of 1f1b's; pp >= 2, recompute none, zero <= 1)"));
   t.push_back(row<B(parallel, pp_virtual)>(
       "parallel.pp_virtual", 1, at_least(1),
       "model chunks per pipeline rank with pp_schedule: interleaved (>= 2); 1 otherwise"));

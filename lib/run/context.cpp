@@ -132,6 +132,7 @@ RunContext::RunContext(const SessionInput& input, RankLog& log)
     parallel_ = model::ModelParallel::from_mesh(*mesh_, r.parallel.zero);
     parallel_.stage_layers = r.parallel.pp_layers;
     parallel_.virtual_stages = r.parallel.pp_virtual;
+    parallel_.split_backward = splits_backward(r.parallel.pp_schedule);
     parallel_.activation_slots =
         pipeline_slots({r.parallel.pp, train_config.accum_steps(r.parallel.dp * r.parallel.ep),
                         r.parallel.pp_schedule, r.parallel.pp_virtual},

@@ -24,11 +24,14 @@ std::string str(int64_t v) {
   return std::to_string(v);
 }
 
-// The step's pipeline: interleaved when the model holds several chunks per stage.
+// The step's pipeline: interleaved when the model holds several chunks per stage, ZB-H1 when it
+// splits its backward.
 PipelineShape pipeline_of(const model::ModelParallel& parallel, int micro_batches) {
   const int V = parallel.virtual_stages;
-  return {parallel.pp_size(), micro_batches,
-          V > 1 ? PipeSchedule::interleaved : PipeSchedule::one_f_one_b, V};
+  const PipeSchedule schedule = V > 1                     ? PipeSchedule::interleaved
+                                : parallel.split_backward ? PipeSchedule::zb_h1
+                                                          : PipeSchedule::one_f_one_b;
+  return {parallel.pp_size(), micro_batches, schedule, V};
 }
 
 void check_parallel(const TrainConfig& config, const model::Transformer& model,
@@ -213,24 +216,27 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
   // Only the step's last backward of a chunk completes its gradients: earlier ones still add to
   // the same buffer, so reporting them to the gradient sync would start reductions too early.
   // (The sync is armed once, before the first of them; a bucket starts when all of it is in.)
+  // A split backward completes some in its last B (the head) and the rest in its last W.
   // Likewise each chunk's first forward is the first to read its parameters.
   const size_t none = schedule_.size();
   std::vector<size_t> last_backward(static_cast<size_t>(pipeline_.virtual_stages), none),
-      first_forward(static_cast<size_t>(pipeline_.virtual_stages), none);
+      last_weights(last_backward), first_forward(last_backward);
   for (size_t i = schedule_.size(); i-- > 0;) {
     const size_t c = static_cast<size_t>(schedule_[i].chunk);
     if (schedule_[i].op == PipeOp::backward && last_backward[c] == none) last_backward[c] = i;
+    if (schedule_[i].op == PipeOp::weight_grad && last_weights[c] == none) last_weights[c] = i;
     if (schedule_[i].op == PipeOp::forward) first_forward[c] = i;
   }
   const size_t arm_at = *std::min_element(last_backward.begin(), last_backward.end());
+  const bool split = splits_backward(pipeline_.schedule);
   const int P = parallel.pp_size(), rank = parallel.pp_rank();
   const int next = (rank + 1) % P, previous = (rank + P - 1) % P;
-  // The interleaved schedule sends without waiting for the peer (its lists also run with
-  // blocking sends, only slower: timeline.hpp). A slot's activation send is waited for before
-  // its output tensor is written again (the next forward, or the gradient received into it), its
-  // gradient send before the next backward writes the gradient's own tensor (model.hpp), and all
-  // of them before the step goes on.
-  const bool buffered = pipeline_.schedule == PipeSchedule::interleaved;
+  // The interleaved and ZB-H1 schedules send without waiting for the peer (their lists also run
+  // with blocking sends, only slower: timeline.hpp). A slot's activation send is waited for
+  // before its output tensor is written again (the next forward, or the gradient received into
+  // it), its gradient send before the next backward or forward writes the gradient's tensor
+  // (model.hpp), and all of them before the step goes on.
+  const bool buffered = pipeline_.schedule != PipeSchedule::one_f_one_b;
   using Pending = std::vector<std::unique_ptr<comm::PendingSend>>;
   std::vector<Pending> activation_sends(static_cast<size_t>(slots_.slots)),
       grad_sends(activation_sends.size());
@@ -262,7 +268,8 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
     // peer, timed as idle rather than as the action's.
     if (buffered && (action.op == PipeOp::forward || action.op == PipeOp::recv_grad))
       settle(activation_sends[static_cast<size_t>(slot)]);
-    if (buffered && action.op == PipeOp::backward) settle(grad_sends[static_cast<size_t>(slot)]);
+    if (buffered && (action.op == PipeOp::backward || action.op == PipeOp::forward))
+      settle(grad_sends[static_cast<size_t>(slot)]);
     const double action_start = recorded ? since_start() : 0.0;
     const uint32_t tag = pipeline_tag(action, rank, pipeline_.virtual_stages);
     switch (action.op) {
@@ -292,23 +299,34 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
         break;
       }
       case PipeOp::backward:
-        if (overlap && i == last_backward[chunk]) {
+      case PipeOp::weight_grad: {
+        auto pass = [&] {
+          if (action.op == PipeOp::weight_grad)
+            model_.backward_weights(slot);
+          else if (split)
+            model_.backward_input(grad_scale, slot);
+          else
+            model_.backward(grad_scale, slot);
+        };
+        if (overlap && (i == last_backward[chunk] || i == last_weights[chunk])) {
           if (i == arm_at) sync_->arm();
           const GradsReady ready(model_, [this](const std::vector<model::IndexRange>& ranges) {
             sync_->grads_ready(ranges);
           });
-          model_.backward(grad_scale, slot);
+          pass();
         } else {
-          model_.backward(grad_scale, slot);
+          pass();
         }
         break;
+      }
       case PipeOp::send_grad:
         send(model_.input_grad(slot), previous, tag, grad_sends[static_cast<size_t>(slot)]);
         break;
     }
     if (recorded) {
       // A compute action ends when its device work does (the CUDA backend's ops return early).
-      if (action.op == PipeOp::forward || action.op == PipeOp::backward) be_.fence()->wait();
+      const TimedAction timed{action, action_start, 0.0};
+      if (timed.compute()) be_.fence()->wait();
       recorded->push_back({action, action_start, since_start()});
     }
   }

@@ -56,14 +56,18 @@ FAMILIES = {
 
 
 def layout_sets(layout):
-    """'dp2-tp2-pp2', 'dp2-zero1', 'tp2-sp' (sequence parallel) or 'pp2-v2' (the interleaved
-    schedule, two chunks per rank) -> --set values; '1' is the single rank."""
+    """'dp2-tp2-pp2', 'dp2-zero1', 'tp2-sp' (sequence parallel), 'pp2-v2' (the interleaved
+    schedule, two chunks per rank) or 'pp2-zb' (the zb-h1 schedule) -> --set values; '1' is the
+    single rank."""
     sets = []
     if layout == "1":
         return sets
     for part in layout.split("-"):
         if part == "sp":
             sets.append("parallel.sequence_parallel=true")
+            continue
+        if part == "zb":
+            sets.append("parallel.pp_schedule=zb-h1")
             continue
         if part.startswith("v") and part[1:].isdigit():  # interleaved, that many chunks per rank
             sets += ["parallel.pp_schedule=interleaved", f"parallel.pp_virtual={part[1:]}"]

@@ -67,6 +67,9 @@ LAYOUTS = [
     ("moe", "ep2-cp2"),
     ("gpt", "pp2-v2"),
     ("moe", "dp2-pp2-v2-zero1"),
+    ("gpt", "pp2-zb"),
+    ("moe", "dp2-pp2-zb-zero1"),
+    ("llama", "tp2-pp2-zb-sp"),
 ]
 REPEAT = ("gpt", "tp2-pp2")
 ODD_STEPS = 10
@@ -86,7 +89,7 @@ def check_comm_fields(records, layout, label):
     group of several: dp or ep > 1, ZeRO-1 included) also its background busy time, which is not
     zero."""
     degrees = {part.rstrip("0123456789"): int(part[len(part.rstrip("0123456789")):])
-               for part in layout.split("-") if part != "sp"}
+               for part in layout.split("-") if part not in ("sp", "zb")}
     overlaps = any(degrees.get(axis, 1) > 1 for axis in ("dp", "ep", "cp"))
     for step, record in records.items():
         check(record.get("comm_ms", -1) >= 0, f"{label}: step {step} has no comm_ms: {record}")
@@ -151,6 +154,16 @@ def body(binary, root):
             check_memory_planned(run_dir, layout, label)
             report.append(f"{label}: loss {loss_error:.2g}, weights {weight_error:.2g} "
                           f"(worst tensor {worst})")
+
+        # zb-h1 splits each backward in two but adds every gradient from the same operands in
+        # the same order: 1F1B's run on the same layout, bit for bit.
+        one_f_one_b, zero_bubble = (lu.losses(os.path.join(tmp, f"gpt-{layout}"))
+                                    for layout in ("pp2", "pp2-zb"))
+        for step, record in zero_bubble.items():
+            for field in ("loss", "grad_norm"):
+                check(record[field] == one_f_one_b[step][field],
+                      f"gpt pp2-zb: step {step} {field} {record[field]!r} != 1f1b's "
+                      f"{one_f_one_b[step][field]!r}")
 
         # ZeRO-3 with the block gradients summed in bf16 (precision.reduce_dtype): rounded once
         # per block and micro-batch, still within BF16_REDUCE_TOLERANCE of one rank, not equal to

@@ -49,7 +49,7 @@ def body(binary, root):
                                     f"{position}; expected {HALF} steps * 4 = {HALF * 4}")
 
         for target in ("pp2", "dp4", "dp2-zero1", "dp2-zero2", "dp2-zero3", "tp2-sp", "cp2",
-                       "pp2-v2"):
+                       "pp2-v2", "pp2-zb"):
             run_dir = os.path.join(tmp, f"resume-{target}")
             shutil.copytree(saved, run_dir)
             sets = ["parallel.dp=1", "parallel.tp=1", *lu.layout_sets(target),

@@ -171,6 +171,49 @@ TEST_CASE("recompute none / selective / full give bit-identical gradients", "[mo
   }
 }
 
+// The ZB-H1 schedule's split backward: B (input gradients; the GEMMs' output gradients kept) then
+// W (the GEMMs' weight gradients) for two micro-batches in flight in two slots, W in the order of
+// the micro-batches, gives backward()'s bits, fp8 GEMMs included (their per-tensor scales come
+// from the same operands). The W pass only reads what B kept: the slot's activations and copies.
+// Untied: a tied head is the embedding's own tensor only when one stage holds both, which a
+// zb-h1 pipeline (pp >= 2) never does; here its two gradients would be added in another order.
+TEST_CASE("a split backward (input, then weight gradients) gives backward's bits",
+          "[model][zero-bubble]") {
+  using model::Fp8Mode;
+  for (const Fp8Mode fp8 : {Fp8Mode::none, Fp8Mode::hybrid}) {
+    for (model::ModelConfig c : {gpt(), llama(), moe(gpt()), moe(llama())}) {
+      c.storage = fp8 == Fp8Mode::none ? DType::f32 : DType::bf16;
+      c.init_std = 0.05;
+      c.fp8 = fp8;
+      c.tied_embeddings = false;
+      INFO(model::describe(c));
+      const Batch first = random_batch(c, 3, 2), second = random_batch(c, 3, 5);
+      model::ModelParallel two_slots;
+      two_slots.activation_slots = 2;
+      model::Transformer whole(c, cpu(), 3, two_slots);
+      two_slots.split_backward = true;
+      model::Transformer split(c, cpu(), 3, two_slots);
+      CHECK(split.activation_bytes().kept > whole.activation_bytes().kept);
+      for (model::Transformer* m : {&whole, &split}) {
+        m->params().initialize(9);
+        m->params().zero_grads();
+        m->forward(first.tokens.data(), first.targets.data(), 0);
+        m->forward(second.tokens.data(), second.targets.data(), 1);
+      }
+      whole.backward(0.5, 0);
+      whole.backward(0.5, 1);
+      split.backward_input(0.5, 0);
+      CHECK_THROWS_WITH(split.forward(first.tokens.data(), first.targets.data(), 0),
+                        Catch::Contains("still waits for backward_weights"));
+      split.backward_input(0.5, 1);  // B of the next micro-batch before the first one's W
+      split.backward_weights(0);
+      split.backward_weights(1);
+      CHECK_THROWS_WITH(split.backward_weights(1), Catch::Contains("no input-gradient pass"));
+      CHECK(grad_bytes(split) == grad_bytes(whole));
+    }
+  }
+}
+
 TEST_CASE("recompute modes keep fewer activations", "[model][recompute]") {
   size_t previous = SIZE_MAX;
   for (const auto mode :

@@ -265,6 +265,28 @@ const std::vector<BadCase> kBadCases = {
      {},
      {"3:25: parallel.pp_schedule: interleaved needs parallel.pp >= 2 and parallel.pp_virtual >= 2 "
       "model chunks per stage (got pp 1, pp_virtual 1); or use parallel.pp_schedule: 1f1b"}},
+    {"zb-h1 needs pp of 2 or more",
+     kOk + "parallel: {pp_schedule: zb-h1}\n",
+     {},
+     {"3:25: parallel.pp_schedule: zb-h1 needs parallel.pp >= 2 (got 1); or use "
+      "parallel.pp_schedule: 1f1b"}},
+    {"zb-h1 runs one chunk per stage",
+     kOk + "parallel: {pp: 2, pp_schedule: zb-h1, pp_virtual: 2}\n",
+     {},
+     {"3:51: parallel.pp_virtual = 2 needs parallel.pp_schedule: interleaved (zb-h1 runs one "
+      "model chunk per stage); set parallel.pp_virtual: 1 or parallel.pp_schedule: interleaved"}},
+    {"zb-h1 keeps activations: no recompute",
+     kOk + "parallel: {pp: 2, pp_schedule: zb-h1, recompute: selective}\n",
+     {},
+     {"3:32: parallel.pp_schedule: zb-h1 keeps each micro-batch's activations for its "
+      "weight-gradient pass, which parallel.recompute: selective would run the forward again "
+      "for; set parallel.recompute: none or parallel.pp_schedule: 1f1b"}},
+    {"zb-h1 splits the backward: zero <= 1",
+     kOk + "parallel: {pp: 2, dp: 2, pp_schedule: zb-h1, zero: 2}\n",
+     {},
+     {"3:39: parallel.pp_schedule: zb-h1 needs parallel.zero <= 1 (got 2): ZeRO-2 and 3 bind a "
+      "block's gradients or values for one backward pass, and zb-h1 splits it in two; set "
+      "parallel.zero: 1 or parallel.pp_schedule: 1f1b"}},
     {"interleaved: micro-batches in groups of pp",
      kOk + "training: {global_batch: 12}\nparallel: {pp: 2, pp_schedule: interleaved, "
            "pp_virtual: 2}\n",
@@ -286,7 +308,7 @@ const std::vector<BadCase> kBadCases = {
     {"pp_schedule: a known schedule",
      kOk + "parallel: {pp: 2, pp_schedule: zb}\n",
      {},
-     {"3:32: parallel.pp_schedule: expected one of 1f1b | interleaved, got 'zb'"}},
+     {"3:32: parallel.pp_schedule: expected one of 1f1b | interleaved | zb-h1, got 'zb'"}},
     {"pp_layers: positive",
      kOk + "model: {layers: 5}\nparallel: {pp: 2, pp_layers: [5, 0]}\n",
      {},

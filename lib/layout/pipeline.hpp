@@ -19,9 +19,9 @@
 // runs a warm-up of min(P - s, M) forwards, then for each micro-batch k in turn B_k, W_{k - s}
 // (from k = s on) and the next forward, then its last s W passes. The gradient goes back one B
 // per stage instead of one B + W, and the W passes held back on the later stages fill their
-// tails, so with F = B = W the bubble is (P - 1) / (3M + P - 1), a third of 1F1B's (a test runs
-// both on the clock). A micro-batch is in flight from its forward to its W: min(P, M) on every
-// stage, 1F1B's peak on stage 0 (the paper's "same peak memory"), more than 1F1B on the later
+// tails, so with F = B = W and M >= P the bubble is (P - 1) / (3M + P - 1), a third of 1F1B's (a
+// test runs both on the clock). A micro-batch is in flight from its forward to its W: min(P, M) on
+// every stage, 1F1B's peak on stage 0 (the paper's "same peak memory"), more than 1F1B on the later
 // stages. It needs P >= 2.
 
 // Sends are blocking and may be unbuffered (a send returns only once the peer receives), so the

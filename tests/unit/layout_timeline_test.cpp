@@ -190,6 +190,73 @@ TEST_CASE("interleaved on a clock: the bubble shrinks by the chunks per rank", "
       }
 }
 
+// ZB-H1: every stage runs F, B and W of each micro-batch once, in that order, B_k then W_(k - s);
+// the lists run with rendezvous sends on any clock; a micro-batch holds its slot until its W, so
+// every stage needs min(P, M); with F = B = W, free transfers and M >= P the bubble is
+// (P - 1) / (3M + P - 1), a third of 1F1B's (P - 1) / (M + P - 1) in the same units.
+TEST_CASE("zb-h1: F, B, W once each, deadlock-free, min(P, M) slots, a third of 1F1B's bubble",
+          "[pipeline]") {
+  for (int P = 2; P <= 6; ++P)
+    for (int M = 1; M <= 3 * P; ++M) {
+      INFO("P " << P << " M " << M);
+      const PipelineShape shape{P, M, PipeSchedule::zb_h1, 1};
+      REQUIRE(shape.problem().empty());
+      const auto lists = pipeline_lists(shape);
+      for (int s = 0; s < P; ++s) {
+        INFO("stage " << s);
+        const std::vector<PipeAction>& list = lists[static_cast<size_t>(s)];
+        std::vector<int> forwards(static_cast<size_t>(M), 0), backwards(forwards),
+            weights(forwards);
+        std::vector<int> b_order, w_order;
+        for (const PipeAction& a : list) {
+          const size_t m = static_cast<size_t>(a.micro_batch);
+          if (a.op == PipeOp::forward) ++forwards[m];
+          if (a.op == PipeOp::backward) {
+            CHECK(forwards[m] == 1);
+            ++backwards[m];
+            b_order.push_back(a.micro_batch);
+          }
+          if (a.op == PipeOp::weight_grad) {
+            CHECK(backwards[m] == 1);
+            ++weights[m];
+            w_order.push_back(a.micro_batch);
+          }
+        }
+        CHECK(forwards == std::vector<int>(static_cast<size_t>(M), 1));
+        CHECK(backwards == forwards);
+        CHECK(weights == forwards);
+        CHECK(w_order == b_order);  // W in micro-batch order: each gradient adds up as in 1F1B
+        const SlotPlan plan = plan_slots(list);
+        CHECK(plan.slots == std::min(P, M));
+        CHECK(pipeline_slots(shape, s) == plan.slots);
+      }
+      for (const StageTimes t : {StageTimes{1, 1, 1}, StageTimes{1, 2, 0.5}, StageTimes{2, 1, 3}}) {
+        std::vector<StageTimes> times(static_cast<size_t>(P), t), skewed = times;
+        skewed.back() = {3, 5, 1};  // a heavy head
+        for (const auto& x : {times, skewed}) {
+          const Timeline timeline = simulate(lists, x, 0.5);  // throws on a deadlock
+          CHECK(simulate(lists, x, 0.5, true).makespan <= timeline.makespan + 1e-9);
+        }
+      }
+      const std::vector<StageTimes> equal(static_cast<size_t>(P), {1, 1, 1});
+      const double zb = simulate(lists, equal, 0, true).bubble_share();
+      // (With M < P the first stage runs out of forwards before its first gradient arrives.)
+      if (M >= P) CHECK(zb == Approx(double(P - 1) / (3 * M + P - 1)));
+      // 1F1B's lists on the same clock (its backward takes B + W).
+      const double one_f_one_b = simulate(pipeline_lists({P, M}), equal, 0).bubble_share();
+      CHECK(one_f_one_b == Approx(double(P - 1) / (M + P - 1)));
+      CHECK(zb < one_f_one_b);
+    }
+  CHECK_THAT((PipelineShape{1, 4, PipeSchedule::zb_h1, 1}.problem()),
+             Catch::Contains("zb-h1 needs parallel.pp >= 2"));
+  CHECK_THAT((PipelineShape{2, 4, PipeSchedule::zb_h1, 2}.problem()),
+             Catch::Contains("zb-h1 runs one chunk per stage"));
+  CHECK(parse_schedule("zb-h1") == PipeSchedule::zb_h1);
+  CHECK(splits_backward(PipeSchedule::zb_h1));
+  CHECK(!splits_backward(PipeSchedule::interleaved));
+  CHECK(to_string(PipeAction{PipeOp::weight_grad, 3}) == "W3");
+}
+
 // 1F1B's closed form is what its lists need; the shapes the schedules cannot run are named.
 TEST_CASE("pipeline shapes: 1F1B's slots in closed form, and the shapes refused", "[pipeline]") {
   for (int P = 1; P <= 6; ++P)

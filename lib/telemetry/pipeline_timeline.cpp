@@ -37,6 +37,35 @@ std::string bubble_line(const Timeline& t) {
       duration(t.makespan), 100 * t.bubble_share());
 }
 
+// Whether the backward runs split (ZB-H1): then the weight-gradient passes are drawn too.
+bool has_weight_passes(const Timeline& t) {
+  for (const auto& stage : t.stages)
+    for (const TimedAction& a : stage)
+      if (a.action.op == PipeOp::weight_grad) return true;
+  return false;
+}
+
+// A compute action's letter: F forward, B backward (its input-gradient pass with ZB-H1), W
+// weight-gradient pass; lower case for odd micro-batches.
+char letter(const PipeAction& a) {
+  const char upper = a.op == PipeOp::forward ? 'F' : a.op == PipeOp::backward ? 'B' : 'W';
+  return a.micro_batch % 2 != 0 ? static_cast<char>(upper - 'A' + 'a') : upper;
+}
+
+// A box's fill: blue forwards, orange backwards, green weight-gradient passes; later chunks
+// (interleaved) in darker shades of the same colours.
+const char* fill(const PipeAction& a) {
+  const bool dark = a.chunk % 2 != 0;
+  switch (a.op) {
+    case PipeOp::forward:
+      return dark ? "#2a4f7a" : "#4c78a8";
+    case PipeOp::weight_grad:
+      return dark ? "#37702f" : "#54a24b";
+    default:
+      return dark ? "#b35f0b" : "#f58518";
+  }
+}
+
 }  // namespace
 
 std::string render_text(const Timeline& t, int width) {
@@ -73,8 +102,7 @@ std::string render_text(const Timeline& t, int width) {
             std::max(0, static_cast<int>(std::lround((a.start - part.begin) * scale)));
         const int last =
             std::max(first + 1, static_cast<int>(std::lround((a.end - part.begin) * scale)));
-        const bool odd = a.action.micro_batch % 2 != 0;
-        const char c = a.action.op == PipeOp::forward ? (odd ? 'f' : 'F') : (odd ? 'b' : 'B');
+        const char c = letter(a.action);
         for (int i = first; i < std::min(last, part.columns); ++i)
           row[static_cast<size_t>(i)] = c;
       }
@@ -89,7 +117,11 @@ std::string render_text(const Timeline& t, int width) {
   } else {
     out += fmt::format("{:<11}{:<{}}{}\n", "", "0", width / 2, duration(span));
   }
-  out += "F/f forward, B/b backward (upper case: even micro-batch, lower case: odd), . idle\n";
+  out += has_weight_passes(t)
+             ? "F/f forward, B/b backward (input gradient), W/w weight gradient (upper case: even "
+               "micro-batch, lower case: odd), . idle\n"
+             : "F/f forward, B/b backward (upper case: even micro-batch, lower case: odd), . "
+               "idle\n";
   out += bubble_line(t) + "\n";
   return out;
 }
@@ -134,18 +166,16 @@ std::string render_svg(const Timeline& t, const std::string& title) {
         left, y, plot, row);
     for (const TimedAction& a : t.stages[s]) {
       if (!a.compute()) continue;
-      const bool forward = a.action.op == PipeOp::forward;
+      const PipeOp op = a.action.op;
       const double x0 = x_of(a.start), w = std::max(x_of(a.end) - x0, 0.5);
       svg += fmt::format(
           "<rect class=\"{}\" data-stage=\"{}\" data-op=\"{}\" data-micro-batch=\"{}\" "
           "x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"{}\" "
           "stroke=\"#ffffff\" stroke-width=\"0.5\" data-chunk=\"{}\"/>\n",
-          forward ? "forward" : "backward", s, forward ? "forward" : "backward",
-          a.action.micro_batch, x0, y, w, row,
-          // Later chunks (interleaved) in darker shades of the same colours.
-          forward ? (a.action.chunk % 2 ? "#2a4f7a" : "#4c78a8")
-                  : (a.action.chunk % 2 ? "#b35f0b" : "#f58518"),
-          a.action.chunk);
+          op == PipeOp::forward    ? "forward"
+          : op == PipeOp::backward ? "backward"
+                                   : "weight",
+          s, op_name(op), a.action.micro_batch, x0, y, w, row, fill(a.action), a.action.chunk);
       if (w >= 14)
         svg += fmt::format(
             "<text x=\"{:.2f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#ffffff\" "
@@ -179,11 +209,19 @@ std::string render_svg(const Timeline& t, const std::string& title) {
       "x=\"{:.0f}\" "
       "y=\"{:.1f}\">backward</text>\n",
       left + 90, legend_y - 10, left + 106, legend_y);
+  double idle_x = left + 190;
+  if (has_weight_passes(t)) {
+    svg += fmt::format(
+        "<rect x=\"{:.0f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"#54a24b\"/><text "
+        "x=\"{:.0f}\" y=\"{:.1f}\">weight gradient</text>\n",
+        idle_x, legend_y - 10, idle_x + 16, legend_y);
+    idle_x += 130;
+  }
   svg += fmt::format(
       "<rect x=\"{:.0f}\" y=\"{:.1f}\" width=\"12\" height=\"12\" fill=\"#e8e8e8\"/><text "
       "x=\"{:.0f}\" "
       "y=\"{:.1f}\">idle (waiting for a peer or done)</text>\n",
-      left + 190, legend_y - 10, left + 206, legend_y);
+      idle_x, legend_y - 10, idle_x + 16, legend_y);
   svg += "</svg>\n";
   return svg;
 }

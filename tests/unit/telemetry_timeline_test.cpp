@@ -66,3 +66,61 @@ TEST_CASE("the SVG timeline: a box per forward and backward of every stage, none
       CHECK(stage[i].first >= stage[i - 1].second - 0.011);  // printed to 0.01 px
   }
 }
+
+// ZB-H1 (pp2 over 2 micro-batches, F = B = W = 1 s, buffered sends): stage 1 runs B0 then F1,
+// holding W0 back until after B1; stage 0 runs each W right after its B. 7 s, 2 of the 14 stage
+// seconds idle.
+TEST_CASE("the text timeline of ZB-H1 draws the weight-gradient passes as W and w",
+          "[telemetry][pipeline]") {
+  Timeline t = simulate(pipeline_lists({2, 2, PipeSchedule::zb_h1, 1}),
+                        std::vector<StageTimes>(2, StageTimes{1.0, 1.0, 1.0}), 0, true);
+  t.schedule = "zb-h1";
+  const std::string text = render_text(t, 28);
+  INFO(text);
+  CHECK(text.find("stage 0   |FFFFffff....BBBBWWWWbbbbwwww|") != std::string::npos);
+  CHECK(text.find("stage 1   |....FFFFBBBBffffbbbbWWWWwwww|") != std::string::npos);
+  CHECK(text.find("W/w weight gradient") != std::string::npos);
+  CHECK(text.find("B/b backward (input gradient)") != std::string::npos);
+  CHECK(text.find("zb-h1, 2 stages, 2 micro-batches: step 7 s, bubble 14.3%") != std::string::npos);
+  // 1F1B's legend has no W.
+  CHECK(render_text(run(2, 2, {1.0, 2.0}), 18).find("W/w") == std::string::npos);
+}
+
+TEST_CASE(
+    "the SVG timeline of ZB-H1: forward, backward and weight-gradient boxes, none overlapping",
+    "[telemetry][pipeline]") {
+  const Timeline t = simulate(pipeline_lists({4, 8, PipeSchedule::zb_h1, 1}),
+                              std::vector<StageTimes>(4, StageTimes{1e-3, 1e-3, 1e-3}), 1e-4, true);
+  const std::string svg = render_svg(t, "gpt pp4 zb-h1");
+  const std::regex box(
+      "class=\"(\\w+)\" data-stage=\"(\\d+)\" data-op=\"(forward|backward|weight_grad)\" "
+      "data-micro-batch=\"(\\d+)\" x=\"([0-9.]+)\" y=\"[0-9.]+\" width=\"([0-9.]+)\" "
+      "height=\"[0-9]+\" fill=\"(#[0-9a-f]+)\"");
+  std::vector<std::vector<std::pair<double, double>>> spans(4);
+  std::vector<int> weight_boxes(4, 0);
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), box); it != std::sregex_iterator();
+       ++it) {
+    const size_t stage = static_cast<size_t>(std::stoi((*it)[2]));
+    const double x = std::stod((*it)[5]), w = std::stod((*it)[6]);
+    spans.at(stage).push_back({x, x + w});
+    if ((*it)[3] == "weight_grad") {
+      ++weight_boxes[stage];
+      CHECK((*it)[1] == "weight");
+      CHECK((*it)[7] == "#54a24b");  // green, apart from forward blue and backward orange
+    } else {
+      CHECK((*it)[7] != "#54a24b");
+    }
+  }
+  for (size_t s = 0; s < 4; ++s) {
+    INFO("stage " << s);
+    CHECK(weight_boxes[s] == 8);
+    REQUIRE(spans[s].size() == 24);
+    std::sort(spans[s].begin(), spans[s].end());
+    for (size_t i = 1; i < spans[s].size(); ++i)
+      CHECK(spans[s][i].first >= spans[s][i - 1].second - 0.011);  // printed to 0.01 px
+  }
+  CHECK(svg.find(">weight gradient</text>") != std::string::npos);
+  CHECK(svg.find(">idle (waiting for a peer or done)</text>") != std::string::npos);
+  // 1F1B's page has no weight-gradient legend.
+  CHECK(render_svg(run(4, 8, {1e-3, 2e-3}), "1f1b").find("weight gradient") == std::string::npos);
+}

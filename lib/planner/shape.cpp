@@ -62,7 +62,8 @@ ModelShape shape_of(const recipe::Recipe& r) {
   s.attention_flops = s.attention_linear_flops + 4.0 * s.T * s.H * s.D;
   s.dense_mlp_flops = 2.0 * C * s.F1 + 2.0 * s.F * C;
   s.moe_expert_flops = s.K * (2.0 * C * s.EF1 + 2.0 * s.EF * C);
-  s.moe_flops = 2.0 * C * s.E + s.moe_expert_flops;
+  s.moe_router_flops = 2.0 * C * s.E;
+  s.moe_flops = s.moe_router_flops + s.moe_expert_flops;
   s.head_flops = 2.0 * C * s.V;
   return s;
 }

@@ -41,9 +41,10 @@ struct ModelShape {
   int64_t total() const;
 
   // Forward FLOPs per token (matmuls, attention non-causal 4*T*H*D, MoE: top_k experts).
-  double attention_flops = 0;  // per layer: qkv, proj, scores and values
-  double dense_mlp_flops = 0;  // per dense layer
-  double moe_flops = 0;        // per MoE layer: router + top_k experts
+  double attention_flops = 0;   // per layer: qkv, proj, scores and values
+  double dense_mlp_flops = 0;   // per dense layer
+  double moe_flops = 0;         // per MoE layer: router + top_k experts
+  double moe_router_flops = 0;  // of which the router: 2 C E
   // The parts of the above that are linear layers (fp8-eligible): qkv and proj; the experts.
   double attention_linear_flops = 0;
   double moe_expert_flops = 0;

@@ -1,9 +1,9 @@
 // The time model of one optimizer step (docs/planner.md, "Time"):
 //   stage time per micro-batch = compute + tensor-parallel all-reduces + expert all-to-alls
 //                                + context-parallel ring passes
-//   step = the 1F1B schedule of m micro-batches run on those stage times, with blocking
-//          pipeline sends between them (layout/timeline.hpp: (m + pp - 1) stage times for equal
-//          stages and free sends)
+//   step = the layout's pipeline schedule (1F1B, interleaved or ZB-H1) of m micro-batches run
+//          on those stage times, with the pipeline sends between them (layout/timeline.hpp: 1F1B
+//          takes (m + pp - 1) stage times for equal stages and free sends)
 //        + data-parallel gradient sync not hidden behind the last micro-batch's backward
 // Collectives are rings: an all-reduce moves 2(d-1)/d of the buffer per GPU, a reduce-scatter or
 // all-gather (d-1)/d, each over the slowest link its group spans, at kLinkEfficiency of nominal.
@@ -52,11 +52,11 @@ double ring_seconds(double bytes, int group, const Link& link, double passes) {
   return steps / group * bytes / link.bytes_per_s + steps * link.latency_s;
 }
 
-// The interleaved schedule's sends do not wait for the peer (Trainer, Communicator::isend). On
-// NCCL they still do until sends get a stream of their own: there the planner is optimistic by
-// the waits (the lists run either way).
+// The interleaved and ZB-H1 schedules' sends do not wait for the peer (Trainer,
+// Communicator::isend). On NCCL they still do until sends get a stream of their own: there the
+// planner is optimistic by the waits (the lists run either way).
 bool buffered_sends(const PipelineShape& shape) {
-  return shape.schedule == PipeSchedule::interleaved;
+  return shape.schedule == PipeSchedule::interleaved || shape.schedule == PipeSchedule::zb_h1;
 }
 
 }  // namespace
@@ -173,9 +173,18 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
             : 0.0;
     const double total = compute + tp_comm + ep_comm + cp_comm + p2p;
     // The schedule's view: a forward is one of the `passes` forward-equivalents, the backward
-    // (with its recompute) the rest; the sends are the schedule's own.
+    // (with its recompute) the rest; the sends are the schedule's own. The backward splits into
+    // B and W (StageTimes): W is the blocks' weight gradients, one GEMM of each linear layer's
+    // forward FLOPs (qkv, proj, fc1, fc2; the router and every expert's fc1 and fc2), and the
+    // embedding's backward (a scatter of rows, no FLOPs counted, as in the forward); B is the
+    // rest, the collectives and the head's whole backward included. Only ZB-H1 runs them apart:
+    // other schedules run B + W as one backward, the same figure as before the split.
     const double work = total - p2p;
-    t.stage_times.push_back({work / passes, work * (passes - 1.0) / passes});
+    const double weight =
+        (n * linear_flops / linear_flops_per_s + n * moe * s.moe_router_flops / flops_per_s) /
+        lay.tp;
+    const double backward = work * (passes - 1.0) / passes;
+    t.stage_times.push_back({work / passes, backward - weight, weight});
     RankSum& rank = ranks[static_cast<size_t>(stage % lay.pp)];
     rank.total += total;
     rank.compute += compute;

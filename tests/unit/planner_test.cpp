@@ -364,8 +364,10 @@ TEST_CASE("the planner's step is its pipeline timeline's") {
   CHECK(t.step_s == Approx(timeline.makespan + t.dp_exposed_s));
   double slowest = 0;
   for (const StageTimes& s : t.stage_times)
-    slowest = std::max(slowest, s.forward + s.backward + 2 * t.pp_transfer_s);
-  auto total = [&](size_t s) { return t.stage_times[s].forward + t.stage_times[s].backward; };
+    slowest = std::max(slowest, s.forward + s.backward + s.weight + 2 * t.pp_transfer_s);
+  auto total = [&](size_t s) {
+    return t.stage_times[s].forward + t.stage_times[s].backward + t.stage_times[s].weight;
+  };
   CHECK(total(3) > 1.05 * total(1));  // the head: about one more layer on 8
   CHECK(timeline.makespan >= 64 * slowest * (1 - 1e-9));
   CHECK(timeline.makespan < (64 + 4 - 1) * slowest);

@@ -57,10 +57,11 @@ ClusterChoice choose_cluster(const PlanOptions& options, const recipe::LoadedRec
 }
 
 // --layout "tp=8,pp=2,zero=1": the recipe's layout with the keys given replaced; dp, when not
-// given, is what is left of the cluster's GPUs. Throws std::invalid_argument naming the item.
+// given, is what is left of the cluster's GPUs; "schedule=zb-h1" the pipeline schedule, "v=2"
+// the interleaved schedule's chunks per rank. Throws std::invalid_argument naming the item.
 planner::Variant parse_layout(const std::string& text, const recipe::Recipe& r, int world) {
   planner::Variant v = planner::recipe_layout(r);
-  bool dp_given = false;
+  bool dp_given = false, schedule_given = false, virtual_given = false;
   std::string_view rest = text;
   while (!rest.empty()) {
     const size_t comma = rest.find(',');
@@ -84,6 +85,15 @@ planner::Variant parse_layout(const std::string& text, const recipe::Recipe& r, 
             fmt::format("--layout recompute={}: use none, selective or full", value));
       continue;
     }
+    if (key == "schedule" || key == "pp_schedule") {  // 1f1b, interleaved (with v=N) or zb-h1
+      const std::optional<PipeSchedule> schedule = parse_schedule(value);
+      if (!schedule)
+        throw std::invalid_argument(
+            fmt::format("--layout {}={}: use 1f1b, interleaved (with v=N) or zb-h1", key, value));
+      v.pp_schedule = *schedule;
+      schedule_given = true;
+      continue;
+    }
     int number = 0;
     const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), number);
     if (error != std::errc() || end != value.data() + value.size() || number < 0)
@@ -101,7 +111,7 @@ planner::Variant parse_layout(const std::string& text, const recipe::Recipe& r, 
       v.zero = number;
     else if (key == "v" || key == "pp_virtual") {  // the interleaved schedule's chunks per rank
       v.pp_virtual = number;
-      v.pp_schedule = number > 1 ? PipeSchedule::interleaved : PipeSchedule::one_f_one_b;
+      virtual_given = true;
     } else if (key == "sp" || key == "sequence_parallel") {
       if (number > 1)
         throw std::invalid_argument(fmt::format("--layout {}={}: use 0 or 1", key, value));
@@ -114,10 +124,17 @@ planner::Variant parse_layout(const std::string& text, const recipe::Recipe& r, 
     } else {
       throw std::invalid_argument(fmt::format(
           "--layout key '{}' is unknown: use tp, pp, dp, ep, cp, zero, sp, mb, v (interleaved "
-          "chunks per stage) and recompute",
+          "chunks per stage), schedule (1f1b, interleaved or zb-h1) and recompute",
           key));
     }
   }
+  // v=N alone picks the schedule its chunks need (interleaved for N > 1, else 1F1B); schedule=S
+  // alone runs the recipe's chunks when S is interleaved, else one chunk per rank. Both given:
+  // as given (a mismatch is the preview's problem to name).
+  if (virtual_given && !schedule_given)
+    v.pp_schedule = v.pp_virtual > 1 ? PipeSchedule::interleaved : PipeSchedule::one_f_one_b;
+  if (schedule_given && !virtual_given && v.pp_schedule != PipeSchedule::interleaved)
+    v.pp_virtual = 1;
   const int64_t others = int64_t{v.tp} * v.pp * v.ep * v.cp;
   if (!dp_given && others > 0 && world % others == 0) v.dp = static_cast<int>(world / others);
   if (v.micro_batch < 1)

@@ -10,8 +10,10 @@
 //   optimizer     its part of the ZeRO partition (model::zero_partition, the engine's own
 //                 function: dp parts cut at row boundaries of the flat buffer), all of it
 //                 without ZeRO;
-//   activations   Transformer::assign(): every tensor of every activation slot (1F1B micro-
-//                 batches in flight on the stage) rounded to 64 bytes as the arena does.
+//   activations   Transformer::assign(): every tensor of every activation slot (the
+//                 schedule's micro-batches in flight on the stage; with ZB-H1 each slot also
+//                 keeps the output gradients its weight-gradient pass W needs) rounded to 64 bytes
+//                 as the arena does.
 // Tensor parallelism shards only what the engine shards: qkv, attention output, MLP/expert hidden
 // and the logits. The engine has no sequence parallelism, so [N, C] tensors (residual stream,
 // norm outputs) are whole on every tp rank (Korthikanti et al. 2022's sbh(10 + 24/t), not 34/t;
@@ -177,6 +179,32 @@ Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, trainctl:
   unless_full(rows * static_cast<double>(s.EF1 / tp), z.storage);  // expert fc1 output
   if_none(rows * static_cast<double>(s.EF / tp), z.storage);       // expert activation
   return t;
+}
+
+// ZB-H1's stash (a split backward): what B leaves in a slot for W, per layer, all kept until the
+// micro-batch's W: the output gradients of the block's GEMMs and, with sequence parallelism, the
+// gathered inputs W multiplies them with (B gathered them already). `common_only`: the attention
+// part alone (every layer has it); else with the dense MLP's or the MoE's part.
+double split_backward_stash(const ModelShape& s, const Sizes& z, bool moe, int64_t N, bool sp,
+                            int tp, int cp, bool common_only = false) {
+  const double n = static_cast<double>(N);
+  auto take = [&](double rows, double columns) { return round64(rows * columns * z.storage); };
+  double bytes = take(n, static_cast<double>(s.W / tp));  // qkv output gradient
+  bytes += take(n, s.C);                                  // proj output gradient
+  if (sp) bytes += take(n, s.C);                          // qkv's gathered input
+  if (common_only) return bytes;
+  if (!moe) {
+    bytes += take(n, static_cast<double>(s.F1 / tp));  // fc1 output gradient
+    bytes += take(n, s.C);                             // fc2 output gradient
+    if (sp) bytes += take(n, s.C);                     // fc1's gathered input
+    return bytes;
+  }
+  const double rows = static_cast<double>(s.E * expert_capacity(s, N, cp));  // every expert's
+  bytes += take(n, s.E);                                 // router logit gradient
+  bytes += take(rows, static_cast<double>(s.EF1 / tp));  // expert fc1 output gradients
+  bytes += take(rows, s.C);                              // expert fc2 output gradients
+  if (sp) bytes += take(n, s.C);                         // the router's gathered input
+  return bytes;
 }
 
 // Scratch shared by all layers and slots of the stage (assign()'s third arena).
@@ -394,6 +422,14 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   const Tally common = block_activations(s, z, false, lay.recompute, N, R, lay.tp, lay.cp, true);
   kept += common.kept * depth + (d.kept - common.kept) * dense_positions +
           (e.kept - common.kept) * moe_positions;
+  if (splits_backward(lay.pp_schedule)) {  // ZB-H1: every slot also holds its W's inputs
+    const double stash = split_backward_stash(s, z, false, N, sp, lay.tp, lay.cp, true);
+    kept += stash * depth;
+    if (dense_positions > 0)
+      kept += (split_backward_stash(s, z, false, N, sp, lay.tp, lay.cp) - stash) * dense_positions;
+    if (moe_positions > 0)
+      kept += (split_backward_stash(s, z, true, N, sp, lay.tp, lay.cp) - stash) * moe_positions;
+  }
   // The shared region is rewound per layer: its peak is the largest layer's.
   for (int j = 0; j < depth; ++j)
     shared_peak = std::max(shared_peak,
@@ -403,10 +439,11 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   if (st.last) kept += 2 * round64(rows * z.stats) + round64(rows * s.C * z.storage);  // final norm
 
   // The schedule's slots (pipeline_slots): 1F1B's stage i has min(pp - i, micro-batches per step)
-  // forwards outstanding at its peak; interleaved more, each of a chunk.
+  // forwards outstanding at its peak; interleaved more, each of a chunk; ZB-H1 min(pp,
+  // micro-batches) on every stage (a slot is held from the forward to the W).
   const PipelineShape pipeline = lay.pipeline(r);
   m.in_flight = pipeline.problem().empty()
-                    ? schedule_of(pipeline).slots[static_cast<size_t>(stage)]
+                    ? schedule_slots(pipeline, stage)
                     : std::max(1, std::min(lay.pp - stage, pipeline.micro_batches));
   m.activations_kept = kept * m.in_flight;
   m.activations = m.activations_kept + shared_peak + stage_scratch(s, z, st, lay, N, R);

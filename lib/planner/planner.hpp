@@ -39,7 +39,8 @@ struct Variant : Layout {
   Variant() = default;
   Variant(int tp, int pp, int dp, int ep, int micro_batch, int zero = 0,
           Recompute recompute = Recompute::none);
-  // "tp=8 pp=2 dp=4 ep=1 mb=1 zero=0 recompute=full", and " sp=1" with sequence parallelism
+  // "tp=8 pp=2 dp=4 ep=1 mb=1 zero=0 recompute=full", and " sp=1" with sequence parallelism,
+  // " interleaved=2" with two chunks per rank, " schedule=zb-h1" with ZB-H1
   std::string describe() const;
   // The GPUs one copy of the model spans (tp * pp * cp): fewer is the ties' second criterion.
   int gpus_per_replica() const { return tp * pp * cp; }
@@ -50,14 +51,21 @@ struct Variant : Layout {
 // experts % ep; global_batch % (micro_batch * dp * ep)) for `layout`. Empty when valid, else
 // the first broken rule as a formula, e.g. "model.heads % tp = 32 % 3 = 2 != 0".
 std::string check_divisibility(const recipe::Recipe& recipe, const Variant& layout);
+// What the engine refuses of the layout's pipeline schedule: ZB-H1 (parallel.pp_schedule zb-h1)
+// with pp < 2 or pp_virtual != 1 (its shape's rules, PipelineShape::problem), with ZeRO-2 or 3,
+// or with recompute other than none. Empty when allowed, else the first rule it breaks in the
+// recipe's words, e.g. "parallel.pp_schedule zb-h1 needs parallel.zero <= 1 (got 2): ...". The
+// search never proposes such a layout; a preview of one says why it does not run.
+std::string schedule_problem(const recipe::Recipe& recipe, const Variant& layout);
 
 // ---- memory
 // --------------------------------------------------------------------------------------
 // Bytes per GPU of one rank. Params, grads, optimizer and activations are what the engine
 // allocates on that rank (lib/model ParamStore::bytes, Transformer::activation_bytes), exactly:
 // tests/unit/planner_memory_test.cpp builds every rank of tp, pp, dp with ZeRO-1 and ep layouts
-// and compares. Activations include the micro-batches in flight under 1F1B: stage i holds
-// min(pp - i, micro-batches per step).
+// and compares. Activations include the micro-batches in flight under the schedule: with 1F1B
+// stage i holds min(pp - i, micro-batches per step); with ZB-H1 every stage min(pp, micro-batches
+// per step), each slot also keeping what its weight-gradient pass needs.
 struct MemoryEstimate {
   double params = 0, grads = 0, optimizer = 0;
   double activations = 0;       // kept for backward x in flight, plus one set of scratch
@@ -68,7 +76,7 @@ struct MemoryEstimate {
   double overhead = 0;  // CUDA context, library workspaces (0 on a CPU machine)
   int worst_stage = 0;  // the pipeline stage of the rank described
   int in_flight = 1;    // activation sets in flight on that stage: micro-batches, or chunks of one
-                        // with the interleaved schedule (pipeline_slots)
+                        // with the interleaved schedule (pipeline_slots); ZB-H1: min(pp, m)
   double total() const {
     return params + grads + optimizer + activations + comm_buffers + overhead;
   }
@@ -180,6 +188,11 @@ inline constexpr int kMinContextTokens = 4096;
 // The search tries the interleaved schedule for a variant only where 1F1B's bubble is large
 // enough that removing part of it could move the step by this share (1%).
 inline constexpr double kMinBubbleGain = 0.01;
+// ZB-H1 cuts 1F1B's bubble of (pp - 1)(F + B + W) stage passes to (pp - 1)(F + B - W) (Qi et al.
+// 2024; F forward, B input-gradient, W weight-gradient pass), by 2W / (F + B + W) of it: at most
+// two thirds, since the planner's W (the forward's GEMMs again) is at most F and B. The search
+// tries it for a variant only where that share of 1F1B's bubble reaches kMinBubbleGain.
+inline constexpr double kZbH1MaxBubbleCut = 2.0 / 3.0;
 
 struct SearchOptions {
   std::vector<trainctl::Recompute> recompute{
@@ -189,6 +202,9 @@ struct SearchOptions {
   // Model chunks per pipeline rank tried where pp > 1: 1 is 1F1B, more the interleaved schedule
   // (where the micro-batches come in groups of pp and every chunk gets a layer).
   std::vector<int> pp_virtual{1, 2};
+  // The ZB-H1 schedule (a split backward) tried where pp > 1 and the engine allows it: ZeRO 0 or
+  // 1, recompute none (schedule_problem).
+  bool zb_h1 = true;
   int max_micro_batch =
       64;  // micro-batch sizes tried: divisors of the per-replica batch up to this
   TimeOptions time;

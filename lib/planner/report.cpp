@@ -21,6 +21,7 @@ std::string degrees(const Variant& l) {
   if (l.ep > 1) s += fmt::format(" ep={}", l.ep);
   if (l.sequence_parallel) s += " sp";
   if (l.pp_virtual > 1) s += fmt::format(" v{}", l.pp_virtual);  // interleaved chunks per stage
+  if (l.pp_schedule == PipeSchedule::zb_h1) s += " zb";          // ZB-H1: split backward
   return s;
 }
 

@@ -50,7 +50,9 @@ std::string Variant::describe() const {
                      micro_batch, zero, recipe::to_string(recompute),
                      cp > 1 ? fmt::format(" cp={}", cp) : std::string(),
                      sequence_parallel ? " sp=1" : "",
-                     pp_virtual > 1 ? fmt::format(" interleaved={}", pp_virtual) : std::string());
+                     pp_virtual > 1 ? fmt::format(" interleaved={}", pp_virtual)
+                     : pp_schedule == PipeSchedule::zb_h1 ? std::string(" schedule=zb-h1")
+                                                          : std::string());
 }
 
 PipelineShape Variant::pipeline(const recipe::Recipe& r) const {
@@ -97,6 +99,22 @@ std::string check_divisibility(const recipe::Recipe& r, const Variant& l) {
   return {};
 }
 
+std::string schedule_problem(const recipe::Recipe& r, const Variant& l) {
+  if (l.pp_schedule != PipeSchedule::zb_h1) return {};
+  if (const std::string problem = l.pipeline(r).problem(); !problem.empty()) return problem;
+  if (l.zero >= 2)
+    return fmt::format(
+        "parallel.pp_schedule zb-h1 needs parallel.zero <= 1 (got {}); use zero 0 or 1, or "
+        "another pp_schedule",
+        l.zero);
+  if (l.recompute != trainctl::Recompute::none)
+    return fmt::format(
+        "parallel.pp_schedule zb-h1 needs parallel.recompute: none (got {}); drop the recompute, "
+        "or use another pp_schedule",
+        recipe::to_string(l.recompute));
+  return {};
+}
+
 topology::ClusterSpec cpu_machine() {
   topology::ClusterSpec c;
   c.name = "this machine (CPU)";
@@ -134,6 +152,20 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
   const std::vector<int> ep_choices =
       r.model.moe.experts > 0 ? divisors(r.model.moe.experts) : std::vector<int>{1};
 
+  // The pipeline schedules tried where pp > 1, 1F1B first (the others are pruned by its bubble).
+  struct ScheduleChoice {
+    PipeSchedule schedule;
+    int chunks;
+  };
+  std::vector<ScheduleChoice> schedules;
+  for (const int chunks : options.pp_virtual)
+    schedules.push_back(
+        {chunks > 1 ? PipeSchedule::interleaved : PipeSchedule::one_f_one_b, chunks});
+  if (options.zb_h1) schedules.push_back({PipeSchedule::zb_h1, 1});
+  std::stable_partition(schedules.begin(), schedules.end(), [](const ScheduleChoice& c) {
+    return c.schedule == PipeSchedule::one_f_one_b;
+  });
+
   int smallest_replicas = std::numeric_limits<int>::max();
   for (int tp : divisors(world)) {
     for (int pp : divisors(world / tp)) {
@@ -169,31 +201,41 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
               if (zero && dp * cp == 1) continue;  // ZeRO shards over dp x cp: nothing to shard
               for (trainctl::Recompute mode : options.recompute)
                 for (const bool sp : options.sequence_parallel) {
-                  // The bubble of the variant's 1F1B schedule, of its step (-1: not simulated).
+                  // Sequence parallel splits the tokens over tp: only with tp > 1 and whole
+                  // shares.
+                  if (sp && (tp == 1 || r.model.seq_len % tp != 0)) continue;
+                  // The bubble of the variant's 1F1B schedule, of its step (-1: not simulated),
+                  // and whether 1F1B did not fit or could not beat the tuple's best: then
+                  // neither can ZB-H1, whose memory is at least 1F1B's on every stage (more
+                  // slots, each larger) and whose lower bound (the same stage times) is the same.
                   double one_f_one_b_bubble = -1;
-                  for (const int chunks : options.pp_virtual) {
-                    // Sequence parallel splits the tokens over tp: only with tp > 1 and whole
-                    // shares.
-                    if (sp && (tp == 1 || r.model.seq_len % tp != 0)) continue;
+                  bool one_f_one_b_lost = false;
+                  for (const ScheduleChoice& choice : schedules) {
+                    const int chunks = choice.chunks;
                     if (chunks > 1 &&
                         (pp == 1 || per_replica / mb % pp != 0 || pp * chunks > r.model.layers))
                       continue;
-                    // Chunks shrink the bubble by at most (1 - 1 / chunks); where 1F1B's was
-                    // simulated and that is under kMinBubbleGain of its step, they cannot matter.
-                    if (chunks > 1 && one_f_one_b_bubble >= 0 &&
-                        one_f_one_b_bubble * (1.0 - 1.0 / chunks) < kMinBubbleGain)
+                    const bool zb = choice.schedule == PipeSchedule::zb_h1;
+                    if (zb && (pp == 1 || zero >= 2 || mode != trainctl::Recompute::none))
+                      continue;  // what the engine refuses (schedule_problem)
+                    if (zb && one_f_one_b_lost) continue;
+                    // Chunks shrink the bubble by at most (1 - 1 / chunks), ZB-H1 by at most
+                    // kZbH1MaxBubbleCut; where 1F1B's was simulated and that is under
+                    // kMinBubbleGain of its step, they cannot matter.
+                    const double cut = zb ? kZbH1MaxBubbleCut : 1.0 - 1.0 / chunks;
+                    if (choice.schedule != PipeSchedule::one_f_one_b && one_f_one_b_bubble >= 0 &&
+                        one_f_one_b_bubble * cut < kMinBubbleGain)
                       continue;
                     Variant l{tp, pp, dp, ep, mb, zero, mode};
                     l.cp = cp;
                     l.sequence_parallel = sp;
-                    if (chunks > 1) {
-                      l.pp_schedule = PipeSchedule::interleaved;
-                      l.pp_virtual = chunks;
-                    }
+                    l.pp_schedule = choice.schedule;
+                    l.pp_virtual = chunks;
                     ++plan.variants_evaluated;
                     ++tried;
                     const MemoryEstimate mem = estimate_memory(r, cluster, l, options.memory);
                     if (mem.total() > capacity) {
+                      one_f_one_b_lost |= choice.schedule == PipeSchedule::one_f_one_b;
                       if (mem.total() < closest) {
                         closest = mem.total();
                         closest_layout = l;
@@ -204,7 +246,12 @@ Plan make_plan(const recipe::Recipe& r, const topology::ClusterSpec& cluster,
                     TimeOptions time_options = options.time;
                     if (found) time_options.skip_above_s = best.time.step_s;  // cannot win
                     const TimeEstimate time = estimate_time(r, cluster, l, time_options);
-                    if (chunks == 1 && !time.bound_only) one_f_one_b_bubble = time.bubble_share();
+                    if (choice.schedule == PipeSchedule::one_f_one_b) {
+                      if (time.bound_only)
+                        one_f_one_b_lost = true;
+                      else
+                        one_f_one_b_bubble = time.bubble_share();
+                    }
                     if (time.bound_only) continue;
                     if (!found || time.step_s < best.time.step_s) {
                       best = Candidate{l, mem, time, capacity - mem.total()};
@@ -299,6 +346,10 @@ Preview preview_layout(const recipe::Recipe& r, const Plan& plan, const Variant&
   const topology::ClusterSpec& cluster = plan.cluster;
   if (const std::vector<std::string> problems = layout.problems(); !problems.empty()) {
     p.problem = problems.front();
+    return p;
+  }
+  if (const std::string why = schedule_problem(r, layout); !why.empty()) {
+    p.problem = "not allowed: " + why;
     return p;
   }
   const std::string rule = check_divisibility(r, layout);

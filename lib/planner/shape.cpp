@@ -105,6 +105,12 @@ const ScheduleOfShape& schedule_of(const PipelineShape& shape) {
   return it->second;
 }
 
+int schedule_slots(const PipelineShape& shape, int stage) {
+  if (shape.schedule == PipeSchedule::one_f_one_b) return pipeline_slots(shape, stage);
+  if (shape.schedule == PipeSchedule::zb_h1) return std::min(shape.stages, shape.micro_batches);
+  return schedule_of(shape).slots[static_cast<size_t>(stage)];
+}
+
 StageLayers stage_layers(const recipe::Recipe& r, int stage, int pp) {
   const std::vector<int>& given = r.parallel.pp_layers;
   const bool use_given = static_cast<int>(given.size()) == pp;

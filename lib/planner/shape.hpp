@@ -71,6 +71,12 @@ struct ScheduleOfShape {
   std::vector<int> slots;
 };
 const ScheduleOfShape& schedule_of(const PipelineShape& shape);
+// The activation slots of stage `stage` (schedule_of(shape).slots[stage]) without building the
+// lists where the schedule has a closed form (pipeline.hpp): 1F1B min(P - s, M), ZB-H1 min(P, M)
+// on every stage (a slot held from the forward to the W). The memory model asks for every
+// variant, most of which are never simulated; planner_zb_h1_test holds ZB-H1's to plan_slots.
+// The shape must run (PipelineShape::problem empty).
+int schedule_slots(const PipelineShape& shape, int stage);
 
 // A duration for people: "12.3 us", "4.5 ms", "1.23 s".
 std::string seconds(double s);

@@ -7,7 +7,8 @@ as an SVG page. A run with logging.timeline_step writes timeline.json (every sta
 actions, transfers included, and the planner's schedule for the same layout) and timeline.svg
 beside metrics.jsonl. Every stage's actions follow each other in time; both pages, rendered by
 headless Chromium, show each stage's row with its forward (blue) and backward (orange) boxes, and
-no two boxes of a stage overlap. Bad input exits 2 before anything is written: an SVG path in a
+no two boxes of a stage overlap. The planner's ZB-H1 picture (`--layout ...,schedule=zb-h1`) adds
+the weight-gradient passes: W/w in the text, green boxes in the SVG, on every stage. Bad input exits 2 before anything is written: an SVG path in a
 folder that does not exist, a timeline_step past training.steps."""
 import json
 import os
@@ -19,12 +20,14 @@ from cli_util import check
 H100 = "configs/clusters/dgx-h100.yaml"
 FORWARD_BLUE = (0x4C, 0x78, 0xA8)
 BACKWARD_ORANGE = (0xF5, 0x85, 0x18)
+WEIGHT_GREEN = (0x54, 0xA2, 0x4B)
 
 
 def boxes(svg):
-    """{stage: [(x0, x1, y, op, micro_batch)]} of the page's forward and backward boxes."""
+    """{stage: [(x0, x1, y, op, micro_batch)]} of the page's forward, backward and (ZB-H1)
+    weight-gradient boxes."""
     found = {}
-    for m in re.finditer(r'data-stage="(\d+)" data-op="(forward|backward)" '
+    for m in re.finditer(r'data-stage="(\d+)" data-op="(forward|backward|weight_grad)" '
                          r'data-micro-batch="(\d+)" x="([0-9.]+)" y="([0-9.]+)" '
                          r'width="([0-9.]+)"', svg):
         x, w = float(m.group(4)), float(m.group(6))
@@ -33,17 +36,21 @@ def boxes(svg):
     return found
 
 
-def check_page(path, stages, micro_batches, label, tmp):
-    """The SVG has 2 m boxes per stage, none overlapping another of its stage, and Chromium
-    draws each stage's row with both colours."""
+def check_page(path, stages, micro_batches, label, tmp, weight=False):
+    """The SVG has 2 m boxes per stage (3 m with the weight-gradient passes), none overlapping
+    another of its stage, and Chromium draws each stage's row with both colours (all three)."""
+    per_micro_batch = 3 if weight else 2
     with open(path, encoding="utf-8") as f:
         svg = f.read()
     check(svg.startswith('<svg xmlns="http://www.w3.org/2000/svg"'), f"{label}: not an SVG page")
     found = boxes(svg)
     check(sorted(found) == list(range(stages)), f"{label}: stages {sorted(found)}")
     for stage, spans in found.items():
-        check(len(spans) == 2 * micro_batches,
-              f"{label}: stage {stage} has {len(spans)} boxes, not {2 * micro_batches}")
+        check(len(spans) == per_micro_batch * micro_batches,
+              f"{label}: stage {stage} has {len(spans)} boxes, not "
+              f"{per_micro_batch * micro_batches}")
+        check(sum(1 for s in spans if s[3] == "weight_grad") == (micro_batches if weight else 0),
+              f"{label}: stage {stage}'s weight-gradient boxes")
         spans.sort()
         for a, b in zip(spans, spans[1:]):
             check(b[0] >= a[1] - 0.011, f"{label}: stage {stage}: {a} overlaps {b}")
@@ -63,6 +70,9 @@ def check_page(path, stages, micro_batches, label, tmp):
         orange = sum(1 for p in line if near(p, BACKWARD_ORANGE))
         check(blue > 3 and orange > 3,
               f"{label}: stage {stage}'s row (y={y}) shows {blue} blue and {orange} orange pixels")
+        green = sum(1 for p in line if near(p, WEIGHT_GREEN))
+        check(green > 3 if weight else green == 0,
+              f"{label}: stage {stage}'s row (y={y}) shows {green} green pixels")
 
 
 def main(binary, root):
@@ -97,6 +107,30 @@ def main(binary, root):
         check(os.path.isfile(page) and page in result.stderr,
               f"no SVG written or named\n{result.describe()}")
         check_page(page, 4, 8, "plan --timeline-svg", tmp)
+
+        # The same layout under ZB-H1: F, B and W on every stage, a smaller bubble.
+        zb = ["plan", "recipes/tiny.yaml", "--cluster", H100, "--nodes", "2",
+              "--layout", "tp=1,pp=4,schedule=zb-h1", *[a for s in sets for a in ("--set", s)]]
+        out = cli_util.run_ok(binary, zb + ["--timeline"], root).stdout
+        check("pipeline timeline of tp=1 pp=4 dp=4" in out and "schedule=zb-h1" in out,
+              f"no zb-h1 timeline header\n{out}")
+        for stage in range(4):
+            row = re.search(rf"^stage {stage} +\|([FfBbWw.]+)( \.\.\. [FfBbWw.]+)?\|$", out, re.M)
+            check(row and re.search("[Ww]", row.group(0)), f"no W in stage {stage}'s row\n{out}")
+        check("W/w weight gradient" in out, f"no W in the legend\n{out}")
+        zb_doc = json.loads(cli_util.run_ok(binary, zb + ["--timeline", "--json"], root).stdout)
+        check(zb_doc["preview"]["runs"] and zb_doc["preview"]["layout"]["pp_schedule"] == "zb-h1",
+              f"zb-h1 preview: {zb_doc['preview']}")
+        zb_timeline = zb_doc["timeline"]
+        check(zb_timeline["schedule"] == "zb-h1", f"schedule {zb_timeline['schedule']}")
+        check(all(sorted({a["op"] for a in s}) == ["backward", "forward", "weight_grad"] and
+                  len(s) == 24 for s in zb_timeline["stages"]),
+              "each zb-h1 stage: 8 forwards, 8 backwards, 8 weight-gradient passes")
+        check(zb_timeline["bubble_share"] < timeline["bubble_share"],
+              f"zb-h1 bubble {zb_timeline['bubble_share']} vs 1f1b {timeline['bubble_share']}")
+        zb_page = os.path.join(tmp, "plan-zb.svg")
+        cli_util.run_ok(binary, zb + ["--timeline-svg", zb_page], root)
+        check_page(zb_page, 4, 8, "plan --timeline-svg (zb-h1)", tmp, weight=True)
 
         missing = os.path.join(tmp, "no-such-folder", "plan.svg")
         result = cli_util.run(binary, plan + ["--timeline-svg", missing], root)
@@ -140,7 +174,8 @@ def main(binary, root):
         check(result.rc == 2 and "logging.timeline_step <= training.steps fails: 5 > 3"
               in result.stderr, f"timeline_step past the end: expected exit 2\n{result.describe()}")
         check(not os.path.exists(late), "the run directory was created")
-        print(f"plan: bubble {100 * timeline['bubble_share']:.1f}%; run: measured "
+        print(f"plan: bubble {100 * timeline['bubble_share']:.1f}% (zb-h1: "
+              f"{100 * zb_timeline['bubble_share']:.1f}%); run: measured "
               f"{100 * measured['bubble_share']:.1f}%, planned {100 * planned['bubble_share']:.1f}%")
 
 

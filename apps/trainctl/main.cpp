@@ -142,7 +142,9 @@ int main(int argc, char** argv) {
   plan_cmd
       ->add_option("--layout", plan.layout,
                    "Score this layout first instead of the recipe's own (keys tp, pp, dp, ep, "
-                   "zero, mb, recompute; the others from the recipe, dp the remaining GPUs)")
+                   "cp, zero, sp, mb, recompute, v (interleaved chunks per rank) and schedule "
+                   "(1f1b, interleaved or zb-h1); the others from the recipe, dp the remaining "
+                   "GPUs)")
       ->type_name("tp=8,pp=2,...");
   plan_cmd->add_flag("--timeline", plan.timeline,
                      "Draw the pipeline schedule of the previewed layout (else the best) on the "

@@ -179,10 +179,15 @@ TimeEstimate estimate_time(const recipe::Recipe& r, const topology::ClusterSpec&
     // embedding's backward (a scatter of rows, no FLOPs counted, as in the forward); B is the
     // rest, the collectives and the head's whole backward included. Only ZB-H1 runs them apart:
     // other schedules run B + W as one backward, the same figure as before the split.
+    // With sequence parallelism W gathers the inputs of qkv and fc1 again (2 of the tp passes:
+    // the engine keeps its rows only), which B then does not.
     const double work = total - p2p;
+    const double regather =
+        sp ? layers_here * ring_seconds(hidden_bytes, lay.tp, tp_link, 2.0) : 0.0;
     const double weight =
         (n * linear_flops / linear_flops_per_s + n * moe * s.moe_router_flops / flops_per_s) /
-        lay.tp;
+            lay.tp +
+        regather;
     const double backward = work * (passes - 1.0) / passes;
     t.stage_times.push_back({work / passes, backward - weight, weight});
     RankSum& rank = ranks[static_cast<size_t>(stage % lay.pp)];

@@ -5,7 +5,7 @@
 // engine's ParamStore::bytes() and activation_bytes() exactly for tp2, pp2 (each stage with its
 // 1F1B activation slots), dp2 with ZeRO-1 (each dp rank's optimizer part), tp2 x pp2, ep2 and
 // ep2 x tp2 MoE, for gpt and llama shapes; estimate_memory must be the largest of them. ZB-H1's
-// cases (each slot with W's stash) run once the model has ModelParallel::split_backward.
+// cases: each slot with W's stash (ModelParallel::split_backward).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -66,18 +66,6 @@ struct Measured {
   double total() const { return params + grads + optimizer + activations; }
 };
 
-// ModelParallel::split_backward (the model keeps ZB-H1's stash for its W passes) where the model
-// has the field; false where it has not (then ZB-H1 cannot be built, and its cases wait).
-template <typename Parallel>
-bool set_split_backward(Parallel& parallel, bool split) {
-  if constexpr (requires(Parallel & p) { p.split_backward = true; }) {
-    parallel.split_backward = split;
-    return true;
-  } else {
-    return !split;
-  }
-}
-
 // Builds the engine of global rank `rank` of `layout` as lib/run/context.cpp does (ModelParallel
 // from the rank's coordinates; activation slots as the schedule needs: pipeline_slots; the
 // backward split for ZB-H1; ZeRO parts = dp).
@@ -95,8 +83,7 @@ Measured engine_rank(const recipe::Recipe& r, const planner::Variant& layout, in
   parallel.stage_layers = r.parallel.pp_layers;
   parallel.virtual_stages = layout.pp_virtual;
   parallel.activation_slots = pipeline_slots(layout.pipeline(r), at.pp);
-  if (!set_split_backward(parallel, splits_backward(layout.pp_schedule)))
-    throw std::logic_error("engine_rank: this model has no ModelParallel::split_backward");
+  parallel.split_backward = splits_backward(layout.pp_schedule);
   model::Transformer engine(r.model, cpu, layout.micro_batch, parallel);
   const model::ParamStore::Bytes bytes = engine.params().bytes();
   return {static_cast<double>(bytes.params), static_cast<double>(bytes.grads),
@@ -203,15 +190,10 @@ TEST_CASE("memory model matches the engine on interleaved pipelines (two chunks 
 }
 
 // ZB-H1: every stage holds min(pp, M) slots, each also keeping W's stash (the blocks' GEMM output
-// gradients, with sequence parallelism their gathered inputs; an MoE layer's router and expert
-// ones). Recompute none only (the engine refuses the others), dense and MoE, tp, sp, ZeRO-1.
-// Runs once the model has ModelParallel::split_backward; until then it says so and passes.
+// gradients; an MoE layer's router and expert ones; with sequence parallelism W gathers its
+// inputs again). Recompute none only (the engine refuses the others), dense and MoE, tp, sp,
+// ZeRO-1.
 TEST_CASE("memory model matches the engine on ZB-H1 pipelines (each slot keeps W's stash)") {
-  model::ModelParallel probe;
-  if (!set_split_backward(probe, true)) {
-    WARN("model::ModelParallel has no split_backward yet: the ZB-H1 cases are not run");
-    return;
-  }
   auto zb = [](planner::Variant v) {
     v.pp_schedule = PipeSchedule::zb_h1;
     return v;

@@ -76,12 +76,12 @@ double round64(double bytes) {
   return std::ceil(bytes / 64.0) * 64.0;
 }
 
-// W's stash of one slot on a stage of `layers` (the issue's list, tensor by tensor): per layer
-// the qkv and proj output gradients; a dense MLP's fc1 and fc2 output gradients; an MoE layer's
-// router logit gradient and every expert's fc1 and fc2 output gradients (capacity rows each);
-// with sequence parallelism one gathered [N, C] input per qkv, fc1 or router.
+// W's stash of one slot on a stage of `layers` (the engine's, tensor by tensor): per layer the
+// qkv and proj output gradients; a dense MLP's fc1 and fc2 output gradients; an MoE layer's
+// router logit gradient and every expert's fc1 and fc2 output gradients (capacity rows each).
+// With sequence parallelism W gathers its inputs again: nothing more is kept.
 double stash_by_hand(const recipe::Recipe& r, const std::vector<int>& layers, int micro_batch,
-                     int tp, bool sp) {
+                     int tp) {
   const recipe::ModelConfig& m = r.model;
   const double S = m.storage == tensor::DType::f32 ? 4 : 2;
   const double N = micro_batch * m.seq_len, C = m.hidden;
@@ -96,11 +96,11 @@ double stash_by_hand(const recipe::Recipe& r, const std::vector<int>& layers, in
   auto tensor = [&](double rows, double columns) { return round64(rows * columns * S); };
   double bytes = 0;
   for (const int i : layers) {
-    bytes += tensor(N, W) + tensor(N, C) + (sp ? tensor(N, C) : 0);
+    bytes += tensor(N, W) + tensor(N, C);  // (sequence parallel: W gathers its inputs again)
     if (m.moe.experts > 0 && (i + 1) % m.moe.every == 0)
-      bytes += tensor(N, E) + tensor(E * cap, F1) + tensor(E * cap, C) + (sp ? tensor(N, C) : 0);
+      bytes += tensor(N, E) + tensor(E * cap, F1) + tensor(E * cap, C);
     else
-      bytes += tensor(N, F1) + tensor(N, C) + (sp ? tensor(N, C) : 0);
+      bytes += tensor(N, F1) + tensor(N, C);
   }
   return bytes;
 }
@@ -142,7 +142,7 @@ TEST_CASE("ZB-H1 memory: every stage holds min(pp, M) slots of 1F1B's activation
         CHECK(split.in_flight == std::min(2, M));
         CHECK(base.in_flight == std::min(2 - stage, M));
         const double slot = base.activations_kept / base.in_flight;
-        const double stash = stash_by_hand(rr, {2 * stage, 2 * stage + 1}, 2, k.tp, k.sp);
+        const double stash = stash_by_hand(rr, {2 * stage, 2 * stage + 1}, 2, k.tp);
         CHECK(split.activations_kept == (slot + stash) * split.in_flight);
         // The shared region and the scratch are the same; nothing else changes.
         CHECK(split.activations - split.activations_kept ==

@@ -84,10 +84,10 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
       a.x_mid = keep_unless_full(S, {rows, C});
       a.ln2_s = {keep_unless_full(A, {rows}), keep_unless_full(A, {rows})};
       a.ln2_out = keep_if_none(S, {rows, C});
-      if (par.split_backward) a.attn_w = {kept.take(S, {N, W}), kept.take(S, {N, C})};
+      if (par.split_backward) a.attn_w = {kept.take(S, {N, C})};
       if (dense_at[i]) {
         a.mlp_s = {keep_unless_full(S, {N, dense_F1}), keep_if_none(S, {N, dense_F})};
-        if (par.split_backward) a.mlp_w = {kept.take(S, {N, dense_F1}), kept.take(S, {N, C})};
+        if (par.split_backward) a.mlp_w = {kept.take(S, {N, C})};
       }
       if (const Block* moe = moe_at[i]) {
         const Block& b = *moe;
@@ -112,9 +112,7 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
         a.moe_s.expert_out = keep_unless_full(S, {E * cap, C});
         a.moe_s.expert = {keep_unless_full(S, {E * cap, expert_F1}),
                           keep_if_none(S, {E * cap, expert_F})};
-        if (par.split_backward)
-          a.moe_w = {kept.take(S, {N, E}), kept.take(S, {E * cap, expert_F1}),
-                     kept.take(S, {E * cap, C})};
+        if (par.split_backward) a.moe_w = {kept.take(S, {E * cap, C})};
         expert_rows = E * cap;
       }
     }

@@ -355,7 +355,7 @@ void Attention::backward(Backend& be, const Tensor& dx, const Tensor& dout, cons
   const Tensor dqkv = rope ? scratch.dqkv_raw : scratch.dqkv;
   const Tensor din = sharded ? tp->partial_for(dx) : dx;
   if (defer) {
-    be.cast(defer->dqkv, dqkv);
+    be.cast(s.qkv, dqkv);  // read by the attention backward above, dead since
     qkv.backward_input(be, din, dqkv);
   } else {
     qkv.backward(be, din, dqkv, sharded ? tp->gather(x) : x);
@@ -366,7 +366,7 @@ void Attention::backward(Backend& be, const Tensor& dx, const Tensor& dout, cons
 void Attention::backward_weights(Backend& be, const Tensor& x, const Saved& s,
                                  const Deferred& defer) const {
   proj.backward_weights(be, defer.dproj, s.attn_out);
-  qkv.backward_weights(be, defer.dqkv, tp_active(tp) ? tp->gather(x) : x);
+  qkv.backward_weights(be, s.qkv, tp_active(tp) ? tp->gather(x) : x);
 }
 
 // ---- MLP ------------------------------------------------------------------------------------
@@ -408,7 +408,7 @@ void Mlp::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tens
     be.swiglu_backward(scratch.dfc1, scratch.dact, s.fc1_out);
   const Tensor din = sharded ? tp->partial_for(dx) : dx;
   if (defer) {
-    be.cast(defer->dfc1, scratch.dfc1);
+    be.cast(s.fc1_out, scratch.dfc1);  // read by the activation's backward above, dead since
     fc1.backward_input(be, din, scratch.dfc1);
   } else {
     fc1.backward(be, din, scratch.dfc1, sharded ? tp->gather(x) : x);
@@ -419,7 +419,7 @@ void Mlp::backward(Backend& be, const Tensor& dx, const Tensor& dout, const Tens
 void Mlp::backward_weights(Backend& be, const Tensor& x, const Saved& s,
                            const Deferred& defer) const {
   fc2.backward_weights(be, defer.dfc2, s.act_out);
-  fc1.backward_weights(be, defer.dfc1, tp_active(tp) ? tp->gather(x) : x);
+  fc1.backward_weights(be, s.fc1_out, tp_active(tp) ? tp->gather(x) : x);
 }
 
 // ---- MoE ------------------------------------------------------------------------------------
@@ -580,7 +580,8 @@ void Moe::backward(Backend& be, const Tensor& dx_rows, const Tensor& dout_rows,
     be.moe_permute_backward(scratch.dlogits, cp->dlogits_whole, cp->own);
   }
   if (defer) {
-    be.cast(defer->drouter, scratch.dlogits);
+    // The logits were read by the router's backward above, dead since.
+    be.cast(s.route.logits.rows(0, scratch.dlogits.shape[0]), scratch.dlogits);
     router.backward_input(be, scratch.dx_router, scratch.dlogits);
   } else {
     router.backward(be, scratch.dx_router, scratch.dlogits, split ? tp->gather(x_rows) : x_rows);
@@ -590,7 +591,7 @@ void Moe::backward(Backend& be, const Tensor& dx_rows, const Tensor& dout_rows,
 }
 
 Mlp::Deferred Moe::Deferred::expert_block(int64_t block, int64_t cap, int64_t count) const {
-  return {expert_rows(dfc1, block, cap, count), expert_rows(dfc2, block, cap, count)};
+  return {expert_rows(dfc2, block, cap, count)};
 }
 
 void Moe::backward_weights(Backend& be, const Tensor& x_rows, const Saved& s,
@@ -606,7 +607,8 @@ void Moe::backward_weights(Backend& be, const Tensor& x_rows, const Saved& s,
       be.bias_backward(fc2_bias[static_cast<size_t>(b % local)].grad, block.dfc2);
   }
   const bool split = tp_active(tp) && tp->split_rows();
-  router.backward_weights(be, defer.drouter, split ? tp->gather(x_rows) : x_rows);
+  const Tensor x = split ? tp->gather(x_rows) : x_rows;
+  router.backward_weights(be, s.route.logits.rows(0, x.shape[0]), x);
 }
 
 }  // namespace trainctl::model

@@ -5,10 +5,13 @@
 // temporaries that the caller may share between layers.
 //
 // Split backward (zero-bubble pipeline schedules): given a `Deferred`, a layer's backward computes
-// the input gradient only (and the norms' weight gradients, which need no GEMM) and copies the
-// output gradient of each of its GEMMs there; backward_weights later adds the GEMMs' weight and
-// bias gradients from those copies and the saved inputs (gathered again under sequence parallel).
-// The two passes run the same GEMMs on the same operands as one backward: the same bits.
+// the input gradient only (and the norms' weight gradients, which need no GEMM) and keeps the
+// output gradient of each of its GEMMs; backward_weights later adds the GEMMs' weight and bias
+// gradients from those and the saved inputs (gathered again under sequence parallel). The two
+// passes run the same GEMMs on the same operands as one backward: the same bits. Where a saved
+// activation of the same shape is dead once the backward has read it, the gradient takes its
+// place (qkv's in Attention::Saved::qkv, fc1's in Mlp::Saved::fc1_out, the router's in the
+// route's logits); the others go to the Deferred tensors.
 //
 // Dimension legend: N = B*T tokens of a micro-batch, C = hidden, H query heads, KV key/value heads,
 // D = head dim, F = ffn hidden, F1 = rows of fc1 (F, or 2F for SwiGLU), E experts, k = top_k,
@@ -187,8 +190,7 @@ struct Attention {
     Tensor dqkv;      // [N, (H+2KV)D]
     Tensor dqkv_raw;  // [N, (H+2KV)D] (rope only)
   };
-  struct Deferred {  // split backward: the output gradients of qkv and proj
-    Tensor dqkv;     // [N, (H+2KV)D]
+  struct Deferred {  // split backward: proj's output gradient (qkv's goes to Saved::qkv)
     Tensor dproj;    // [N, C] (whole rows under sequence parallel)
   };
   backend::AttentionShape shape(int64_t B, int64_t T) const {
@@ -216,8 +218,7 @@ struct Mlp {
     Tensor dact;  // [N, F]
     Tensor dfc1;  // [N, F1]
   };
-  struct Deferred {  // split backward: the output gradients of fc1 and fc2
-    Tensor dfc1;     // [N, F1]
+  struct Deferred {  // split backward: fc2's output gradient (fc1's goes to Saved::fc1_out)
     Tensor dfc2;     // [N, C] (whole rows under sequence parallel)
   };
   void forward(Backend& be, const Tensor& out, const Tensor& x, const Saved& saved) const;
@@ -277,11 +278,11 @@ struct Moe {
     Mlp::Scratch expert;             // [E*cap, ...], row views taken per expert
     Tensor send, recv;               // [E*cap, C] ep only: the other layout of an exchange
   };
-  struct Deferred {  // split backward: the router's logit gradients, the experts' (execution
-                     // layout)
-    Tensor drouter;  // [N, E]
-    Tensor dfc1;     // [E*cap, F1]
-    Tensor dfc2;     // [E*cap, C]
+  // Split backward: the experts' fc2 output gradients (execution layout); the router's logit
+  // gradients go to the first N rows of Saved::route.logits, the experts' fc1 ones to
+  // Saved::expert.fc1_out.
+  struct Deferred {
+    Tensor dfc2;  // [E*cap, C]
     Mlp::Deferred expert_block(int64_t block, int64_t cap, int64_t count) const;
   };
   backend::RouterLosses forward(Backend& be, const Tensor& out, const Tensor& x, Saved& saved,

@@ -181,27 +181,22 @@ Tally block_activations(const ModelShape& s, const Sizes& z, bool moe, trainctl:
   return t;
 }
 
-// ZB-H1's stash (a split backward): what B leaves in a slot for W, per layer, all kept until the
-// micro-batch's W: the output gradients of the block's GEMMs (with sequence parallelism W gathers
-// the inputs it multiplies them with again: nothing kept). `common_only`: the attention part alone
-// (every layer has it); else with the dense MLP's or the MoE's part.
-double split_backward_stash(const ModelShape& s, const Sizes& z, bool moe, int64_t N, int tp,
-                            int cp, bool common_only = false) {
+// ZB-H1's stash (a split backward): what B leaves in a slot for W, per layer, kept until the
+// micro-batch's W: the output gradients of the block's GEMMs. Those of qkv, fc1, the router and
+// the experts' fc1 take the places of saved activations of their shape that are dead by then
+// (layers.hpp); proj's, fc2's and the experts' fc2 ones are kept apart. (With sequence
+// parallelism W gathers the inputs it multiplies them with again: nothing more is kept.)
+// `common_only`: the attention part alone (every layer has it); else with the dense MLP's or the
+// MoE's part.
+double split_backward_stash(const ModelShape& s, const Sizes& z, bool moe, int64_t N, int cp,
+                            bool common_only = false) {
   const double n = static_cast<double>(N);
   auto take = [&](double rows, double columns) { return round64(rows * columns * z.storage); };
-  double bytes = take(n, static_cast<double>(s.W / tp));  // qkv output gradient
-  bytes += take(n, s.C);                                  // proj output gradient
+  double bytes = take(n, s.C);  // proj output gradient
   if (common_only) return bytes;
-  if (!moe) {
-    bytes += take(n, static_cast<double>(s.F1 / tp));  // fc1 output gradient
-    bytes += take(n, s.C);                             // fc2 output gradient
-    return bytes;
-  }
-  const double rows = static_cast<double>(s.E * expert_capacity(s, N, cp));  // every expert's
-  bytes += take(n, s.E);                                 // router logit gradient
-  bytes += take(rows, static_cast<double>(s.EF1 / tp));  // expert fc1 output gradients
-  bytes += take(rows, s.C);                              // expert fc2 output gradients
-  return bytes;
+  if (!moe) return bytes + take(n, s.C);  // fc2 output gradient
+  // Every expert's fc2 output gradients.
+  return bytes + take(static_cast<double>(s.E * expert_capacity(s, N, cp)), s.C);
 }
 
 // Scratch shared by all layers and slots of the stage (assign()'s third arena).
@@ -420,12 +415,12 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   kept += common.kept * depth + (d.kept - common.kept) * dense_positions +
           (e.kept - common.kept) * moe_positions;
   if (splits_backward(lay.pp_schedule)) {  // ZB-H1: every slot also holds its W's inputs
-    const double stash = split_backward_stash(s, z, false, N, lay.tp, lay.cp, true);
+    const double stash = split_backward_stash(s, z, false, N, lay.cp, true);
     kept += stash * depth;
     if (dense_positions > 0)
-      kept += (split_backward_stash(s, z, false, N, lay.tp, lay.cp) - stash) * dense_positions;
+      kept += (split_backward_stash(s, z, false, N, lay.cp) - stash) * dense_positions;
     if (moe_positions > 0)
-      kept += (split_backward_stash(s, z, true, N, lay.tp, lay.cp) - stash) * moe_positions;
+      kept += (split_backward_stash(s, z, true, N, lay.cp) - stash) * moe_positions;
   }
   // The shared region is rewound per layer: its peak is the largest layer's.
   for (int j = 0; j < depth; ++j)

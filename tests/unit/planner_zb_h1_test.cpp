@@ -77,18 +77,14 @@ double round64(double bytes) {
 }
 
 // W's stash of one slot on a stage of `layers` (the engine's, tensor by tensor): per layer the
-// qkv and proj output gradients; a dense MLP's fc1 and fc2 output gradients; an MoE layer's
-// router logit gradient and every expert's fc1 and fc2 output gradients (capacity rows each).
-// With sequence parallelism W gathers its inputs again: nothing more is kept.
-double stash_by_hand(const recipe::Recipe& r, const std::vector<int>& layers, int micro_batch,
-                     int tp) {
+// proj output gradient; a dense MLP's fc2 output gradient; an MoE layer's experts' fc2 output
+// gradients (capacity rows each). The output gradients of qkv, fc1, the router and the experts'
+// fc1 take the places of dead activations of their shape; with sequence parallelism W gathers
+// its inputs again: nothing more is kept.
+double stash_by_hand(const recipe::Recipe& r, const std::vector<int>& layers, int micro_batch) {
   const recipe::ModelConfig& m = r.model;
   const double S = m.storage == tensor::DType::f32 ? 4 : 2;
   const double N = micro_batch * m.seq_len, C = m.hidden;
-  const double D = m.hidden / m.heads;
-  const double W = (m.heads + 2 * m.kv_heads) * D / tp;
-  const bool swiglu = m.activation == recipe::Activation::swiglu;
-  const double F1 = (swiglu ? 2 : 1) * m.ffn_hidden / tp;
   const double E = m.moe.experts;
   const double cap = m.moe.capacity_factor > 0
                          ? std::max(1.0, std::ceil(m.moe.capacity_factor * N * m.moe.top_k / E))
@@ -96,11 +92,11 @@ double stash_by_hand(const recipe::Recipe& r, const std::vector<int>& layers, in
   auto tensor = [&](double rows, double columns) { return round64(rows * columns * S); };
   double bytes = 0;
   for (const int i : layers) {
-    bytes += tensor(N, W) + tensor(N, C);  // (sequence parallel: W gathers its inputs again)
+    bytes += tensor(N, C);
     if (m.moe.experts > 0 && (i + 1) % m.moe.every == 0)
-      bytes += tensor(N, E) + tensor(E * cap, F1) + tensor(E * cap, C);
+      bytes += tensor(E * cap, C);
     else
-      bytes += tensor(N, F1) + tensor(N, C);
+      bytes += tensor(N, C);
   }
   return bytes;
 }
@@ -142,7 +138,7 @@ TEST_CASE("ZB-H1 memory: every stage holds min(pp, M) slots of 1F1B's activation
         CHECK(split.in_flight == std::min(2, M));
         CHECK(base.in_flight == std::min(2 - stage, M));
         const double slot = base.activations_kept / base.in_flight;
-        const double stash = stash_by_hand(rr, {2 * stage, 2 * stage + 1}, 2, k.tp);
+        const double stash = stash_by_hand(rr, {2 * stage, 2 * stage + 1}, 2);
         CHECK(split.activations_kept == (slot + stash) * split.in_flight);
         // The shared region and the scratch are the same; nothing else changes.
         CHECK(split.activations - split.activations_kept ==

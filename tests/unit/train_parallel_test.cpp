@@ -915,8 +915,8 @@ TEST_CASE("interleaved pipelines (pp2 and pp3, two chunks per rank) train like o
 // one accumulation per micro-batch in micro-batch order, from the same operands, so a zb-h1 run
 // is 1F1B's on the same layout bit for bit, and one rank's within rounding (f64, 1e-9).
 TEST_CASE(
-    "zb-h1 pipelines (pp2, pp4, uneven, dp2 ZeRO-1, tp2 + sp, MoE) train like one rank and "
-    "like 1F1B bit for bit",
+    "zb-h1 pipelines (pp2, pp4, uneven, dp2 ZeRO-1, tp2 + sp, MoE with ep2 or cp2) train like one "
+    "rank and like 1F1B bit for bit",
     "[train][parallel][pipeline]") {
   auto identical = [](const JobResult& a, const JobResult& b) {
     REQUIRE(a.ranks[0].losses.size() == b.ranks[0].losses.size());
@@ -975,6 +975,9 @@ TEST_CASE(
   moe.layout.pp = 2;
   moe.layout.ep = 2;
   moe.zero_bubble = true;
+  check_matches(run_job(moe), moe_reference, moe.model, 1e-9);
+  moe.layout.ep = 1;
+  moe.layout.cp = 2;  // the router's gradient kept in the gathered logits' first rows
   check_matches(run_job(moe), moe_reference, moe.model, 1e-9);
 }
 

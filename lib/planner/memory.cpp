@@ -483,8 +483,27 @@ MemoryEstimate estimate_memory(const recipe::Recipe& recipe, const topology::Clu
   // Stages differ in layers, embedding (first), head and logits (last) and micro-batches in
   // flight; tp and ep ranks of a stage hold equal shards; dp ranks differ only in their ZeRO part
   // (the largest is taken).
+  // A stage whose layers are the previous stage's shifted (the same count, MoE where it had MoE)
+  // and which holds neither end holds the same tensors and, under 1F1B and ZB-H1, no more
+  // micro-batches in flight (min(pp - i, m), min(pp, m)): it cannot be the worst, so only the
+  // first of such a run is built (a deep pipeline has many).
+  const bool monotone = layout.pp_schedule != PipeSchedule::interleaved;
+  auto pattern = [&](int stage) {
+    const StageLayers l = stage_layers(recipe, stage, layout.pp);
+    std::vector<bool> moe;
+    for (int i = l.first; i < l.first + l.count; ++i)
+      moe.push_back(recipe.model.is_moe_layer(i));
+    return moe;
+  };
   MemoryEstimate worst = rank_memory(recipe, s, z, cluster, layout, options, 0, -1);
+  std::vector<bool> previous = monotone ? pattern(0) : std::vector<bool>{};
   for (int stage = 1; stage < layout.pp; ++stage) {
+    if (monotone) {
+      std::vector<bool> here = pattern(stage);
+      const bool same = here == previous && stage > 1 && stage < layout.pp - 1;
+      previous = std::move(here);
+      if (same) continue;
+    }
     MemoryEstimate m = rank_memory(recipe, s, z, cluster, layout, options, stage, -1);
     if (m.total() > worst.total()) worst = m;
   }

@@ -93,13 +93,13 @@ const ScheduleOfShape& schedule_of(const PipelineShape& shape) {
   const Key key{shape.stages, shape.micro_batches, shape.schedule, shape.virtual_stages};
   auto it = cache.find(key);
   if (it == cache.end()) {
-    if (cache.size() >= 64) cache.clear();
+    if (cache.size() >= 256) cache.clear();
     ScheduleOfShape built;
     built.lists = pipeline_lists(shape);
     for (int s = 0; s < shape.stages; ++s)
-      built.slots.push_back(shape.schedule == PipeSchedule::one_f_one_b
-                                ? pipeline_slots(shape, s)  // its closed form
-                                : plan_slots(built.lists[static_cast<size_t>(s)]).slots);
+      built.slots.push_back(shape.schedule == PipeSchedule::interleaved
+                                ? plan_slots(built.lists[static_cast<size_t>(s)]).slots
+                                : schedule_slots(shape, s));  // the closed forms
     it = cache.emplace(key, std::move(built)).first;
   }
   return it->second;

@@ -56,8 +56,27 @@ class Stranger:
                     else:
                         self.odd.append(f"answered {answer!r} then {rest!r}")
                 except OSError as error:
-                    self.odd.append(f"{type(error).__name__}: {error}")
+                    if not self.store_gone():
+                        self.odd.append(f"{type(error).__name__}: {error}")
             time.sleep(0.05)
+
+    def store_gone(self):
+        """After a connection lost mid-handshake: whether the store has since shut down (the job
+        ended and closed every connection, ours with our bytes unread: a reset), rather than a
+        live store answering a stranger otherwise. A live store greets a new connection; one
+        shutting down refuses it or closes it before the greeting."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=2) as probe:
+                    if len(recv_exact(probe, GREETING)) == GREETING:
+                        return False
+            except ConnectionRefusedError:
+                return True
+            except OSError:
+                pass  # closed before its greeting: going down
+            time.sleep(0.05)
+        return False
 
     def finish(self):
         self.stop.set()

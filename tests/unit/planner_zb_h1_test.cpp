@@ -12,45 +12,13 @@
 
 #include "planner/planner.hpp"
 #include "planner/shape.hpp"
+#include "planner_fixtures.hpp"
 
 namespace {
 
 using namespace trainctl;
-
-topology::ClusterSpec h100(int nodes) {
-  topology::ClusterSpec c;
-  c.name = "dgx-h100";
-  c.source = "test";
-  c.gpu.name = "NVIDIA H100 80GB HBM3";
-  c.gpu.memory_gib = 80;
-  c.gpu.peak_tflops_fp32 = 67;
-  c.gpu.peak_tflops_bf16 = 989;
-  c.gpu.peak_tflops_fp16 = 989;
-  c.nodes = nodes;
-  c.gpus_per_node = 8;
-  c.nvlink_domain = 8;
-  c.nvlink_gbps = 450;
-  c.inter_node_gbps = 50;
-  c.nvlink_latency_us = 5;
-  c.inter_node_latency_us = 10;
-  return c;
-}
-
-recipe::Recipe llama_7b() {
-  recipe::Recipe r = recipe::default_recipe(recipe::Arch::llama);
-  r.name = "llama-7b";
-  r.model.layers = 32;
-  r.model.hidden = 4096;
-  r.model.heads = 32;
-  r.model.kv_heads = 32;
-  r.model.ffn_hidden = 11008;
-  r.model.vocab = 32000;
-  r.model.seq_len = 4096;
-  r.model.storage = tensor::DType::bf16;
-  r.training.global_batch = 512;
-  r.training.micro_batch = 1;
-  return r;
-}
+using planner_fixtures::h100;
+using planner_fixtures::llama_7b;
 
 // A small model of 4 layers (MoE: layers 1 and 3, top 2 of `experts`), as the memory tests use.
 recipe::Recipe small(recipe::Arch arch, int experts, tensor::DType storage) {

@@ -149,10 +149,7 @@ std::vector<std::vector<PipeAction>> place_transfers(
   };
   std::vector<std::vector<std::pair<double, double>>> span(static_cast<size_t>(P));
   // A split backward (B, then W) takes 1 like a forward; a whole one 2.
-  bool split = false;
-  for (const std::vector<PipeAction>& list : compute)
-    for (const PipeAction& a : list)
-      split = split || a.op == PipeOp::weight_grad;
+  const bool split = has_weight_passes(compute);
   std::vector<size_t> next(static_cast<size_t>(P), 0);
   std::vector<double> clock(static_cast<size_t>(P), 0.0);
   for (bool progress = true; progress;) {
@@ -252,6 +249,12 @@ std::vector<std::vector<PipeAction>> pipeline_lists(const PipelineShape& shape) 
             ? zb_h1_compute(shape.stages, shape.micro_batches, r)
             : interleaved_compute(shape.stages, shape.virtual_stages, shape.micro_batches, r));
   return place_transfers(compute, shape.virtual_stages);
+}
+
+bool has_weight_passes(const std::vector<std::vector<PipeAction>>& lists) {
+  return !lists.empty() &&
+         std::any_of(lists.front().begin(), lists.front().end(),
+                     [](const PipeAction& a) { return a.op == PipeOp::weight_grad; });
 }
 
 SlotPlan plan_slots(const std::vector<PipeAction>& actions) {

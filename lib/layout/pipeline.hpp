@@ -61,6 +61,11 @@ enum class PipeOp : uint8_t {
   weight_grad,      // ZB-H1: the weight-gradient pass (W) of a micro-batch whose B ran
 };
 
+// Whether the op is compute (forward, backward, W) rather than a transfer.
+inline bool computes(PipeOp op) {
+  return op == PipeOp::forward || op == PipeOp::backward || op == PipeOp::weight_grad;
+}
+
 struct PipeAction {
   PipeOp op;
   int micro_batch;
@@ -87,6 +92,10 @@ struct PipelineShape {
   // Why the shape cannot run, in the recipe's words; empty when it can.
   std::string problem() const;
 };
+
+// Whether lists (one per rank) split the backward into B and W: every stage of such lists has W
+// passes, so the first list says it.
+bool has_weight_passes(const std::vector<std::vector<PipeAction>>& lists);
 
 // Every rank's actions (index: rank). Throws std::invalid_argument with problem() when the shape
 // cannot run.

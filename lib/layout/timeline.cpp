@@ -74,10 +74,7 @@ double run(const std::vector<std::vector<PipeAction>>& lists, const std::vector<
     for (size_t s = 0; s < P; ++s)
       record->stages[s].reserve(lists[s].size());
   }
-  bool split = false;  // the backward runs as B and W (see StageTimes)
-  for (const std::vector<PipeAction>& list : lists)
-    for (const PipeAction& a : list)
-      split = split || a.op == PipeOp::weight_grad;
+  const bool split = has_weight_passes(lists);  // the backward runs as B and W (StageTimes)
   std::vector<size_t> done(P, 0);
   std::vector<double> clock(P, 0.0);
   // Buffered sends: the arrival time of each message posted (negative: not yet), by (virtual
@@ -107,7 +104,7 @@ double run(const std::vector<std::vector<PipeAction>>& lists, const std::vector<
       const PipeAction& a = list[i];
       const size_t v = static_cast<size_t>(a.chunk) * P + s;
       if (v >= S) break;  // no such chunk: stuck
-      if (a.op == PipeOp::forward || a.op == PipeOp::backward || a.op == PipeOp::weight_grad) {
+      if (computes(a.op)) {
         const double d = a.op == PipeOp::forward ? times[v].forward
                          : a.op == PipeOp::backward
                              ? times[v].backward + (split ? 0 : times[v].weight)

@@ -34,10 +34,7 @@ struct TimedAction {
   PipeAction action;
   double start = 0, end = 0;  // seconds from the step's start; a transfer starts when its side
                               // reached it, so its span includes the wait for the peer
-  bool compute() const {
-    return action.op == PipeOp::forward || action.op == PipeOp::backward ||
-           action.op == PipeOp::weight_grad;
-  }
+  bool compute() const { return computes(action.op); }
 };
 
 struct Timeline {

@@ -234,9 +234,11 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
   // The interleaved and ZB-H1 schedules send without waiting for the peer (their lists also run
   // with blocking sends, only slower: timeline.hpp). A slot's activation send is waited for
   // before its output tensor is written again (the next forward, or the gradient received into
-  // it), its gradient send before the next backward or forward writes the gradient's tensor
-  // (model.hpp), and all of them before the step goes on.
+  // it), its gradient send before the next backward writes the gradient's tensor, or without
+  // chunks the next forward (the tensor is then the slot's second residual: model.hpp), and all
+  // of them before the step goes on.
   const bool buffered = pipeline_.schedule != PipeSchedule::one_f_one_b;
+  const bool own_input_grad = pipeline_.virtual_stages > 1;
   using Pending = std::vector<std::unique_ptr<comm::PendingSend>>;
   std::vector<Pending> activation_sends(static_cast<size_t>(slots_.slots)),
       grad_sends(activation_sends.size());
@@ -268,7 +270,8 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
     // peer, timed as idle rather than as the action's.
     if (buffered && (action.op == PipeOp::forward || action.op == PipeOp::recv_grad))
       settle(activation_sends[static_cast<size_t>(slot)]);
-    if (buffered && (action.op == PipeOp::backward || action.op == PipeOp::forward))
+    if (buffered &&
+        (action.op == PipeOp::backward || (action.op == PipeOp::forward && !own_input_grad)))
       settle(grad_sends[static_cast<size_t>(slot)]);
     const double action_start = recorded ? since_start() : 0.0;
     const uint32_t tag = pipeline_tag(action, rank, pipeline_.virtual_stages);
@@ -325,8 +328,7 @@ void Trainer::run_schedule(double grad_scale, std::vector<double>& sums,
     }
     if (recorded) {
       // A compute action ends when its device work does (the CUDA backend's ops return early).
-      const TimedAction timed{action, action_start, 0.0};
-      if (timed.compute()) be_.fence()->wait();
+      if (computes(action.op)) be_.fence()->wait();
       recorded->push_back({action, action_start, since_start()});
     }
   }

@@ -11,8 +11,10 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "data/config.hpp"
+#include "data/indexed_dataset.hpp"
 #include "data/sampler.hpp"
 #include "data/sources.hpp"
 #include "data/token_source.hpp"
@@ -23,23 +25,40 @@ namespace trainctl::data {
 // repository root. See data/README.md.
 inline constexpr std::string_view kBundledTextPath = "data/kjv.txt";
 
-// "synthetic", "text", "llmc".
+// "synthetic", "text", "llmc", "megatron".
 std::string_view source_kind_name(SourceKind kind);
 // The inverse; throws DataError naming the accepted names for anything else.
 SourceKind parse_source_kind(std::string_view name);
 
-struct Dataset {
+// One dataset of the recipe: its training and validation tokens and its weight in a blend.
+struct DatasetPart {
   std::shared_ptr<const TokenSource> train;
   std::shared_ptr<const TokenSource> val;
+  double weight = 1.0;
 };
 
-// Opens one source of `kind` at `path` (a glob for llmc). Not for synthetic (no path).
+struct Dataset {
+  std::vector<DatasetPart> parts;  // one, unless data.sources blends several
+
+  // The parts as a Sampler (or ValidationSet) reads them; the sources stay owned by `parts`.
+  std::vector<SamplerPart> train_parts() const;
+  std::vector<SamplerPart> val_parts() const;
+  // Tokens of all parts together.
+  int64_t train_tokens() const;
+  int64_t val_tokens() const;
+  // One line for the log: the source, or "a blend of N datasets: a (70%), b (30%)".
+  std::string describe() const;
+};
+
+// Opens one source of `kind` at `path` (a glob for llmc, a prefix for megatron). Not for
+// synthetic (no path).
 std::shared_ptr<const TokenSource> open_source(SourceKind kind, const std::string& path);
 
 // Opens the training and validation sources the config describes: from val_path when given,
-// otherwise the last val_fraction of the training data (split_holdout); `synthetic` is used only
-// when config.source is synthetic. Throws DataError for a missing path, a val_path on synthetic
-// data, or any problem with the files.
+// otherwise the last val_fraction of the training data (split_holdout), for each dataset of a
+// blend (data.sources) alike; `synthetic` is used only when config.source is synthetic. Throws
+// DataError for a missing path, a val_path on synthetic data or with a blend, or any problem with
+// the files.
 Dataset open_dataset(const DataConfig& config, const SyntheticConfig& synthetic = {});
 
 }  // namespace trainctl::data

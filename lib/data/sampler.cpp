@@ -1,5 +1,7 @@
 #include "data/sampler.hpp"
 
+#include <bit>
+#include <cmath>
 #include <numeric>
 #include <utility>
 
@@ -12,6 +14,7 @@ namespace trainctl::data {
 namespace {
 
 constexpr uint64_t kTagShuffle = 0x53485546464c45ULL;  // "SHUFFLE": keeps shuffles apart from data
+constexpr uint64_t kTagBlend = 0x424c454e44ULL;        // "BLEND": a blend's parts and fingerprint
 constexpr int kFingerprintTokens = 64;
 
 void check_batch(int batch, const char* what) {
@@ -54,57 +57,132 @@ uint64_t fingerprint_source(const TokenSource& source, int seq_len) {
 
 Sampler::Sampler(const TokenSource& source, int seq_len, uint64_t seed, bool shuffle,
                  int32_t vocab_size)
-    : source_(source), seq_len_(seq_len), seed_(seed), shuffle_(shuffle), vocab_size_(vocab_size) {
+    : Sampler(std::vector<SamplerPart>{{&source, 1.0}}, seq_len, seed, shuffle, vocab_size) {}
+
+Sampler::Sampler(std::vector<SamplerPart> parts, int seq_len, uint64_t seed, bool shuffle,
+                 int32_t vocab_size)
+    : seq_len_(seq_len), seed_(seed), shuffle_(shuffle), vocab_size_(vocab_size) {
   if (seq_len < 1) {
     throw DataError(
         fmt::format("seq_len {} is not positive; use a sequence length of at least 1", seq_len));
   }
-  num_samples_ = (source.size() - 1) / seq_len;
-  if (source.size() < 1 || num_samples_ < 1) {
-    throw DataError(fmt::format(
-        "{} has {} tokens, fewer than one window of seq_len + 1 = {} tokens; use a shorter seq_len "
-        "or more data",
-        source.describe(), source.size(), int64_t{seq_len} + 1));
+  if (parts.empty()) throw DataError("a data blend needs at least one dataset");
+  double total_weight = 0;
+  for (const SamplerPart& part : parts) {
+    if (!(part.weight > 0) || !std::isfinite(part.weight))
+      throw DataError(
+          fmt::format("{}: blend weight {} is not a positive number; give every "
+                      "dataset of the blend a weight > 0",
+                      part.source->describe(), part.weight));
+    total_weight += part.weight;
   }
-  fingerprint_ = fingerprint_source(source, seq_len);
-}
-
-const std::vector<int64_t>& Sampler::permutation(int64_t epoch) const {
-  if (cached_epoch_ != epoch) {
-    cached_permutation_.resize(static_cast<size_t>(num_samples_));
-    std::iota(cached_permutation_.begin(), cached_permutation_.end(), int64_t{0});
-    // Fisher-Yates from the back. The modulo bias is below num_samples / 2^64: negligible.
-    detail::SplitMix64 rng(detail::hash_keys(seed_, kTagShuffle, static_cast<uint64_t>(epoch)));
-    for (int64_t i = num_samples_ - 1; i > 0; --i) {
-      const auto j = static_cast<int64_t>(rng.next() % static_cast<uint64_t>(i + 1));
-      std::swap(cached_permutation_[static_cast<size_t>(i)],
-                cached_permutation_[static_cast<size_t>(j)]);
+  const bool blend = parts.size() > 1;
+  // One source keeps the fingerprint and shuffle of a sampler that never knew blends, so runs
+  // saved before them resume.
+  uint64_t fingerprint = detail::hash_keys(kTagBlend, parts.size(), static_cast<uint64_t>(seq_len));
+  for (size_t d = 0; d < parts.size(); ++d) {
+    const TokenSource& source = *parts[d].source;
+    const int64_t windows = (source.size() - 1) / seq_len;
+    if (source.size() < 1 || windows < 1) {
+      throw DataError(fmt::format(
+          "{} has {} tokens, fewer than one window of seq_len + 1 = {} tokens; use a shorter "
+          "seq_len or more data",
+          source.describe(), source.size(), int64_t{seq_len} + 1));
     }
-    cached_epoch_ = epoch;
+    const uint64_t part_fingerprint = fingerprint_source(source, seq_len);
+    const double weight = parts[d].weight / total_weight;
+    fingerprint = detail::hash_keys(fingerprint, part_fingerprint, std::bit_cast<uint64_t>(weight));
+    parts_.push_back(Part{
+        &source, weight, windows, blend ? detail::hash_keys(seed, kTagBlend, d) : seed, -1, {}});
+    num_samples_ += windows;
   }
-  return cached_permutation_;
+  fingerprint_ = blend ? fingerprint : fingerprint_source(*parts_[0].source, seq_len);
+  taken_.assign(parts_.size(), 0);
 }
 
-int64_t Sampler::sample_at(int64_t order_index) const {
+const std::vector<int64_t>& Sampler::permutation(const Part& part, int64_t epoch) const {
+  if (part.cached_epoch != epoch) {
+    std::vector<int64_t>& order = part.cached_permutation;
+    order.resize(static_cast<size_t>(part.num_samples));
+    std::iota(order.begin(), order.end(), int64_t{0});
+    // Fisher-Yates from the back. The modulo bias is below num_samples / 2^64: negligible.
+    detail::SplitMix64 rng(
+        detail::hash_keys(part.shuffle_seed, kTagShuffle, static_cast<uint64_t>(epoch)));
+    for (int64_t i = part.num_samples - 1; i > 0; --i) {
+      const auto j = static_cast<int64_t>(rng.next() % static_cast<uint64_t>(i + 1));
+      std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
+    }
+    part.cached_epoch = epoch;
+  }
+  return part.cached_permutation;
+}
+
+int Sampler::blend_part_at(int64_t order_index, int64_t& index_in_part) const {
+  if (order_index < cursor_) {
+    // Back to the last snapshot at or before order_index (snapshot k is at k * every).
+    const int64_t k = order_index / kBlendSnapshotEvery;
+    taken_ = snapshots_[static_cast<size_t>(k)];
+    cursor_ = k * kBlendSnapshotEvery;
+  }
+  const auto num_parts = static_cast<int>(parts_.size());
+  for (;; ++cursor_) {
+    if (cursor_ % kBlendSnapshotEvery == 0 &&
+        static_cast<int64_t>(snapshots_.size()) == cursor_ / kBlendSnapshotEvery)
+      snapshots_.push_back(taken_);
+    // The part whose count lags its share of cursor_ + 1 samples most.
+    const auto wanted = static_cast<double>(cursor_ + 1);
+    int best = 0;
+    double best_lag = parts_[0].weight * wanted - static_cast<double>(taken_[0]);
+    for (int d = 1; d < num_parts; ++d) {
+      const double lag = parts_[static_cast<size_t>(d)].weight * wanted -
+                         static_cast<double>(taken_[static_cast<size_t>(d)]);
+      if (lag > best_lag) {
+        best = d;
+        best_lag = lag;
+      }
+    }
+    const int64_t taken = taken_[static_cast<size_t>(best)]++;
+    if (cursor_ == order_index) {
+      ++cursor_;
+      index_in_part = taken;
+      return best;
+    }
+  }
+}
+
+Sampler::Sample Sampler::locate(int64_t order_index) const {
   if (order_index < 0) {
     throw DataError(fmt::format("sample order index {} is negative", order_index));
   }
-  const int64_t index_in_epoch = order_index % num_samples_;
-  if (!shuffle_) return index_in_epoch;
-  return permutation(order_index / num_samples_)[static_cast<size_t>(index_in_epoch)];
+  Sample sample;
+  int64_t k = order_index;
+  if (parts_.size() > 1) sample.part = blend_part_at(order_index, k);
+  const Part& part = parts_[static_cast<size_t>(sample.part)];
+  const int64_t index_in_epoch = k % part.num_samples;
+  sample.index = shuffle_
+                     ? permutation(part, k / part.num_samples)[static_cast<size_t>(index_in_epoch)]
+                     : index_in_epoch;
+  return sample;
 }
 
-void Sampler::read_window(int64_t sample, int32_t* out) const {
+std::string Sampler::describe() const {
+  if (parts_.size() == 1) return parts_[0].source->describe();
+  return fmt::format("a blend of {} datasets ({} .. {})", parts_.size(),
+                     parts_.front().source->describe(), parts_.back().source->describe());
+}
+
+void Sampler::read_window(const Part& part, int64_t sample, int32_t* out) const {
+  const TokenSource& source = *part.source;
   const int64_t length = window_length();
   const int64_t offset = sample * seq_len_;
-  source_.read(offset, length, out);
+  source.read(offset, length, out);
   if (vocab_size_ <= 0) return;
   for (int64_t t = 0; t < length; ++t) {
     if (out[t] < 0 || out[t] >= vocab_size_) {
       throw DataError(fmt::format(
           "token {} at position {} of {} is outside the model vocabulary [0, {}); use a model "
           "vocab of at least {} or data tokenised for this model",
-          out[t], offset + t, source_.describe(), vocab_size_, source_.vocab_hint()));
+          out[t], offset + t, source.describe(), vocab_size_, source.vocab_hint()));
     }
   }
 }
@@ -112,7 +190,9 @@ void Sampler::read_window(int64_t sample, int32_t* out) const {
 void Sampler::fill_batch(int64_t first, int batch, int32_t* out) const {
   check_batch(batch, "batch");
   for (int row = 0; row < batch; ++row) {
-    read_window(sample_at(first + row), out + row * window_length());
+    const Sample sample = locate(first + row);
+    read_window(parts_[static_cast<size_t>(sample.part)], sample.index,
+                out + row * window_length());
   }
 }
 
@@ -150,7 +230,7 @@ void Sampler::restore(const SamplerState& state) {
         "cannot resume the data sampler: the checkpoint was made on other data (fingerprint "
         "{:016x}, this run's {} has {:016x}); resume with the data the checkpoint was trained on "
         "or start a new run",
-        state.fingerprint, source_.describe(), fingerprint_));
+        state.fingerprint, describe(), fingerprint_));
   }
   if (state.seed != seed_) {
     throw DataError(fmt::format(
@@ -175,6 +255,9 @@ void Sampler::restore(const SamplerState& state) {
 
 ValidationSet::ValidationSet(const TokenSource& source, int seq_len, int32_t vocab_size)
     : sampler_(source, seq_len, /*seed=*/0, /*shuffle=*/false, vocab_size) {}
+
+ValidationSet::ValidationSet(std::vector<SamplerPart> parts, int seq_len, int32_t vocab_size)
+    : sampler_(std::move(parts), seq_len, /*seed=*/0, /*shuffle=*/false, vocab_size) {}
 
 int64_t ValidationSet::num_batches(int batch) const {
   check_batch(batch, "validation batch");

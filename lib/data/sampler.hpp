@@ -12,10 +12,18 @@
 // num_samples], whatever the batch size, world size or resume history: a run that resumes from
 // state() sees exactly the samples it would have seen without stopping.
 //
+// Blends: a sampler may read several sources (SamplerPart), each with a weight. Each part has its
+// own samples and epochs as above (its shuffle keyed by its place in the blend), and order index p
+// goes to the part whose share lags most: the part d maximising w_d * (p + 1) - taken_d (ties to
+// the first), the rule of Megatron's BlendedDataset. After any n samples every part has taken
+// within one sample of n * w_d (weights normalised to sum to 1), and order index p still maps to
+// the same (part, sample) whatever the batch size, world size or resume history.
+//
 // Batches are written as batch rows of seq_len + 1 int32 tokens: out[row * (seq_len + 1) + t].
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "data/token_source.hpp"
@@ -32,6 +40,12 @@ struct SamplerState {
   uint64_t fingerprint = 0;  // of the source and seq_len; restore() refuses other data
 };
 
+// One source of a blend and its weight (> 0; the weights need not sum to 1).
+struct SamplerPart {
+  const TokenSource* source = nullptr;
+  double weight = 1.0;
+};
+
 class Sampler {
  public:
   // Reads windows of `source`, which must outlive the sampler. When vocab_size > 0 every token
@@ -39,16 +53,29 @@ class Sampler {
   // embedding table). Throws DataError when seq_len < 1 or the source is shorter than one window.
   Sampler(const TokenSource& source, int seq_len, uint64_t seed, bool shuffle,
           int32_t vocab_size = 0);
+  // A blend of parts (one part reads exactly as the constructor above). Throws DataError for no
+  // parts, a weight that is not a positive finite number, or a part shorter than one window.
+  Sampler(std::vector<SamplerPart> parts, int seq_len, uint64_t seed, bool shuffle,
+          int32_t vocab_size = 0);
 
   int seq_len() const { return seq_len_; }
   int64_t window_length() const { return int64_t{seq_len_} + 1; }
+  // Windows of the source; of a blend, the sum of its parts' (its "epoch" for epoch()).
   int64_t num_samples() const { return num_samples_; }
   int64_t position() const { return position_; }
   int64_t epoch() const { return position_ / num_samples_; }
   uint64_t fingerprint() const { return fingerprint_; }
+  int num_parts() const { return static_cast<int>(parts_.size()); }
 
-  // The sample index at global order index `order_index` (>= 0). Stateless.
-  int64_t sample_at(int64_t order_index) const;
+  // Where global order index `order_index` (>= 0) reads: the part and the sample in it.
+  // Stateless in meaning; caches the blend's position to make forward walks cheap.
+  struct Sample {
+    int part = 0;
+    int64_t index = 0;
+  };
+  Sample locate(int64_t order_index) const;
+  // The sample index (within its part) at global order index `order_index`.
+  int64_t sample_at(int64_t order_index) const { return locate(order_index).index; }
 
   // Writes the windows of order indices [first, first + batch) to out (batch * window_length()
   // tokens). Stateless: does not move the position. Not thread-safe (it caches the permutation of
@@ -71,19 +98,34 @@ class Sampler {
   void restore(const SamplerState& state);
 
  private:
-  const std::vector<int64_t>& permutation(int64_t epoch) const;
-  void read_window(int64_t sample, int32_t* out) const;
+  struct Part {
+    const TokenSource* source;
+    double weight;  // normalised: the parts' weights sum to 1
+    int64_t num_samples;
+    uint64_t shuffle_seed;
+    mutable int64_t cached_epoch = -1;
+    mutable std::vector<int64_t> cached_permutation;
+  };
+  static constexpr int64_t kBlendSnapshotEvery = 4096;
 
-  const TokenSource& source_;
+  const std::vector<int64_t>& permutation(const Part& part, int64_t epoch) const;
+  int blend_part_at(int64_t order_index, int64_t& index_in_part) const;
+  void read_window(const Part& part, int64_t sample, int32_t* out) const;
+  std::string describe() const;
+
+  std::vector<Part> parts_;
   int seq_len_;
   uint64_t seed_;
   bool shuffle_;
   int32_t vocab_size_;
-  int64_t num_samples_;
-  uint64_t fingerprint_;
+  int64_t num_samples_ = 0;
+  uint64_t fingerprint_ = 0;
   int64_t position_ = 0;
-  mutable int64_t cached_epoch_ = -1;
-  mutable std::vector<int64_t> cached_permutation_;
+  // The blend's walk: taken_[d] samples of part d in order indices [0, cursor_), and taken_ at
+  // every multiple of kBlendSnapshotEvery walked so far (a backward jump restarts from one).
+  mutable int64_t cursor_ = 0;
+  mutable std::vector<int64_t> taken_;
+  mutable std::vector<std::vector<int64_t>> snapshots_;
 };
 
 // The fingerprint Sampler uses: a hash of the source's size, vocab_hint, 64 evenly spaced tokens
@@ -96,6 +138,8 @@ class ValidationSet {
  public:
   // `source` must outlive this object; vocab_size as for Sampler.
   ValidationSet(const TokenSource& source, int seq_len, int32_t vocab_size = 0);
+  // A blend's validation windows: the parts' windows in index order, interleaved by weight.
+  ValidationSet(std::vector<SamplerPart> parts, int seq_len, int32_t vocab_size = 0);
 
   int64_t num_samples() const { return sampler_.num_samples(); }
   int64_t window_length() const { return sampler_.window_length(); }

@@ -76,28 +76,32 @@ class TextSource final : public TokenSource {
 
 // llm.c token shards (the .bin files of llm.c's dev/data scripts), concatenated in the given order.
 // Layout of one shard: a header of 256 little-endian int32 (header[0] = 20240520 magic,
-// header[1] = 1 version, header[2] = number of tokens), then that many uint16 tokens.
-// Version 1 shards hold GPT-2 tokens, so vocab_hint() is 50257.
+// header[1] = version, header[2] = number of tokens), then that many tokens: uint16 in version 1
+// (GPT-2 tokens, vocab_hint() 50257), uint32 in version 2 (Llama 3 tokens, vocab_hint() 128256).
+// All shards of one source have the same version.
 // Each shard is checked on open (and for changes on every read, data_file.hpp): magic, version, a
-// token count > 0 and a file length of exactly 1024 + 2 * tokens bytes; any mismatch is a DataError
-// naming the file.
+// token count > 0 and a file length of exactly 1024 + 2 (or 4) * tokens bytes; any mismatch is a
+// DataError naming the file.
 class LlmcShardSource final : public TokenSource {
  public:
   static constexpr int32_t kMagic = 20240520;
-  static constexpr int32_t kVersion = 1;
+  static constexpr int32_t kVersion = 1;   // uint16 tokens
+  static constexpr int32_t kVersion2 = 2;  // uint32 tokens
   static constexpr int64_t kHeaderInts = 256;
   static constexpr int64_t kHeaderBytes = kHeaderInts * 4;
   static constexpr int32_t kGpt2Vocab = 50257;
+  static constexpr int32_t kLlama3Vocab = 128256;
 
   explicit LlmcShardSource(const std::vector<std::string>& paths);
 
   int64_t size() const override { return total_tokens_; }
   void read(int64_t offset, int64_t count, int32_t* out) const override;
-  int32_t vocab_hint() const override { return kGpt2Vocab; }
+  int32_t vocab_hint() const override { return version_ == kVersion ? kGpt2Vocab : kLlama3Vocab; }
   std::string describe() const override;
   std::string where(int64_t offset) const override;  // the shard file and the token in it
 
   int64_t num_shards() const { return static_cast<int64_t>(shards_.size()); }
+  int32_t version() const { return version_; }
 
  private:
   size_t shard_of(int64_t offset) const;  // the shard holding token `offset` (in range)
@@ -105,6 +109,7 @@ class LlmcShardSource final : public TokenSource {
   std::vector<detail::DataFile> shards_;
   std::vector<int64_t> first_token_;  // first_token_[i]: global index of shard i's first token
   int64_t total_tokens_ = 0;
+  int32_t version_ = kVersion;
 };
 
 // Expands a glob pattern (e.g. "data/fineweb_train_*.bin") into the sorted list of matching

@@ -69,6 +69,7 @@ class SliceSource final : public TokenSource {
   }
   int32_t vocab_hint() const override { return base_->vocab_hint(); }
   bool ids_below_hint() const override { return base_->ids_below_hint(); }
+  std::string tokenizer() const override { return base_->tokenizer(); }
   std::string where(int64_t offset) const override { return base_->where(offset_ + offset); }
   std::string describe() const override {
     return fmt::format("{} tokens [{}, {})", base_->describe(), offset_, offset_ + count_);

@@ -52,6 +52,11 @@ class TokenSource {
   // scan_vocab need not read the data; false where the file decides (llm.c's uint16 ids).
   virtual bool ids_below_hint() const { return false; }
 
+  // The tokenizer the tokens were made with, in words ("tok/gpt2.json (hf-bpe, vocab 50257, eod
+  // 50256)"), where the data records it (a dataset from trainctl data prepare); "" otherwise.
+  // When it is known, vocab_hint() is its vocabulary and a model must be at least as large.
+  virtual std::string tokenizer() const { return ""; }
+
  protected:
   // Throws the DataError for a read outside [0, size()); shared by implementations.
   void check_range(int64_t offset, int64_t count) const;

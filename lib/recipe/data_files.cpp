@@ -28,6 +28,8 @@ std::string relative_note(const std::string& path) {
 }
 
 std::string what_to_give(DataSource source) {
+  if (source == DataSource::megatron)
+    return "the prefix of a .bin/.idx pair (trainctl data prepare --out PREFIX)";
   return source == DataSource::llmc ? "an llm.c .bin shard or a glob such as dir/train_*.bin"
                                     : "one text file";
 }
@@ -74,6 +76,15 @@ std::string check_glob(const std::string& pattern) {
 std::string check_data_file(DataSource source, const std::string& path) {
   if (source == DataSource::llmc && path.find_first_of("*?[") != std::string::npos)
     return check_glob(path);
+  if (source == DataSource::megatron) {
+    // A dataset is named by its prefix: both files of the pair must be there.
+    const std::string prefix = data::indexed_prefix(path);
+    for (const char* suffix : {".bin", ".idx"})
+      if (std::string error = check_one_file(source, prefix + suffix); !error.empty())
+        return error +
+               fmt::format(" (data.source megatron reads {}.bin and {}.idx)", prefix, prefix);
+    return "";
+  }
   return check_one_file(source, path);
 }
 

@@ -373,6 +373,11 @@ LoadedRecipe Loader::build() {
       std::string error = internal::check_data_file(recipe.data.source, path);
       if (!error.empty()) problems.push_back(origins.problem(key, std::move(error)));
     }
+    if (usable("data.sources"))
+      for (const data::BlendItem& item : recipe.data.sources) {
+        std::string error = internal::check_data_file(recipe.data.source, item.path);
+        if (!error.empty()) problems.push_back(origins.problem("data.sources", std::move(error)));
+      }
   }
 
   if (!problems.empty()) throw RecipeError(std::move(problems));

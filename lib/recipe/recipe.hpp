@@ -101,7 +101,7 @@ struct EnumNames<Decay> {
 };
 template <>
 struct EnumNames<DataSource> {
-  static constexpr std::array<std::string_view, 3> names{"synthetic", "text", "llmc"};
+  static constexpr std::array<std::string_view, 4> names{"synthetic", "text", "llmc", "megatron"};
 };
 template <>
 struct EnumNames<Resume> {

@@ -243,12 +243,26 @@ void check_schedule_and_data(const Recipe& r, RuleChecker& c) {
     c.fail({"schedule.warmup_steps", "training.steps"},
            fmt::format("schedule.warmup_steps <= training.steps fails: {} > {}",
                        r.schedule.warmup_steps, r.training.steps));
-  if (c.usable({"data.source", "data.path"}) && r.data.source != DataSource::synthetic &&
-      r.data.path.empty())
+  if (c.usable({"data.source", "data.path", "data.sources"}) &&
+      r.data.source != DataSource::synthetic && r.data.path.empty() && r.data.sources.empty())
     c.fail({"data.path", "data.source"},
-           fmt::format("data.path is required when data.source is {} (or use data.source: "
-                       "synthetic)",
+           fmt::format("data.path (or data.sources) is required when data.source is {} (or use "
+                       "data.source: synthetic)",
                        to_string(r.data.source)));
+  if (c.usable({"data.source", "data.sources"}) && r.data.source == DataSource::synthetic &&
+      !r.data.sources.empty())
+    c.fail({"data.sources", "data.source"},
+           "data.sources blends datasets of data.source, and synthetic data has no files; set "
+           "data.source (text, llmc, megatron) or remove data.sources");
+  if (c.usable({"data.path", "data.sources"}) && !r.data.path.empty() && !r.data.sources.empty())
+    c.fail({"data.sources", "data.path"},
+           "set data.path (one dataset) or data.sources (a blend), not both; add the path to "
+           "data.sources with its weight");
+  if (c.usable({"data.val_path", "data.sources"}) && !r.data.val_path.empty() &&
+      !r.data.sources.empty())
+    c.fail({"data.val_path", "data.sources"},
+           "a blend (data.sources) holds out data.val_fraction of each dataset for validation and "
+           "takes no data.val_path; remove data.val_path");
   if (c.usable({"data.source", "data.val_path"}) && r.data.source == DataSource::synthetic &&
       !r.data.val_path.empty())
     c.fail({"data.val_path", "data.source"},

@@ -27,6 +27,8 @@ constexpr Kind kind_of() {
     return Kind::number_pair;
   else if constexpr (std::is_same_v<T, std::vector<int>>)
     return Kind::integer_list;
+  else if constexpr (std::is_same_v<T, std::vector<data::BlendItem>>)
+    return Kind::blend_list;
   else {
     static_assert(std::is_same_v<T, LossScale>, "no schema Kind for this member type");
     return Kind::loss_scale;
@@ -283,10 +285,20 @@ std::vector<KeySpec> build_schema() {
   // data
   t.push_back(
       row<B(data, source)>("data.source", DataSource::text, none(),
-                           "token source: synthetic, byte-level text, or llm.c .bin shards"));
+                           "token source: synthetic, byte-level text, llm.c .bin shards, or a "
+                           "Megatron .bin/.idx dataset (trainctl data prepare makes one)"));
   t.push_back(row<B(data, path)>(
       "data.path", "", none(),
-      "text file (text) or .bin shard / glob of shards (llmc); required unless synthetic"));
+      "text file (text), .bin shard / glob of shards (llmc) or dataset prefix (megatron); "
+      "required unless synthetic or data.sources"));
+  {
+    KeySpec sources = row<B(data, sources)>(
+        "data.sources", std::vector<data::BlendItem>{}, none(),
+        "instead of path: datasets of data.source blended by weight, e.g. [{path: a, weight: 0.7}, "
+        "{path: b, weight: 0.3}]");
+    sources.allowed_doc = "each weight > 0";
+    t.push_back(sources);
+  }
   t.push_back(row<B(data, val_path)>(
       "data.val_path", "", none(),
       "separate validation file/shard; empty: hold out val_fraction of path"));

@@ -20,11 +20,21 @@
 namespace trainctl::recipe {
 
 // The type of a key, deduced from its struct member.
-enum class Kind { integer, number, boolean, string, choice, number_pair, loss_scale, integer_list };
+enum class Kind {
+  integer,
+  number,
+  boolean,
+  string,
+  choice,
+  number_pair,
+  loss_scale,
+  integer_list,
+  blend_list  // data.sources: a list of {path, weight}
+};
 
 // A key's value between parsing and storing. integer and choice (index into choices) use int64_t.
 using Value = std::variant<int64_t, double, bool, std::string, std::array<double, 2>, LossScale,
-                           std::vector<int64_t>>;
+                           std::vector<int64_t>, std::vector<data::BlendItem>>;
 
 // Allowed numeric interval; an absent bound is unbounded. Applies to each element of a number_pair
 // or an integer_list, and to the number of a fixed loss_scale.

@@ -45,6 +45,8 @@ std::string expected_text(const KeySpec& key) {
       return "dynamic, none or a number > 0";
     case Kind::integer_list:
       return "a list of integers like [2, 2]";
+    case Kind::blend_list:
+      return "a list of datasets like [{path: data/a, weight: 0.7}, {path: data/b, weight: 0.3}]";
   }
   return "?";
 }
@@ -131,6 +133,8 @@ Converted convert_scalar(const KeySpec& key, const YAML::Node& node) {
       return {{}, fmt::format("expected a list of 2 numbers like [0.9, 0.95], got '{}'", text)};
     case Kind::integer_list:
       return {{}, fmt::format("expected a list of integers like [2, 2], got '{}'", text)};
+    case Kind::blend_list:
+      return {{}, fmt::format("expected {}, got '{}'", expected_text(key), text)};
     case Kind::loss_scale: {
       if (text == "dynamic") return {Value{LossScale{LossScaleMode::dynamic, 0.0}}, ""};
       if (text == "none") return {Value{LossScale{LossScaleMode::none, 0.0}}, ""};
@@ -144,6 +148,60 @@ Converted convert_scalar(const KeySpec& key, const YAML::Node& node) {
     }
   }
   return {{}, "unsupported key type"};
+}
+
+// data.sources: each item a map {path: text, weight: number > 0} (weight defaults to 1), or a
+// bare path of weight 1.
+Converted convert_blend_list(const YAML::Node& node) {
+  std::vector<data::BlendItem> items;
+  constexpr std::string_view kFields[] = {"path", "weight"};
+  for (std::size_t i = 0; i < node.size(); ++i) {
+    const YAML::Node& item = node[i];
+    data::BlendItem blend;
+    if (item.IsScalar()) {
+      blend.path = item.Scalar();
+    } else if (item.IsMap()) {
+      for (const auto& field : item) {
+        const std::string name = field.first.IsScalar() ? field.first.Scalar() : "?";
+        if (std::find(std::begin(kFields), std::end(kFields), name) == std::end(kFields)) {
+          std::string message = fmt::format(
+              "item {}: unknown field '{}' (a dataset has path and "
+              "weight)",
+              i + 1, name);
+          std::string guess = closest(name, {std::begin(kFields), std::end(kFields)});
+          if (!guess.empty()) message += fmt::format("; did you mean '{}'?", guess);
+          return {{}, message};
+        }
+      }
+      if (!item["path"] || !item["path"].IsScalar())
+        return {{},
+                fmt::format("item {}: a dataset needs a path, like {{path: data/a, weight: "
+                            "0.5}}",
+                            i + 1)};
+      blend.path = item["path"].Scalar();
+      if (item["weight"]) {
+        auto weight =
+            item["weight"].IsScalar() ? parse_number(item["weight"].Scalar()) : std::nullopt;
+        if (!weight)
+          return {{},
+                  fmt::format("item {}: weight: expected a number, got {}", i + 1,
+                              describe_node(item["weight"]))};
+        blend.weight = *weight;
+      }
+    } else {
+      return {{},
+              fmt::format("item {}: expected a dataset like {{path: data/a, weight: 0.5}}, "
+                          "got {}",
+                          i + 1, describe_node(item))};
+    }
+    if (blend.path.empty()) return {{}, fmt::format("item {}: the path is empty", i + 1)};
+    if (!(blend.weight > 0))
+      return {
+          {},
+          fmt::format("item {}: weight must be > 0, got {}", i + 1, format_number(blend.weight))};
+    items.push_back(std::move(blend));
+  }
+  return {Value{std::move(items)}, ""};
 }
 
 }  // namespace
@@ -182,6 +240,10 @@ Converted convert_node(const KeySpec& key, const YAML::Node& node) {
       list.push_back(std::get<int64_t>(*x.value));
     }
     result = {Value{std::move(list)}, ""};
+  } else if (key.kind == Kind::blend_list && node.IsSequence()) {
+    Converted list = convert_blend_list(node);
+    if (!list.value) return list;
+    result = std::move(list);
   } else if (node.IsScalar()) {
     result = convert_scalar(key, node);
   } else {
@@ -249,6 +311,8 @@ std::string_view kind_name(Kind kind) {
       return "loss scale";
     case Kind::integer_list:
       return "[int, ...]";
+    case Kind::blend_list:
+      return "[{path, weight}, ...]";
   }
   return "?";
 }
@@ -276,6 +340,16 @@ std::string format_value(const KeySpec& key, const Value& value) {
     }
     case Kind::integer_list:
       return fmt::format("[{}]", fmt::join(std::get<std::vector<int64_t>>(value), ", "));
+    case Kind::blend_list: {
+      std::vector<std::string> items;
+      KeySpec path_key = key;
+      path_key.kind = Kind::string;
+      for (const data::BlendItem& item : std::get<std::vector<data::BlendItem>>(value))
+        items.push_back(fmt::format("{{path: {}, weight: {}}}",
+                                    format_value(path_key, Value{item.path}),
+                                    as_float(item.weight)));
+      return fmt::format("[{}]", fmt::join(items, ", "));
+    }
     case Kind::loss_scale: {
       const auto& s = std::get<LossScale>(value);
       if (s.mode == LossScaleMode::fixed) return as_float(s.value);

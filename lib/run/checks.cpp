@@ -125,11 +125,23 @@ Exit check_rank_environment(SessionInput& input, const std::string& command) {
 
 namespace {
 
-// The key a data error is about: the validation file when the error names it, else data.path.
+// The key a data error is about: the validation file when the error names it, data.sources for
+// a blend, else data.path.
 std::string_view data_error_key(const recipe::Recipe& r, const std::string& message) {
   const std::string& val = r.data.val_path;
   if (!val.empty() && val != r.data.path && message.starts_with(val + ":")) return "data.val_path";
-  return "data.path";
+  return r.data.sources.empty() ? "data.path" : "data.sources";
+}
+
+// A dataset that names its tokenizer (data prepare's sidecar) and a model too small for it: the
+// ids may all fit today, but the data was made for a larger vocabulary.
+std::string tokenizer_problem(const data::TokenSource& source, int32_t vocab) {
+  const std::string tokenizer = source.tokenizer();
+  if (tokenizer.empty() || source.vocab_hint() <= vocab) return "";
+  return fmt::format(
+      "{} was tokenized with {}, whose vocabulary of {} does not fit model.vocab {}; set "
+      "model.vocab to at least {} (a multiple of 64 or 128 is faster on GPUs)",
+      source.describe(), tokenizer, source.vocab_hint(), vocab, source.vocab_hint());
 }
 
 // Whether two FILE streams write to the same file (a rank whose stderr the launcher sends to its
@@ -164,19 +176,27 @@ Exit open_session_data(const SessionInput& input, SessionData& out) {
     out.dataset = data::open_dataset(
         r.data, {.seed = static_cast<uint64_t>(r.determinism.seed), .vocab_size = r.model.vocab});
     // Every id is checked once here, not at the step that happens to read it.
-    if (std::string p = vocab_problem(*out.dataset.train, r.model.vocab, "data.path", input.rank);
-        !p.empty())
-      return report_problems({input.loaded.origins.problem("model.vocab", p)}, input.recipe_label);
-    const char* val_key = r.data.val_path.empty() ? "data.path" : "data.val_path";
-    if (out.dataset.val)
-      if (std::string p = vocab_problem(*out.dataset.val, r.model.vocab, val_key, input.rank);
-          !p.empty())
+    const char* train_key = r.data.sources.empty() ? "data.path" : "data.sources";
+    const char* val_key = r.data.val_path.empty() ? train_key : "data.val_path";
+    for (const data::DatasetPart& part : out.dataset.parts) {
+      std::string p = tokenizer_problem(*part.train, r.model.vocab);
+      if (p.empty()) p = vocab_problem(*part.train, r.model.vocab, train_key, input.rank);
+      if (p.empty() && part.val) p = vocab_problem(*part.val, r.model.vocab, val_key, input.rank);
+      if (!p.empty())
         return report_problems({input.loaded.origins.problem("model.vocab", p)},
                                input.recipe_label);
-    out.sampler.emplace(*out.dataset.train, r.model.seq_len,
+    }
+    out.sampler.emplace(out.dataset.train_parts(), r.model.seq_len,
                         static_cast<uint64_t>(r.determinism.seed), true, r.model.vocab);
-    if (out.dataset.val && out.dataset.val->size() > r.model.seq_len) {
-      out.val.emplace(*out.dataset.val, r.model.seq_len, r.model.vocab);
+    // Validation needs a window in every part of a blend.
+    std::vector<data::SamplerPart> val_parts = out.dataset.val_parts();
+    const bool val_fits =
+        !val_parts.empty() &&
+        std::all_of(val_parts.begin(), val_parts.end(), [&](const data::SamplerPart& part) {
+          return part.source->size() > r.model.seq_len;
+        });
+    if (val_fits) {
+      out.val.emplace(std::move(val_parts), r.model.seq_len, r.model.vocab);
       if (out.val->num_batches(r.training.micro_batch) < 1) out.val.reset();
     }
   } catch (const data::DataError& e) {

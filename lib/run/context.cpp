@@ -179,9 +179,8 @@ std::vector<std::string> RunContext::describe(const SessionInput& input) const {
   const data::Dataset& dataset = data_->dataset;
   lines.push_back(fmt::format(
       "data: {} train tokens ({}), {} validation tokens",
-      telemetry::format_count(static_cast<uint64_t>(dataset.train->size())),
-      dataset.train->describe(),
-      telemetry::format_count(static_cast<uint64_t>(dataset.val ? dataset.val->size() : 0))));
+      telemetry::format_count(static_cast<uint64_t>(dataset.train_tokens())), dataset.describe(),
+      telemetry::format_count(static_cast<uint64_t>(dataset.val_tokens()))));
   lines.push_back(fmt::format("run directory: {}", input.run_dir.string()));
   if (resumed) {
     lines.push_back(fmt::format("resuming from {} (the newest valid checkpoint) at step {} of {}",

@@ -55,8 +55,8 @@ CASES = [
     recipe_case("empty_file", "",
                 "r.yaml: error: missing required key 'name' (run name; used as the run directory "
                 "name); add e.g. `name: my-run`\n"
-                "r.yaml: error: data.path is required when data.source is text (or use "
-                "data.source: synthetic)\n2 problems in r.yaml\n"),
+                "r.yaml: error: data.path (or data.sources) is required when data.source is text "
+                "(or use data.source: synthetic)\n2 problems in r.yaml\n"),
     recipe_case("unknown_section", "name: bad\n" + SYNTHETIC + "modle: {layers: 2}\n",
                 one("r.yaml:3:1: error: unknown section 'modle'; did you mean 'model'?")),
     recipe_case("unknown_section_no_guess", "name: bad\n" + SYNTHETIC + "zzzzzz: 1\n",
@@ -137,8 +137,8 @@ CASES = [
                 "training: {steps: 5}\nschedule: {warmup_steps: 10}\n",
                 one("r.yaml:4:26: error: schedule.warmup_steps <= training.steps fails: 10 > 5")),
     recipe_case("text_without_path", "name: bad\ndata: {source: text}\n",
-                one("r.yaml:2:16: error: data.path is required when data.source is text (or use "
-                    "data.source: synthetic)")),
+                one("r.yaml:2:16: error: data.path (or data.sources) is required when "
+                    "data.source is text (or use data.source: synthetic)")),
     recipe_case("every_problem_at_once", "name: bad\n" + SYNTHETIC +
                 "model: {layers: 0, hidden: 130}\nmoe: {experts: 2, top_k: 3}\nfoo: 1\n",
                 "r.yaml:3:17: error: model.layers: must be >= 1, got 0\n"

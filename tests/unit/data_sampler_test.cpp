@@ -210,9 +210,9 @@ TEST_CASE("the sampler trains on the bundled text's holdout split") {
   config.source = SourceKind::text;
   config.path = std::string(TRAINCTL_SOURCE_DIR) + "/" + std::string(kBundledTextPath);
   const Dataset dataset = open_dataset(config);
-  Sampler sampler(*dataset.train, 256, 1234, true, 256);
-  const ValidationSet val(*dataset.val, 256, 256);
-  CHECK(sampler.num_samples() == (dataset.train->size() - 1) / 256);
+  Sampler sampler(*dataset.parts[0].train, 256, 1234, true, 256);
+  const ValidationSet val(*dataset.parts[0].val, 256, 256);
+  CHECK(sampler.num_samples() == (dataset.parts[0].train->size() - 1) / 256);
   CHECK(val.num_batches(8) > 20);
   std::vector<int32_t> out(8 * 257);
   sampler.next_batch(8, out.data());

@@ -119,10 +119,11 @@ TEST_CASE("broken llm.c shards are refused with the file and the fix") {
                             ": not an llm.c token shard: header[0] is 12345, expected the magic "
                             "number 20240520; point the data path at llm.c .bin shards");
 
-  write_shard(path, tokens, {.version = 2});
+  write_shard(path, tokens, {.version = 3});
   CHECK(open_error() == path +
-                            ": llm.c shard version 2 is not supported (only version 1: uint16 "
-                            "GPT-2 tokens); re-create the shard as version 1");
+                            ": llm.c shard version 3 is not supported (version 1: uint16 GPT-2 "
+                            "tokens, version 2: uint32 Llama 3 tokens); re-create the shard with "
+                            "llm.c's data scripts");
 
   write_shard(path, tokens, {.drop_bytes = 3});
   CHECK(open_error() == path +
@@ -223,8 +224,8 @@ TEST_CASE("open_dataset builds train and validation sources from a config") {
   SyntheticConfig stream;
   stream.num_tokens = 2000;
   const Dataset held_out = open_dataset(synthetic, stream);
-  CHECK(held_out.train->size() == 1500);
-  CHECK(held_out.val->size() == 500);
+  CHECK(held_out.parts[0].train->size() == 1500);
+  CHECK(held_out.parts[0].val->size() == 500);
 
   TempDir dir;
   write_bytes(dir.file("train.txt"), "abcdefgh");
@@ -234,13 +235,14 @@ TEST_CASE("open_dataset builds train and validation sources from a config") {
   text.path = dir.file("train.txt");
   text.val_path = dir.file("val.txt");
   const Dataset separate = open_dataset(text);
-  CHECK(separate.train->size() == 8);
-  CHECK(read_all(*separate.val) == std::vector<int32_t>{'x', 'y', 'z'});
+  CHECK(separate.parts[0].train->size() == 8);
+  CHECK(read_all(*separate.parts[0].val) == std::vector<int32_t>{'x', 'y', 'z'});
 
   CHECK(parse_source_kind("llmc") == SourceKind::llmc);
-  CHECK(error_of([] { parse_source_kind("megatron"); }) ==
-        "unknown data source kind 'megatron'; use one of synthetic, text (bytes of a file), llmc "
-        "(llm.c .bin token shards)");
+  CHECK(parse_source_kind("megatron") == SourceKind::megatron);
+  CHECK(error_of([] { parse_source_kind("fairseq"); }) ==
+        "unknown data source kind 'fairseq'; use one of synthetic, text (bytes of a file), llmc "
+        "(llm.c .bin token shards), megatron (a Megatron .bin/.idx indexed dataset)");
   DataConfig no_path;
   no_path.source = SourceKind::llmc;
   CHECK(error_of([&] { open_dataset(no_path); }) ==
@@ -253,9 +255,9 @@ TEST_CASE("the bundled text loads as byte-level training data") {
   config.source = SourceKind::text;
   config.path = path;
   const Dataset dataset = open_dataset(config);
-  const int64_t total = dataset.train->size() + dataset.val->size();
+  const int64_t total = dataset.parts[0].train->size() + dataset.parts[0].val->size();
   CHECK(total == 1027235);  // data/README.md
-  const std::vector<int32_t> tokens = read_all(*dataset.train);
+  const std::vector<int32_t> tokens = read_all(*dataset.parts[0].train);
   CHECK(std::string(tokens.begin(), tokens.begin() + 9) == "Genesis\n\n");
   std::array<int64_t, 256> counts{};
   for (int32_t token : tokens) {

@@ -88,7 +88,8 @@ const std::vector<BadCase> kBadCases = {
      {},
      {"missing required key 'name' (run name; used as the run directory name); add e.g. `name: "
       "my-run`",
-      "data.path is required when data.source is text (or use data.source: synthetic)"}},
+      "data.path (or data.sources) is required when data.source is text (or use data.source: "
+      "synthetic)"}},
     {"unknown section, did you mean",
      kOk + "modle:\n  layers: 2\n",
      {},
@@ -379,7 +380,8 @@ const std::vector<BadCase> kBadCases = {
     {"data.path required for text",
      "name: t\ndata:\n  source: llmc\n",
      {},
-     {"3:11: data.path is required when data.source is llmc (or use data.source: synthetic)"}},
+     {"3:11: data.path (or data.sources) is required when data.source is llmc (or use data.source: "
+      "synthetic)"}},
     {"text data file missing, relative path",
      "name: t\ndata: {source: text, path: no_such_corpus.txt}\n",
      {},
@@ -576,4 +578,28 @@ TEST_CASE("YAML nested past the parser's depth is a problem, not a crash") {
   const std::vector<std::string> problems = problems_of(deep, {});
   REQUIRE(problems.size() == 1);
   CHECK_THAT(problems[0], Catch::Contains("levels deep, more than a parser may follow"));
+}
+
+TEST_CASE("data.sources mistakes name the item, the field and the fix") {
+  const std::string ok = "name: t\ndata:\n  source: megatron\n";
+  CHECK(problems_of(ok + "  sources: [{path: x, wieght: 2}]\n", {}) ==
+        std::vector<std::string>{"4:12: data.sources: item 1: unknown field 'wieght' (a dataset "
+                                 "has path and weight); did you mean 'weight'?"});
+  CHECK(problems_of(ok + "  sources: [{weight: 2}]\n", {}) ==
+        std::vector<std::string>{"4:12: data.sources: item 1: a dataset needs a path, like "
+                                 "{path: data/a, weight: 0.5}"});
+  CHECK(problems_of(ok + "  sources: [{path: x, weight: 0}]\n", {}) ==
+        std::vector<std::string>{"4:12: data.sources: item 1: weight must be > 0, got 0"});
+  CHECK(problems_of(ok + "  sources: x\n", {}) ==
+        std::vector<std::string>{
+            "4:12: data.sources: expected a list of datasets like [{path: data/a, weight: 0.7}, "
+            "{path: data/b, weight: 0.3}], got 'x'"});
+  CHECK(problems_of(ok + "  sources: [/no/such/set]\n", {}) ==
+        std::vector<std::string>{
+            "4:12: data.sources: '/no/such/set.bin' does not exist (data.source megatron reads "
+            "/no/such/set.bin and /no/such/set.idx)"});
+  CHECK(problems_of("name: t\ndata:\n  source: synthetic\n  sources: [a]\n", {}) ==
+        std::vector<std::string>{
+            "4:12: data.sources blends datasets of data.source, and synthetic data has no files; "
+            "set data.source (text, llmc, megatron) or remove data.sources"});
 }

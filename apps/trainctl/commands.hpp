@@ -96,6 +96,17 @@ struct ReportOptions {
 };
 int run_report(const ReportOptions& options);
 
+// `trainctl data encode --tokenizer PATH [FILE]`: the ids of FILE's text (stdin without FILE) on
+// one line, space-separated, no end-of-document token appended; with --json a document that also
+// names the tokenizer. For checking a tokenizer by hand and against its own library.
+struct DataEncodeOptions {
+  std::string tokenizer;  // tokenizer.json, .model, or a folder holding one (tokenize.hpp)
+  std::string eod;        // end-of-document token; empty: the tokenizer's default
+  std::string file;       // empty: stdin
+  bool json = false;
+};
+int run_data_encode(const DataEncodeOptions& options);
+
 struct VersionOptions {};
 int run_version(const VersionOptions& options);
 

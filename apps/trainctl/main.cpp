@@ -187,6 +187,35 @@ int main(int argc, char** argv) {
                {"trainctl report runs/tiny", "trainctl report runs/tiny --out /tmp/tiny.html"},
                "README.md (the run directory)");
 
+  // `data`: a group of data commands (encode; prepare joins it).
+  CLI::App* data_cmd = cli.add_subcommand("data", "Tokenize text and prepare training data");
+  data_cmd->require_subcommand(1);
+  app::DataEncodeOptions data_encode;
+  CLI::App* data_encode_cmd = data_cmd->add_subcommand(
+      "encode", "Print a tokenizer's ids for a text file (stdin without FILE), one line");
+  data_encode_cmd
+      ->add_option("--tokenizer", data_encode.tokenizer,
+                   "A Hugging Face tokenizer.json (byte-level BPE), a SentencePiece .model, or a "
+                   "folder holding one")
+      ->required()
+      ->type_name("PATH");
+  data_encode_cmd
+      ->add_option("--eod", data_encode.eod,
+                   "End-of-document token (default: tokenizer_config.json's eos_token, else "
+                   "<|endoftext|>, <|end_of_text|> or </s>; SentencePiece: its eos piece)")
+      ->type_name("TOKEN");
+  data_encode_cmd->add_option("file", data_encode.file, "Text file (default: stdin)");
+  data_encode_cmd->add_flag("--json", data_encode.json,
+                            "Print a JSON document with the tokenizer's facts and the ids");
+  add_examples(data_encode_cmd,
+               {"trainctl data encode --tokenizer models/llama3/tokenizer.json data/kjv.txt",
+                "echo 'Hello world' | trainctl data encode --tokenizer tokenizer.model --json"},
+               "docs/data.md (tokenizers: what is supported)");
+  add_examples(data_cmd,
+               {"trainctl data encode --tokenizer models/gpt2 data/kjv.txt",
+                "trainctl data encode --tokenizer tokenizer.model --json notes.txt"},
+               "docs/data.md");
+
   app::VersionOptions version;
   CLI::App* version_cmd =
       cli.add_subcommand("version", "Print the version, build type, backends and libraries");
@@ -221,6 +250,7 @@ int main(int argc, char** argv) {
     if (resume_cmd->parsed()) return app::run_resume(resume);
     if (plan_cmd->parsed()) return app::run_plan(plan);
     if (report_cmd->parsed()) return app::run_report(report);
+    if (data_encode_cmd->parsed()) return app::run_data_encode(data_encode);
     if (ckpt_cmd->parsed()) {
       ckpt.action = inspect_cmd->parsed() ? "inspect" : verify_cmd->parsed() ? "verify" : "export";
       return app::run_ckpt(ckpt);

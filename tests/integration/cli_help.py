@@ -11,7 +11,7 @@ from cli_util import check
 
 SUBCOMMANDS = [["run"], ["validate"], ["resume"], ["ckpt"], ["ckpt", "inspect"],
                ["ckpt", "verify"], ["ckpt", "export"], ["plan"], ["submit"], ["report"],
-               ["version"]]
+               ["data"], ["data", "encode"], ["version"]]
 # Examples that write nothing (submit --dry-run prints the batch script): run as written.
 RUNNABLE = ("validate", "plan", "version", "--version")
 

@@ -209,7 +209,8 @@ int main(int argc, char** argv) {
                             "Print a JSON document with the tokenizer's facts and the ids");
   add_examples(data_encode_cmd,
                {"trainctl data encode --tokenizer models/llama3/tokenizer.json data/kjv.txt",
-                "echo 'Hello world' | trainctl data encode --tokenizer tokenizer.model --json"},
+                "trainctl data encode --tokenizer models/mistral/tokenizer.model --json notes.txt",
+                "trainctl data encode --tokenizer models/qwen2 --eod '<|im_end|>' notes.txt"},
                "docs/data.md (tokenizers: what is supported)");
   add_examples(data_cmd,
                {"trainctl data encode --tokenizer models/gpt2 data/kjv.txt",

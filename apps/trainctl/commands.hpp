@@ -107,6 +107,22 @@ struct DataEncodeOptions {
 };
 int run_data_encode(const DataEncodeOptions& options);
 
+// `trainctl data prepare INPUT... --tokenizer PATH --out PREFIX`: text and JSON Lines files (or
+// folders of them; .gz and .zst too) tokenized into a Megatron indexed dataset PREFIX.bin/.idx
+// and its sidecar PREFIX.json (lib/prepare). Exit codes: 0 written, 1 a write failed, 2 bad input
+// (nothing at PREFIX changed).
+struct DataPrepareOptions {
+  std::vector<std::string> inputs;
+  std::string tokenizer;
+  std::string eod;
+  std::string out;
+  std::string jsonl_key = "text";
+  int workers = 0;  // 0: one per hardware thread
+  bool overwrite = false;
+  std::string progress = "auto";  // auto | plain | none, as logging.progress
+};
+int run_data_prepare(const DataPrepareOptions& options);
+
 struct VersionOptions {};
 int run_version(const VersionOptions& options);
 

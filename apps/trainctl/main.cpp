@@ -187,7 +187,7 @@ int main(int argc, char** argv) {
                {"trainctl report runs/tiny", "trainctl report runs/tiny --out /tmp/tiny.html"},
                "README.md (the run directory)");
 
-  // `data`: a group of data commands (encode; prepare joins it).
+  // `data`: a group of data commands (encode, prepare).
   CLI::App* data_cmd = cli.add_subcommand("data", "Tokenize text and prepare training data");
   data_cmd->require_subcommand(1);
   app::DataEncodeOptions data_encode;
@@ -212,8 +212,49 @@ int main(int argc, char** argv) {
                 "trainctl data encode --tokenizer models/mistral/tokenizer.model --json notes.txt",
                 "trainctl data encode --tokenizer models/qwen2 --eod '<|im_end|>' notes.txt"},
                "docs/data.md (tokenizers: what is supported)");
+  app::DataPrepareOptions data_prepare;
+  CLI::App* data_prepare_cmd = data_cmd->add_subcommand(
+      "prepare", "Tokenize text or JSON Lines into a Megatron .bin/.idx dataset, in parallel");
+  data_prepare_cmd
+      ->add_option("inputs", data_prepare.inputs,
+                   "Files or folders: .txt (a document per file), .jsonl/.json (a document per "
+                   "line), each optionally .gz or .zst")
+      ->required();
+  data_prepare_cmd
+      ->add_option("--tokenizer", data_prepare.tokenizer,
+                   "A Hugging Face tokenizer.json (byte-level BPE), a SentencePiece .model, or a "
+                   "folder holding one")
+      ->required()
+      ->type_name("PATH");
+  data_prepare_cmd
+      ->add_option("--out", data_prepare.out,
+                   "Dataset prefix: writes PREFIX.bin, PREFIX.idx and PREFIX.json")
+      ->required()
+      ->type_name("PREFIX");
+  data_prepare_cmd
+      ->add_option("--eod", data_prepare.eod,
+                   "End-of-document token appended to each document (default as for encode)")
+      ->type_name("TOKEN");
+  data_prepare_cmd->add_option("--jsonl-key", data_prepare.jsonl_key,
+                               "The JSON field holding each line's text (default: text)");
+  data_prepare_cmd
+      ->add_option("--workers", data_prepare.workers,
+                   "Tokenizing threads (default 0: one per hardware thread)")
+      ->check(CLI::NonNegativeNumber);
+  data_prepare_cmd->add_flag("--overwrite", data_prepare.overwrite,
+                             "Replace a dataset already at PREFIX");
+  data_prepare_cmd
+      ->add_option("--progress", data_prepare.progress,
+                   "auto (a live line on a terminal), plain (a line every 10 s) or none")
+      ->check(CLI::IsMember({"auto", "plain", "none"}));
+  add_examples(data_prepare_cmd,
+               {"trainctl data prepare corpus/ --tokenizer models/gpt2 --out data/corpus",
+                "trainctl data prepare web.jsonl.zst --tokenizer llama3/tokenizer.json --out "
+                "data/web --jsonl-key content --workers 16"},
+               "docs/data.md (formats, the sidecar, training on the dataset)");
   add_examples(data_cmd,
-               {"trainctl data encode --tokenizer models/gpt2 data/kjv.txt",
+               {"trainctl data prepare corpus/ --tokenizer models/gpt2 --out data/corpus",
+                "trainctl data encode --tokenizer models/gpt2 data/kjv.txt",
                 "trainctl data encode --tokenizer tokenizer.model --json notes.txt"},
                "docs/data.md");
 
@@ -252,6 +293,7 @@ int main(int argc, char** argv) {
     if (plan_cmd->parsed()) return app::run_plan(plan);
     if (report_cmd->parsed()) return app::run_report(report);
     if (data_encode_cmd->parsed()) return app::run_data_encode(data_encode);
+    if (data_prepare_cmd->parsed()) return app::run_data_prepare(data_prepare);
     if (ckpt_cmd->parsed()) {
       ckpt.action = inspect_cmd->parsed() ? "inspect" : verify_cmd->parsed() ? "verify" : "export";
       return app::run_ckpt(ckpt);

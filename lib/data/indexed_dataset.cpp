@@ -91,12 +91,12 @@ std::string IndexedSidecar::to_json() const {
   nlohmann::ordered_json j = {{"format", kSidecarFormat},
                               {"version", 1},
                               {"tokenizer",
-                               {{"path", tokenizer_path},
-                                {"sha256", tokenizer_sha256},
-                                {"kind", tokenizer_kind},
-                                {"vocab_size", vocab_size},
-                                {"eod_id", eod_id},
-                                {"eod_token", eod_token}}},
+                               {{"path", tokenizer.path},
+                                {"sha256", tokenizer.sha256},
+                                {"kind", tokenizer.kind},
+                                {"vocab_size", tokenizer.vocab_size},
+                                {"eod_id", tokenizer.eod_id},
+                                {"eod_token", tokenizer.eod_token}}},
                               {"documents", documents},
                               {"tokens", tokens},
                               {"inputs", inputs}};
@@ -113,12 +113,12 @@ IndexedSidecar IndexedSidecar::parse(const std::string& text, const std::string&
           "or recreate the dataset with trainctl data prepare",
           path, kSidecarFormat));
     const nlohmann::json& t = j.at("tokenizer");
-    s.tokenizer_path = t.at("path").get<std::string>();
-    s.tokenizer_sha256 = t.at("sha256").get<std::string>();
-    s.tokenizer_kind = t.at("kind").get<std::string>();
-    s.vocab_size = t.at("vocab_size").get<int32_t>();
-    s.eod_id = t.at("eod_id").get<int32_t>();
-    s.eod_token = t.at("eod_token").get<std::string>();
+    s.tokenizer.path = t.at("path").get<std::string>();
+    s.tokenizer.sha256 = t.at("sha256").get<std::string>();
+    s.tokenizer.kind = t.at("kind").get<std::string>();
+    s.tokenizer.vocab_size = t.at("vocab_size").get<int32_t>();
+    s.tokenizer.eod_id = t.at("eod_id").get<int32_t>();
+    s.tokenizer.eod_token = t.at("eod_token").get<std::string>();
     s.documents = j.at("documents").get<int64_t>();
     s.tokens = j.at("tokens").get<int64_t>();
     s.inputs = j.at("inputs").get<std::vector<std::string>>();
@@ -128,11 +128,12 @@ IndexedSidecar IndexedSidecar::parse(const std::string& text, const std::string&
         "remove the sidecar",
         path, e.what()));
   }
-  if (s.vocab_size < 1 || s.eod_id < 0 || s.eod_id >= s.vocab_size)
+  if (s.tokenizer.vocab_size < 1 || s.tokenizer.eod_id < 0 ||
+      s.tokenizer.eod_id >= s.tokenizer.vocab_size)
     throw DataError(fmt::format(
         "{}: the sidecar's tokenizer has vocab_size {} and eod_id {}; both must be set, with the "
         "eod id below the vocabulary: recreate the dataset with trainctl data prepare",
-        path, s.vocab_size, s.eod_id));
+        path, s.tokenizer.vocab_size, s.tokenizer.eod_id));
   return s;
 }
 
@@ -271,7 +272,7 @@ void IndexedSource::read(int64_t offset, int64_t count, int32_t* out) const {
 }
 
 int32_t IndexedSource::vocab_hint() const {
-  if (sidecar_) return sidecar_->vocab_size;
+  if (sidecar_) return sidecar_->tokenizer.vocab_size;
   switch (dtype_) {
     case IndexedDType::uint8:
       return 256;
@@ -304,16 +305,14 @@ std::string IndexedSource::where(int64_t offset) const {
   return fmt::format("{}.bin, document {}, token {}", prefix_, low, offset - document_offset(low));
 }
 
-std::string IndexedSource::tokenizer() const {
-  if (!sidecar_) return "";
-  return fmt::format("{} ({}, vocab {}, eod {})", sidecar_->tokenizer_path,
-                     sidecar_->tokenizer_kind, sidecar_->vocab_size, sidecar_->eod_id);
+const TokenizerInfo* IndexedSource::tokenizer() const {
+  return sidecar_ ? &sidecar_->tokenizer : nullptr;
 }
 
 std::string IndexedSource::describe() const {
   return fmt::format("indexed dataset {} ({} documents, {} {} tokens{})", prefix_, num_documents(),
                      num_tokens_, indexed_dtype_name(dtype_),
-                     sidecar_ ? fmt::format(", tokenizer {}", sidecar_->tokenizer_path) : "");
+                     sidecar_ ? fmt::format(", tokenizer {}", sidecar_->tokenizer.path) : "");
 }
 
 // ---- writer -------------------------------------------------------------------------------------

@@ -53,12 +53,7 @@ std::string_view indexed_dtype_name(IndexedDType dtype);
 // What data prepare records beside a dataset (PREFIX.json). Every field is checked on open
 // against the dataset it sits beside, so a sidecar left from another dataset is refused.
 struct IndexedSidecar {
-  std::string tokenizer_path;    // as given to data prepare
-  std::string tokenizer_sha256;  // of the tokenizer file
-  std::string tokenizer_kind;    // "hf-bpe" | "sentencepiece"
-  int32_t vocab_size = 0;        // every id is below it
-  int32_t eod_id = -1;           // appended after each document
-  std::string eod_token;
+  TokenizerInfo tokenizer;  // every id is below its vocab_size; eod_id ends each document
   int64_t documents = 0;
   int64_t tokens = 0;
   std::vector<std::string> inputs;  // the files data prepare read, in order
@@ -84,7 +79,7 @@ class IndexedSource final : public TokenSource {
   int32_t vocab_hint() const override;
   std::string describe() const override;
   std::string where(int64_t offset) const override;  // "data/x.bin, document 12, token 40"
-  std::string tokenizer() const override;            // from the sidecar, when there is one
+  const TokenizerInfo* tokenizer() const override;   // from the sidecar, when there is one
 
   IndexedDType dtype() const { return dtype_; }
   int64_t num_sequences() const { return static_cast<int64_t>(pointers_.size()); }

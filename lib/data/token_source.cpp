@@ -9,6 +9,10 @@
 
 namespace trainctl::data {
 
+std::string TokenizerInfo::describe() const {
+  return fmt::format("{} ({}, vocab {}, eod {})", path, kind, vocab_size, eod_id);
+}
+
 void TokenSource::check_range(int64_t offset, int64_t count) const {
   if (offset < 0 || count < 0 || offset > size() || count > size() - offset) {
     throw DataError(fmt::format("read of tokens [{}, {}) is outside {} which has {} tokens", offset,
@@ -69,7 +73,7 @@ class SliceSource final : public TokenSource {
   }
   int32_t vocab_hint() const override { return base_->vocab_hint(); }
   bool ids_below_hint() const override { return base_->ids_below_hint(); }
-  std::string tokenizer() const override { return base_->tokenizer(); }
+  const TokenizerInfo* tokenizer() const override { return base_->tokenizer(); }
   std::string where(int64_t offset) const override { return base_->where(offset_ + offset); }
   std::string describe() const override {
     return fmt::format("{} tokens [{}, {})", base_->describe(), offset_, offset_ + count_);

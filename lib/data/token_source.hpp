@@ -25,6 +25,20 @@ class DataError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A tokenizer as a dataset records it (data prepare's sidecar).
+struct TokenizerInfo {
+  std::string path;    // as given to data prepare
+  std::string sha256;  // of the tokenizer file
+  std::string kind;    // "hf-bpe" | "sentencepiece"
+  int32_t vocab_size = 0;
+  int32_t eod_id = -1;
+  std::string eod_token;
+  bool operator==(const TokenizerInfo&) const = default;
+
+  // "tok/gpt2.json (hf-bpe, vocab 50257, eod 50256)"
+  std::string describe() const;
+};
+
 class TokenSource {
  public:
   virtual ~TokenSource() = default;
@@ -52,10 +66,10 @@ class TokenSource {
   // scan_vocab need not read the data; false where the file decides (llm.c's uint16 ids).
   virtual bool ids_below_hint() const { return false; }
 
-  // The tokenizer the tokens were made with, in words ("tok/gpt2.json (hf-bpe, vocab 50257, eod
-  // 50256)"), where the data records it (a dataset from trainctl data prepare); "" otherwise.
-  // When it is known, vocab_hint() is its vocabulary and a model must be at least as large.
-  virtual std::string tokenizer() const { return ""; }
+  // The tokenizer the tokens were made with, where the data records it (a dataset from trainctl
+  // data prepare); nullptr otherwise. When it is known, vocab_hint() is its vocabulary and a
+  // model must be at least as large.
+  virtual const TokenizerInfo* tokenizer() const { return nullptr; }
 
  protected:
   // Throws the DataError for a read outside [0, size()); shared by implementations.

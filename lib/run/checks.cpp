@@ -136,12 +136,13 @@ std::string_view data_error_key(const recipe::Recipe& r, const std::string& mess
 // A dataset that names its tokenizer (data prepare's sidecar) and a model too small for it: the
 // ids may all fit today, but the data was made for a larger vocabulary.
 std::string tokenizer_problem(const data::TokenSource& source, int32_t vocab) {
-  const std::string tokenizer = source.tokenizer();
-  if (tokenizer.empty() || source.vocab_hint() <= vocab) return "";
+  const data::TokenizerInfo* tokenizer = source.tokenizer();
+  if (tokenizer == nullptr || tokenizer->vocab_size <= vocab) return "";
   return fmt::format(
-      "{} was tokenized with {}, whose vocabulary of {} does not fit model.vocab {}; set "
-      "model.vocab to at least {} (a multiple of 64 or 128 is faster on GPUs)",
-      source.describe(), tokenizer, source.vocab_hint(), vocab, source.vocab_hint());
+      "{} was made by a tokenizer of {} ids ({} {}, recorded in its sidecar), more than "
+      "model.vocab {}; set model.vocab to at least {} (a multiple of 128 is faster on GPUs)",
+      source.describe(), tokenizer->vocab_size, tokenizer->kind, tokenizer->path, vocab,
+      tokenizer->vocab_size);
 }
 
 // Whether two FILE streams write to the same file (a rank whose stderr the launcher sends to its
@@ -223,7 +224,8 @@ Exit check_session_input(SessionInput& input, const std::string& command) {
                                    (dir / name).string(), files::file_type_name(st.st_mode)));
   }
   std::vector<fs::path> own_files;
-  for (const char* name : {"recipe.yaml", "metrics.jsonl", "summary.json", files::kRunLockFile})
+  for (const char* name :
+       {"recipe.yaml", "data.json", "metrics.jsonl", "summary.json", files::kRunLockFile})
     own_files.push_back(dir / name);
   std::error_code ec;
   if (fs::is_directory(dir / "logs", ec))
@@ -244,7 +246,8 @@ Exit check_session_input(SessionInput& input, const std::string& command) {
 
 void remove_previous_run(const fs::path& run_dir) {
   if (!fs::is_directory(run_dir)) return;
-  for (const char* name : {"recipe.yaml", "metrics.jsonl", "summary.json", "logs", "checkpoints"})
+  for (const char* name :
+       {"recipe.yaml", "data.json", "metrics.jsonl", "summary.json", "logs", "checkpoints"})
     fs::remove_all(run_dir / name);
   for (const fs::directory_entry& entry : fs::directory_iterator(run_dir))
     if (entry.path().filename().string().starts_with("events.out.tfevents."))

@@ -1,6 +1,7 @@
 #include "run/session.hpp"
 
 #include <fmt/core.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <memory>
@@ -26,14 +27,36 @@ namespace trainctl::run {
 
 namespace {
 
+// data.json: what the run reads, each dataset with its weight, its tokens and, where the data
+// records it (trainctl data prepare's sidecar), the tokenizer that made the ids: path, SHA-256,
+// vocabulary and end-of-document token.
+std::string data_record(const data::Dataset& dataset) {
+  nlohmann::ordered_json parts = nlohmann::ordered_json::array();
+  for (const data::DatasetPart& part : dataset.parts) {
+    nlohmann::ordered_json j = {{"source", part.train->describe()},
+                                {"weight", part.weight},
+                                {"train_tokens", part.train->size()},
+                                {"val_tokens", part.val ? part.val->size() : 0}};
+    if (const data::TokenizerInfo* t = part.train->tokenizer())
+      j["tokenizer"] = {{"path", t->path},     {"sha256", t->sha256},
+                        {"kind", t->kind},     {"vocab_size", t->vocab_size},
+                        {"eod_id", t->eod_id}, {"eod_token", t->eod_token}};
+    parts.push_back(std::move(j));
+  }
+  return nlohmann::ordered_json{{"datasets", std::move(parts)}}.dump(2) + "\n";
+}
+
 // Rank 0 writes the resolved recipe (atomically: a full disk leaves the old recipe.yaml, the one
-// resume needs, as it was) and, resuming, drops the records of the steps it will repeat.
+// resume needs, as it was) and what data it reads (data.json) and, resuming, drops the records of
+// the steps it will repeat.
 void prepare_run_dir(const SessionInput& input, RunContext& run) {
   fs::create_directories(input.run_dir / "logs");
   if (!run.leader()) return;
   files::write_file_atomically(input.run_dir / "recipe.yaml",
                                fmt::format("# resolved recipe (hash {})\n{}", run.recipe_hash(),
                                            recipe::dump_recipe(run.recipe())));
+  if (input.data)
+    files::write_file_atomically(input.run_dir / "data.json", data_record(input.data->dataset));
   if (input.resuming) truncate_metrics(input.run_dir / "metrics.jsonl", run.start_step());
 }
 

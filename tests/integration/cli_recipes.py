@@ -9,13 +9,14 @@ first for their cluster, and this checks it still does; llama3-405b.yaml's own l
 paper's) does not fit on the planner's 1F1B schedule without recompute, and this checks that the
 planner still ranks the paper's degrees (with full recompute). A recipe missing from PLAN, or an
 entry of PLAN missing from recipes/, fails the test.
-`cpu_train`: the CPU-sized recipes (one per family) train 8 steps through the binary and the loss
-falls."""
+`cpu_train`: the CPU-sized recipes (one per family, and llama3-tiny-bpe.yaml on a dataset made by
+trainctl data prepare) train 8 steps through the binary and the loss falls."""
 import json
 import os
 import struct
 
 import cli_util
+import tokenizer_fixtures
 from cli_util import check
 
 # What `trainctl plan RECIPE` must say, per recipe file:
@@ -27,6 +28,7 @@ from cli_util import check
 PLAN = {
     "tiny.yaml": "plans",
     "llama3-tiny.yaml": "plans",
+    "llama3-tiny-bpe.yaml": "plans",
     "mixtral-tiny.yaml": "plans",
     "gpt2-124m.yaml": "plans",
     "llama3-8b.yaml": "picks",
@@ -34,7 +36,7 @@ PLAN = {
     "mixtral-8x7b.yaml": "picks",
     "llama3-405b.yaml": ("ranks", {"tp": 8, "pp": 16, "dp": 128}),
 }
-CPU_SIZED = ["tiny.yaml", "llama3-tiny.yaml", "mixtral-tiny.yaml"]
+CPU_SIZED = ["tiny.yaml", "llama3-tiny.yaml", "llama3-tiny-bpe.yaml", "mixtral-tiny.yaml"]
 
 
 def write_llmc_shard(path, tokens):
@@ -46,15 +48,19 @@ def write_llmc_shard(path, tokens):
         f.write(struct.pack(f"<{len(tokens)}H", *tokens))
 
 
-def scratch_tree(root, tmp):
+def scratch_tree(binary, root, tmp):
     """A working directory in which every recipe's relative paths resolve as in the repository,
-    with stand-in FineWeb shards for gpt2-124m.yaml."""
+    with stand-in FineWeb shards for gpt2-124m.yaml and, for llama3-tiny-bpe.yaml, the dataset
+    its header says to make (scripts/make-tokenizer's tokenizer, then trainctl data prepare)."""
     os.symlink(os.path.join(root, "configs"), os.path.join(tmp, "configs"))
     os.makedirs(os.path.join(tmp, "data"))
     os.symlink(os.path.join(root, "data", "kjv.txt"), os.path.join(tmp, "data", "kjv.txt"))
     tokens = [(i * 7919) % 50257 for i in range(4096)]
     write_llmc_shard(os.path.join(tmp, "data", "fineweb10B", "fineweb_train_000001.bin"), tokens)
     write_llmc_shard(os.path.join(tmp, "data", "fineweb10B", "fineweb_val_000000.bin"), tokens)
+    tokenizer = tokenizer_fixtures.make_llama3(root, os.path.join(tmp, "tokenizers"))
+    cli_util.run_ok(binary, ["data", "prepare", "data/kjv.txt", "--tokenizer", tokenizer,
+                             "--out", "data/kjv-bpe"], tmp)
 
 
 def section(dump, name):
@@ -73,7 +79,7 @@ def validate_plan(binary, root, tmp):
     shipped = sorted(f for f in os.listdir(os.path.join(root, "recipes")) if f.endswith(".yaml"))
     check(shipped == sorted(PLAN), f"recipes/ holds {shipped}; PLAN covers {sorted(PLAN)}: "
                                    "add the new recipe's plan promise to PLAN")
-    scratch_tree(root, tmp)
+    scratch_tree(binary, root, tmp)
     for name, promise in PLAN.items():
         recipe = os.path.join(root, "recipes", name)
         dump = cli_util.run_ok(binary, ["validate", recipe], tmp).stdout
@@ -110,13 +116,14 @@ def validate_plan(binary, root, tmp):
 
 
 def cpu_train(binary, root, tmp):
+    scratch_tree(binary, root, tmp)
     for name in CPU_SIZED:
-        run_dir = os.path.join(tmp, name[:-len(".yaml")])
+        run_dir = os.path.join(tmp, "runs", name[:-len(".yaml")])
         sets = ["training.steps=8", "schedule.warmup_steps=2", "logging.every_steps=1",
                 "logging.eval_every_steps=0", "logging.eval_batches=1", "checkpoint.every_steps=0",
                 "logging.tensorboard=false"]
-        cli_util.run_ok(binary, ["run", os.path.join("recipes", name), "--run-dir", run_dir,
-                                 *[a for s in sets for a in ("--set", s)]], root)
+        cli_util.run_ok(binary, ["run", os.path.join(root, "recipes", name), "--run-dir", run_dir,
+                                 *[a for s in sets for a in ("--set", s)]], tmp)
         losses = [m["loss"] for m in cli_util.read_metrics(run_dir)]
         check(len(losses) == 8, f"{name}: {len(losses)} steps recorded, expected 8")
         check(losses[-1] < losses[0], f"{name}: the loss did not fall: {losses}")

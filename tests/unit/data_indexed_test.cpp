@@ -96,7 +96,7 @@ TEST_CASE("the writer's files are Megatron's layout byte for byte and read back"
     CHECK(source.document_offset(2) == 4);
     CHECK(source.document_offset(4) == 8);
     CHECK(source.vocab_hint() == 65536);  // no sidecar: the dtype's bound
-    CHECK(source.tokenizer().empty());
+    CHECK(source.tokenizer() == nullptr);
     CHECK(source.where(5) == prefix + ".bin, document 2, token 1");
     CHECK(source.describe() == "indexed dataset " + prefix + " (4 documents, 8 uint16 tokens)");
   }
@@ -209,12 +209,7 @@ TEST_CASE("the sidecar names the tokenizer and must describe the dataset beside 
   const std::string prefix = dir.file("tok");
   write_dataset(prefix, IndexedDType::uint16, {{1, 2, 0}, {3, 0}});
   IndexedSidecar sidecar;
-  sidecar.tokenizer_path = "tok/gpt2.json";
-  sidecar.tokenizer_sha256 = std::string(64, 'a');
-  sidecar.tokenizer_kind = "hf-bpe";
-  sidecar.vocab_size = 50257;
-  sidecar.eod_id = 0;
-  sidecar.eod_token = "<|endoftext|>";
+  sidecar.tokenizer = {"tok/gpt2.json", std::string(64, 'a'), "hf-bpe", 50257, 0, "<|endoftext|>"};
   sidecar.documents = 2;
   sidecar.tokens = 5;
   sidecar.inputs = {"a.txt"};
@@ -222,12 +217,14 @@ TEST_CASE("the sidecar names the tokenizer and must describe the dataset beside 
   {
     const IndexedSource source(prefix);
     REQUIRE(source.sidecar().has_value());
-    CHECK(source.sidecar()->tokenizer_sha256 == sidecar.tokenizer_sha256);
+    CHECK(source.sidecar()->tokenizer == sidecar.tokenizer);
     CHECK(source.vocab_hint() == 50257);
-    CHECK(source.tokenizer() == "tok/gpt2.json (hf-bpe, vocab 50257, eod 0)");
+    REQUIRE(source.tokenizer() != nullptr);
+    CHECK(source.tokenizer()->describe() == "tok/gpt2.json (hf-bpe, vocab 50257, eod 0)");
     // The holdout views keep the tokenizer: the run's vocabulary check reads it through them.
     const HoldoutSplit split = split_holdout(std::make_shared<IndexedSource>(prefix), 0.4);
-    CHECK(split.val->tokenizer() == source.tokenizer());
+    REQUIRE(split.val->tokenizer() != nullptr);
+    CHECK(*split.val->tokenizer() == sidecar.tokenizer);
   }
   sidecar.tokens = 6;
   write_bytes(prefix + ".json", sidecar.to_json());

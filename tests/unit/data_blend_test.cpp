@@ -25,15 +25,6 @@ struct ThreeSources {
   }
 };
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "(no DataError thrown)";
-}
-
 }  // namespace
 
 TEST_CASE("a blend's proportions over 10,000 samples follow the weights within one sample") {

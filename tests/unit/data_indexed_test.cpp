@@ -13,15 +13,6 @@ using namespace trainctl::data::test;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "(no DataError thrown)";
-}
-
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -49,12 +40,6 @@ std::string expected_index(uint8_t code, int64_t item_bytes, const std::vector<i
   }
   for (int64_t d = 0; d <= static_cast<int64_t>(sizes.size()); ++d)
     append<int64_t>(out, d);
-  return out;
-}
-
-std::vector<int32_t> read_all(const TokenSource& source) {
-  std::vector<int32_t> out(static_cast<size_t>(source.size()));
-  source.read(0, source.size(), out.data());
   return out;
 }
 

@@ -11,8 +11,10 @@
 #include <vector>
 
 #include "data/data.hpp"
+#include "data_test_util.hpp"
 
 using namespace trainctl::data;
+using namespace trainctl::data::test;
 
 namespace {
 
@@ -37,15 +39,6 @@ std::vector<int64_t> epoch_order(const Sampler& sampler, int64_t epoch) {
     order.push_back(sampler.sample_at(epoch * sampler.num_samples() + i));
   }
   return order;
-}
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const DataError& error) {
-    return error.what();
-  }
-  return "(no DataError thrown)";
 }
 
 }  // namespace

@@ -22,24 +22,7 @@ namespace fs = std::filesystem;
 using namespace trainctl::data;
 using namespace trainctl::data::test;
 
-namespace {
-
-std::vector<int32_t> read_all(const TokenSource& source) {
-  std::vector<int32_t> tokens(static_cast<size_t>(source.size()));
-  source.read(0, source.size(), tokens.data());
-  return tokens;
-}
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const DataError& error) {
-    return error.what();
-  }
-  return "(no DataError thrown)";
-}
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("text source reads each byte as one token") {
   TempDir dir;

@@ -1,11 +1,12 @@
-// Shared by the lib/data unit tests (data_test.cpp, data_reliability_test.cpp): a temporary
-// folder and writers of text and llm.c shard files, broken ones included.
+// Shared by the lib/data unit tests (data_*_test.cpp): a temporary folder, writers of text and
+// llm.c shard files (broken ones included), the message of a DataError and a source's tokens.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,6 +31,23 @@ struct TempDir {
   }
   std::string file(const std::string& name) const { return (path / name).string(); }
 };
+
+// The message of the DataError `action` throws, or "(no DataError thrown)".
+inline std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const DataError& error) {
+    return error.what();
+  }
+  return "(no DataError thrown)";
+}
+
+// Every token of a source.
+inline std::vector<int32_t> read_all(const TokenSource& source) {
+  std::vector<int32_t> tokens(static_cast<size_t>(source.size()));
+  source.read(0, source.size(), tokens.data());
+  return tokens;
+}
 
 inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);

@@ -1,8 +1,8 @@
 // lib/prepare's inputs: which files a folder gives and in which order, and the records of plain,
 // gzip and zstd JSON Lines and text files, compressed here by zlib and libzstd themselves.
-#include <catch2/catch.hpp>
 #include <zlib.h>
 #include <zstd.h>
+#include <catch2/catch.hpp>
 
 #include <filesystem>
 #include <fstream>
@@ -29,8 +29,8 @@ struct TempDir {
   std::string write(const std::string& name, const std::string& bytes) const {
     const fs::path file = path / name;
     fs::create_directories(file.parent_path());
-    std::ofstream(file, std::ios::binary).write(bytes.data(),
-                                                static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(file, std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     return file.string();
   }
 };
@@ -87,8 +87,9 @@ TEST_CASE("a folder gives its text and JSON Lines files, recursively, in sorted 
 
   const std::string twice = (dir.path / "corpus/b/2.txt").string();
   CHECK_THROWS_WITH(list_inputs({(dir.path / "corpus").string(), twice}),
-                    twice + ": named twice among the inputs (directly or inside a folder); name "
-                            "it once");
+                    twice +
+                        ": named twice among the inputs (directly or inside a folder); name "
+                        "it once");
   CHECK_THROWS_WITH(list_inputs({(dir.path / "corpus/notes.csv").string()}),
                     (dir.path / "corpus/notes.csv").string() +
                         ": data prepare reads .txt, .jsonl or .json, each optionally .gz or .zst; "
@@ -118,8 +119,8 @@ TEST_CASE("JSON Lines records: blank lines skipped, CRLF and a last line without
       list_inputs({dir.write("two.jsonl.zst", zstd("{\"a\": 1}\n") + zstd("{\"b\": 2}\n")),
                    dir.write("two.jsonl.gz", gzip("{\"a\": 1}\n") + gzip("{\"b\": 2}\n"))});
   for (const InputFile& input : joined)
-    CHECK(records(input) == std::vector<std::pair<std::string, int64_t>>{{"{\"a\": 1}", 1},
-                                                                          {"{\"b\": 2}", 2}});
+    CHECK(records(input) ==
+          std::vector<std::pair<std::string, int64_t>>{{"{\"a\": 1}", 1}, {"{\"b\": 2}", 2}});
 }
 
 TEST_CASE("a text file is one document; corrupt or truncated compressed data is refused") {
@@ -133,8 +134,9 @@ TEST_CASE("a text file is one document; corrupt or truncated compressed data is 
   const std::string compressed = zstd(std::string(10000, 'a') + "\n");
   const std::string cut = dir.write("cut.jsonl.zst", compressed.substr(0, compressed.size() - 4));
   CHECK_THROWS_WITH(records(list_inputs({cut})[0]),
-                    cut + ": the zstd data ends inside a frame (truncated); recompress or "
-                          "re-download it");
+                    cut +
+                        ": the zstd data ends inside a frame (truncated); recompress or "
+                        "re-download it");
   std::string broken = gzip(std::string(10000, 'a'));
   broken[broken.size() / 2] ^= 0x55;
   const std::string bad = dir.write("bad.jsonl.gz", broken);

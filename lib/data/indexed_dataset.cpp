@@ -26,6 +26,7 @@ constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
 constexpr int64_t kHeaderBytes = 9 + 8 + 1 + 8 + 8;
 constexpr uint64_t kVersion = 1;
 constexpr std::string_view kSidecarFormat = "trainctl-indexed-dataset";
+constexpr uint64_t kMaxSidecarBytes = uint64_t{64} << 20;
 
 int64_t item_bytes_of(IndexedDType dtype) {
   switch (dtype) {
@@ -103,15 +104,12 @@ std::string IndexedSidecar::to_json() const {
   return j.dump(2) + "\n";
 }
 
-IndexedSidecar IndexedSidecar::parse(const std::string& text, const std::string& path) {
+std::optional<IndexedSidecar> IndexedSidecar::parse(const std::string& text,
+                                                    const std::string& path) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("format") || j["format"] != kSidecarFormat) return std::nullopt;
   IndexedSidecar s;
   try {
-    const nlohmann::json j = nlohmann::json::parse(text);
-    if (j.value("format", "") != kSidecarFormat)
-      throw DataError(fmt::format(
-          "{}: not a trainctl dataset sidecar (its \"format\" is not \"{}\"); move the file away "
-          "or recreate the dataset with trainctl data prepare",
-          path, kSidecarFormat));
     const nlohmann::json& t = j.at("tokenizer");
     s.tokenizer.path = t.at("path").get<std::string>();
     s.tokenizer.sha256 = t.at("sha256").get<std::string>();
@@ -231,19 +229,22 @@ IndexedSource::IndexedSource(const std::string& path)
 
   const std::string sidecar_path = prefix_ + ".json";
   std::error_code ec;
-  if (fs::exists(sidecar_path, ec)) {
+  // Sidecars are small; a large PREFIX.json is some other file (a corpus), not read.
+  if (fs::is_regular_file(sidecar_path, ec) &&
+      fs::file_size(sidecar_path, ec) <= kMaxSidecarBytes) {
     std::string text;
     try {
-      text = files::read_regular_file(sidecar_path, 64 << 20, "dataset sidecar");
+      text = files::read_regular_file(sidecar_path, kMaxSidecarBytes, "dataset sidecar");
     } catch (const files::FileError& e) {
       throw DataError(e.what());
     }
-    IndexedSidecar sidecar = IndexedSidecar::parse(text, sidecar_path);
-    if (sidecar.documents != num_documents() || sidecar.tokens != num_tokens_)
+    std::optional<IndexedSidecar> sidecar = IndexedSidecar::parse(text, sidecar_path);
+    if (sidecar && (sidecar->documents != num_documents() || sidecar->tokens != num_tokens_))
       throw DataError(fmt::format(
           "{}: the sidecar describes {} documents and {} tokens, but {} holds {} documents and {} "
           "tokens: it belongs to another dataset; remove it or prepare the dataset again",
-          sidecar_path, sidecar.documents, sidecar.tokens, prefix_, num_documents(), num_tokens_));
+          sidecar_path, sidecar->documents, sidecar->tokens, prefix_, num_documents(),
+          num_tokens_));
     sidecar_ = std::move(sidecar);
   }
 }

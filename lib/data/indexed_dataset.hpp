@@ -51,7 +51,8 @@ IndexedDType indexed_dtype_for_vocab(int64_t vocab_size);
 std::string_view indexed_dtype_name(IndexedDType dtype);
 
 // What data prepare records beside a dataset (PREFIX.json). Every field is checked on open
-// against the dataset it sits beside, so a sidecar left from another dataset is refused.
+// against the dataset it sits beside, so a sidecar left from another dataset is refused; a
+// PREFIX.json that is not a sidecar (another tool's file) is left alone.
 struct IndexedSidecar {
   TokenizerInfo tokenizer;  // every id is below its vocab_size; eod_id ends each document
   int64_t documents = 0;
@@ -59,8 +60,10 @@ struct IndexedSidecar {
   std::vector<std::string> inputs;  // the files data prepare read, in order
 
   std::string to_json() const;
-  // Parses and checks the fields; throws DataError naming `path` and the field.
-  static IndexedSidecar parse(const std::string& text, const std::string& path);
+  // Parses and checks the fields; throws DataError naming `path` and the field. Nothing for text
+  // that is not a sidecar (not JSON, or no "format": "trainctl-indexed-dataset"): a PREFIX.json
+  // of someone else's is not ours to judge.
+  static std::optional<IndexedSidecar> parse(const std::string& text, const std::string& path);
 };
 
 // A Megatron indexed dataset as a TokenSource. The .idx is read and checked whole on open (its

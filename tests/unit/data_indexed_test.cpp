@@ -217,10 +217,17 @@ TEST_CASE("the sidecar names the tokenizer and must describe the dataset beside 
         prefix + ".json: the sidecar describes 2 documents and 6 tokens, but " + prefix +
             " holds 2 documents and 5 tokens: it belongs to another dataset; remove it or prepare "
             "the dataset again");
-  write_bytes(prefix + ".json", "{\"format\": \"something\"}");
+  write_bytes(prefix + ".json", "{\"format\": \"trainctl-indexed-dataset\", \"tokens\": 5}");
   CHECK(error_of([&] {
           IndexedSource source(prefix);
-        }).starts_with(prefix + ".json: not a trainctl dataset sidecar"));
+        }).starts_with(prefix + ".json: unreadable dataset sidecar ("));
+  // Another tool's PREFIX.json (a corpus, a config) is not a sidecar: left alone.
+  for (const std::string other : {"{\"format\": \"something\"}", "[1, 2]", "not json"}) {
+    write_bytes(prefix + ".json", other);
+    const IndexedSource source(prefix);
+    CHECK_FALSE(source.sidecar().has_value());
+    CHECK(source.vocab_hint() == 65536);
+  }
 }
 
 TEST_CASE("llm.c version 2 shards hold uint32 Llama 3 ids; versions do not mix") {

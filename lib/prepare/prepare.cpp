@@ -221,8 +221,20 @@ PrepareSummary prepare_dataset(const PrepareOptions& options,
     seen.bytes_total += input.bytes;
   summary.input_bytes = seen.bytes_total;
 
+  // The folders --out needs are made here and, when the run fails on bad input found while
+  // reading, removed again (declared before the writer, so its temporary files are gone first).
+  struct CreatedFolder {
+    fs::path root;  // the outermost folder this run created; empty: none
+    bool keep = false;
+    ~CreatedFolder() {
+      std::error_code ignored;
+      if (!keep && !root.empty()) fs::remove_all(root, ignored);
+    }
+  } created;
   if (const fs::path parent = fs::path(options.out).parent_path(); !parent.empty()) {
     std::error_code ec;
+    for (fs::path p = parent; !p.empty() && !fs::exists(p, ec); p = p.parent_path())
+      created.root = p;
     fs::create_directories(parent, ec);
     if (ec) files::throw_os_error("create the folder", parent, ec.value());
   }
@@ -332,6 +344,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& options,
                     summary.empty_skipped));
 
   writer.finish();
+  created.keep = true;
   data::IndexedSidecar& sidecar = summary.sidecar;
   sidecar.tokenizer.path = tokenizer->path();
   try {

@@ -217,6 +217,10 @@ def bad_input(binary, root, tmp):
     refused(["ok.jsonl", "--tokenizer", "nothing.json", "--out", "out/x"], "--tokenizer ")
     refused(["ok.jsonl", "bad.jsonl", "--tokenizer", tokenizer, "--out", "out/x", "--workers",
              "2"], "bad.jsonl:5001: not a JSON object")
+    # Found while reading, into folders the run made: the folders go too.
+    refused(["ok.jsonl", "bad.jsonl", "--tokenizer", tokenizer, "--out", "new/deeper/x"],
+            "bad.jsonl:5001: not a JSON object", prefix="new/deeper/x")
+    check(not os.path.exists(os.path.join(tmp, "new")), "the folders made for --out were left")
     refused(["ok.jsonl", "--tokenizer", tokenizer, "--out", "out/x", "--jsonl-key", "body"],
             'ok.jsonl:1: no string field "body" in this line; name the field that holds the '
             "text with --jsonl-key")

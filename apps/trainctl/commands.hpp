@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "prepare/prepare.hpp"
 #include "run/session.hpp"
 
 namespace trainctl::app {
@@ -112,14 +113,8 @@ int run_data_encode(const DataEncodeOptions& options);
 // and its sidecar PREFIX.json (lib/prepare). Exit codes: 0 written, 1 a write failed, 2 bad input
 // (nothing at PREFIX changed).
 struct DataPrepareOptions {
-  std::vector<std::string> inputs;
-  std::string tokenizer;
-  std::string eod;
-  std::string out;
-  std::string jsonl_key = "text";
-  int workers = 0;  // 0: one per hardware thread
-  bool overwrite = false;
-  std::string progress = "auto";  // auto | plain | none, as logging.progress
+  prepare::PrepareOptions prepare;  // what to read, with which tokenizer, where to write
+  std::string progress = "auto";    // auto | plain | none, as logging.progress
 };
 int run_data_prepare(const DataPrepareOptions& options);
 

@@ -41,15 +41,6 @@ std::string progress_line(const prepare::PrepareProgress& p) {
 }  // namespace
 
 int run_data_prepare(const DataPrepareOptions& options) {
-  prepare::PrepareOptions prepare_options;
-  prepare_options.inputs = options.inputs;
-  prepare_options.tokenizer = options.tokenizer;
-  prepare_options.eod = options.eod;
-  prepare_options.out = options.out;
-  prepare_options.jsonl_key = options.jsonl_key;
-  prepare_options.workers = options.workers;
-  prepare_options.overwrite = options.overwrite;
-
   const bool live = options.progress == "auto" && ::isatty(STDERR_FILENO) != 0;
   const bool plain = options.progress == "plain" || (options.progress == "auto" && !live);
   double last_plain = 0;
@@ -66,7 +57,7 @@ int run_data_prepare(const DataPrepareOptions& options) {
   };
   prepare::PrepareSummary summary;
   try {
-    summary = prepare::prepare_dataset(prepare_options, progress);
+    summary = prepare::prepare_dataset(options.prepare, progress);
   } catch (const prepare::PrepareError& e) {
     if (drew) fmt::print(stderr, "\n");
     return bad_input(kCommand, e.what());

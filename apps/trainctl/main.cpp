@@ -26,6 +26,22 @@ void add_debug_save_delay(CLI::App* command, int& milliseconds) {
       ->group("Diagnostics");
 }
 
+// --tokenizer and --eod, as data encode and data prepare both take them (lib/tokenize's
+// load_tokenizer reads them).
+void add_tokenizer_options(CLI::App* command, std::string& tokenizer, std::string& eod) {
+  command
+      ->add_option("--tokenizer", tokenizer,
+                   "A Hugging Face tokenizer.json (byte-level BPE), a SentencePiece .model, or a "
+                   "folder holding one")
+      ->required()
+      ->type_name("PATH");
+  command
+      ->add_option("--eod", eod,
+                   "End-of-document token (default: tokenizer_config.json's eos_token, else "
+                   "<|endoftext|>, <|end_of_text|> or </s>; SentencePiece: its eos piece)")
+      ->type_name("TOKEN");
+}
+
 // The end of a subcommand's --help: two or three examples, then the pages to read.
 void add_examples(CLI::App* command, std::initializer_list<const char*> examples,
                   const char* read) {
@@ -193,17 +209,7 @@ int main(int argc, char** argv) {
   app::DataEncodeOptions data_encode;
   CLI::App* data_encode_cmd = data_cmd->add_subcommand(
       "encode", "Print a tokenizer's ids for a text file (stdin without FILE), one line");
-  data_encode_cmd
-      ->add_option("--tokenizer", data_encode.tokenizer,
-                   "A Hugging Face tokenizer.json (byte-level BPE), a SentencePiece .model, or a "
-                   "folder holding one")
-      ->required()
-      ->type_name("PATH");
-  data_encode_cmd
-      ->add_option("--eod", data_encode.eod,
-                   "End-of-document token (default: tokenizer_config.json's eos_token, else "
-                   "<|endoftext|>, <|end_of_text|> or </s>; SentencePiece: its eos piece)")
-      ->type_name("TOKEN");
+  add_tokenizer_options(data_encode_cmd, data_encode.tokenizer, data_encode.eod);
   data_encode_cmd->add_option("file", data_encode.file, "Text file (default: stdin)");
   data_encode_cmd->add_flag("--json", data_encode.json,
                             "Print a JSON document with the tokenizer's facts and the ids");
@@ -216,32 +222,23 @@ int main(int argc, char** argv) {
   CLI::App* data_prepare_cmd = data_cmd->add_subcommand(
       "prepare", "Tokenize text or JSON Lines into a Megatron .bin/.idx dataset, in parallel");
   data_prepare_cmd
-      ->add_option("inputs", data_prepare.inputs,
+      ->add_option("inputs", data_prepare.prepare.inputs,
                    "Files or folders: .txt (a document per file), .jsonl/.json (a document per "
                    "line), each optionally .gz or .zst")
       ->required();
+  add_tokenizer_options(data_prepare_cmd, data_prepare.prepare.tokenizer, data_prepare.prepare.eod);
   data_prepare_cmd
-      ->add_option("--tokenizer", data_prepare.tokenizer,
-                   "A Hugging Face tokenizer.json (byte-level BPE), a SentencePiece .model, or a "
-                   "folder holding one")
-      ->required()
-      ->type_name("PATH");
-  data_prepare_cmd
-      ->add_option("--out", data_prepare.out,
+      ->add_option("--out", data_prepare.prepare.out,
                    "Dataset prefix: writes PREFIX.bin, PREFIX.idx and PREFIX.json")
       ->required()
       ->type_name("PREFIX");
-  data_prepare_cmd
-      ->add_option("--eod", data_prepare.eod,
-                   "End-of-document token appended to each document (default as for encode)")
-      ->type_name("TOKEN");
-  data_prepare_cmd->add_option("--jsonl-key", data_prepare.jsonl_key,
+  data_prepare_cmd->add_option("--jsonl-key", data_prepare.prepare.jsonl_key,
                                "The JSON field holding each line's text (default: text)");
   data_prepare_cmd
-      ->add_option("--workers", data_prepare.workers,
+      ->add_option("--workers", data_prepare.prepare.workers,
                    "Tokenizing threads (default 0: one per hardware thread)")
       ->check(CLI::NonNegativeNumber);
-  data_prepare_cmd->add_flag("--overwrite", data_prepare.overwrite,
+  data_prepare_cmd->add_flag("--overwrite", data_prepare.prepare.overwrite,
                              "Replace a dataset already at PREFIX");
   data_prepare_cmd
       ->add_option("--progress", data_prepare.progress,

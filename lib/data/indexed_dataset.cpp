@@ -46,9 +46,25 @@ int64_t item_bytes_of(IndexedDType dtype) {
   return 0;
 }
 
+// The largest token id a dtype holds; 0 for the types that hold no ids (signed bytes, int64,
+// floats). The one place the writer's range check, the reader's refusal and vocab_hint read.
+int64_t largest_id(IndexedDType dtype) {
+  switch (dtype) {
+    case IndexedDType::uint8:
+      return 255;
+    case IndexedDType::int16:
+      return 32767;
+    case IndexedDType::uint16:
+      return 65535;
+    case IndexedDType::int32:
+      return std::numeric_limits<int32_t>::max();
+    default:
+      return 0;
+  }
+}
+
 bool holds_token_ids(IndexedDType dtype) {
-  return dtype == IndexedDType::uint8 || dtype == IndexedDType::int16 ||
-         dtype == IndexedDType::int32 || dtype == IndexedDType::uint16;
+  return largest_id(dtype) > 0;
 }
 
 template <typename T>
@@ -274,16 +290,8 @@ void IndexedSource::read(int64_t offset, int64_t count, int32_t* out) const {
 
 int32_t IndexedSource::vocab_hint() const {
   if (sidecar_) return sidecar_->tokenizer.vocab_size;
-  switch (dtype_) {
-    case IndexedDType::uint8:
-      return 256;
-    case IndexedDType::int16:
-      return 32768;
-    case IndexedDType::uint16:
-      return 65536;
-    default:
-      return std::numeric_limits<int32_t>::max();
-  }
+  const int64_t largest = largest_id(dtype_);
+  return static_cast<int32_t>(std::min<int64_t>(largest + 1, std::numeric_limits<int32_t>::max()));
 }
 
 int64_t IndexedSource::document_offset(int64_t doc) const {
@@ -356,10 +364,7 @@ void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
         fmt::format("{}: a document of {} tokens does not fit the index's int32 "
                     "sizes; split it",
                     prefix_, tokens.size()));
-  const int64_t high = dtype_ == IndexedDType::uint8    ? 255
-                       : dtype_ == IndexedDType::int16  ? 32767
-                       : dtype_ == IndexedDType::uint16 ? 65535
-                                                        : std::numeric_limits<int32_t>::max();
+  const int64_t high = largest_id(dtype_);
   const size_t at = buffer_.size();
   buffer_.resize(at + tokens.size() * static_cast<size_t>(item_bytes_));
   unsigned char* out = buffer_.data() + at;

@@ -52,7 +52,7 @@ class Pipeline {
   void push(Batch batch) {
     std::lock_guard lock(mutex_);
     ++in_flight_;
-    todo_.push_back(std::move(batch));
+    pending_.push_back(std::move(batch));
     work_.notify_one();
   }
   void close() {
@@ -63,10 +63,10 @@ class Pipeline {
   // Worker: the next batch, or nothing when closed and drained or failed.
   std::optional<Batch> take() {
     std::unique_lock lock(mutex_);
-    work_.wait(lock, [&] { return !todo_.empty() || closed_ || failed_; });
-    if (failed_ || todo_.empty()) return std::nullopt;
-    Batch batch = std::move(todo_.front());
-    todo_.pop_front();
+    work_.wait(lock, [&] { return !pending_.empty() || closed_ || failed_; });
+    if (failed_ || pending_.empty()) return std::nullopt;
+    Batch batch = std::move(pending_.front());
+    pending_.pop_front();
     return batch;
   }
   void done(Batch batch) {
@@ -100,7 +100,7 @@ class Pipeline {
  private:
   std::mutex mutex_;
   std::condition_variable work_, ready_;
-  std::deque<Batch> todo_;
+  std::deque<Batch> pending_;
   std::map<int64_t, Batch> done_;
   size_t in_flight_ = 0;
   size_t max_in_flight_;

@@ -142,10 +142,13 @@ def snapshot(run_dir):
     return files
 
 
+# A file's temporary twin (.NAME.tmp-PID) or a checkpoint's temporary folder (.tmp-step_N).
+TEMPORARY = re.compile(r"(^|/)\.[^/]*\.tmp-\d+$|(^|/)\.tmp-step_")
+
+
 def leftovers(run_dir):
     """Temporary files or folders a command left behind."""
-    return [n for n in cli_util.tree(run_dir)
-            if re.search(r"(^|/)\.[^/]*\.tmp-\d+$|(^|/)\.tmp-step_", n)]
+    return [n for n in cli_util.tree(run_dir) if TEMPORARY.search(n)]
 
 
 def run_intact(binary, root, run_dir, killed=False):
@@ -246,7 +249,9 @@ def group_lock(binary, root, tmp):
             results["resume"] = invoke(binary, ru.resume_args(run_dir), root)
             results["overwrite"] = invoke(binary, ru.run_args(run_dir, 400, EXTRA) +
                                           ["--overwrite"], root)
-            results["intact"] = all(os.path.exists(os.path.join(run_dir, k)) for k in before)
+            # The holder goes on saving meanwhile: its own temporary files are renamed away.
+            results["intact"] = all(os.path.exists(os.path.join(run_dir, k)) for k in before
+                                    if not TEMPORARY.search(k))
             results["pid"] = process.pid
             process.kill()
 

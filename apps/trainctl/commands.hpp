@@ -97,6 +97,16 @@ struct ReportOptions {
 };
 int run_report(const ReportOptions& options);
 
+// `trainctl diff RUN_A RUN_B [--json]`: why two runs' numbers differ, most likely cause first,
+// and where their losses part. Exit 0 when their losses agree at every common step, 1 when they
+// differ (as diff(1)), 2 for bad input.
+struct DiffOptions {
+  std::string run_a;
+  std::string run_b;
+  bool json = false;
+};
+int run_diff(const DiffOptions& options);
+
 // `trainctl data encode --tokenizer PATH [FILE]`: the ids of FILE's text (stdin without FILE) on
 // one line, space-separated, no end-of-document token appended; with --json a document that also
 // names the tokenizer. For checking a tokenizer by hand and against its own library.

@@ -194,6 +194,18 @@ int main(int argc, char** argv) {
                 "--set slurm.time=24:00:00"},
                "docs/slurm.md");
 
+  app::DiffOptions diff;
+  CLI::App* diff_cmd = cli.add_subcommand(
+      "diff",
+      "Say why two runs' losses differ (recipe, seed, data, layout, threads, binary, "
+      "hardware) and where they part, or that they should be identical and whether they are");
+  diff_cmd->add_option("run_a", diff.run_a, "A run directory")->required();
+  diff_cmd->add_option("run_b", diff.run_b, "Another run directory")->required();
+  diff_cmd->add_flag("--json", diff.json, "Print the comparison as JSON");
+  add_examples(diff_cmd,
+               {"trainctl diff runs/tiny runs/tiny-dp2", "trainctl diff runs/a runs/b --json"},
+               "docs/provenance.md");
+
   app::ReportOptions report;
   CLI::App* report_cmd = cli.add_subcommand(
       "report", "Draw a run's loss, learning rate, throughput and memory as one HTML page");
@@ -289,6 +301,7 @@ int main(int argc, char** argv) {
     if (resume_cmd->parsed()) return app::run_resume(resume);
     if (plan_cmd->parsed()) return app::run_plan(plan);
     if (report_cmd->parsed()) return app::run_report(report);
+    if (diff_cmd->parsed()) return app::run_diff(diff);
     if (data_encode_cmd->parsed()) return app::run_data_encode(data_encode);
     if (data_prepare_cmd->parsed()) return app::run_data_prepare(data_prepare);
     if (ckpt_cmd->parsed()) {

@@ -9,10 +9,8 @@
 
 #include "backend/cuda/device.hpp"
 #include "commands.hpp"
+#include "run/build_info.hpp"
 
-#ifndef TRAINCTL_VERSION
-#define TRAINCTL_VERSION "0.0.0"
-#endif
 #ifndef TRAINCTL_YAML_CPP_VERSION
 #define TRAINCTL_YAML_CPP_VERSION "unknown"
 #endif
@@ -23,7 +21,9 @@
 namespace trainctl::app {
 
 int run_version(const VersionOptions&) {
-  fmt::print("trainctl {}\n", TRAINCTL_VERSION);
+  const run::BuildInfo& b = run::build_info();
+  fmt::print("trainctl {}\n", b.version);
+  fmt::print("source:    commit {} ({} tree)\n", b.commit, b.tree);
   fmt::print("build:     {} ({} {}.{}.{}, C++{})\n", TRAINCTL_BUILD_TYPE, "gcc", __GNUC__,
              __GNUC_MINOR__, __GNUC_PATCHLEVEL__, __cplusplus / 100 % 10000);
   std::string backends = "cpu";

@@ -94,6 +94,9 @@ struct ManifestHeader {
   nlohmann::json layout = nlohmann::json::object();
   nlohmann::json model = nlohmann::json::object();
   nlohmann::json state = nlohmann::json::object();
+  // The run's provenance.json (lib/run/provenance.hpp) as it was at the save; null: not recorded
+  // (checkpoints of older versions, tests).
+  nlohmann::json provenance;
 };
 
 struct Manifest {

@@ -155,6 +155,8 @@ Manifest parse_fields(const json& root) {
   m.header.layout = as_kind(field(root, "layout", "manifest"), true, "layout");
   m.header.model = as_kind(field(root, "model", "manifest"), true, "model");
   m.header.state = as_kind(field(root, "state", "manifest"), true, "state");
+  if (root.contains("provenance"))
+    m.header.provenance = as_kind(root.at("provenance"), true, "provenance");
   const json& files = as_kind(field(root, "files", "manifest"), true, "files");
   for (const auto& [name, entry] : files.items()) {
     const std::string where = fmt::format("files[\"{}\"]", name);
@@ -380,6 +382,7 @@ json manifest_to_json(const Manifest& m) {
                {"created", m.created},    {"layout", m.header.layout},
                {"model", m.header.model}, {"state", m.header.state},
                {"tensors", tensors},      {"files", files}};
+  if (!m.header.provenance.is_null()) root["provenance"] = m.header.provenance;
   root[std::string(kManifestChecksumKey)] = manifest_checksum(root);
   return root;
 }

@@ -11,6 +11,7 @@
 //  - all_gather_v: one ncclBroadcast per rank, root r sending its part;
 //  - all_to_all(v): an ncclSend and an ncclRecv per rank, this rank included.
 #include <cuda_runtime.h>
+#include <fmt/core.h>
 #include <nccl.h>
 
 #include <algorithm>
@@ -26,6 +27,12 @@ namespace trainctl::comm {
 
 bool nccl_available() {
   return true;
+}
+
+std::string nccl_version() {
+  int code = 0;  // major * 10000 + minor * 100 + patch (NCCL >= 2.9)
+  if (ncclGetVersion(&code) != ncclSuccess) return "unknown";
+  return fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100);
 }
 
 namespace {

@@ -34,6 +34,8 @@ namespace trainctl::comm {
 
 // True when this build has NCCL compiled in (it may still find no GPU at run time).
 bool nccl_available();
+// The NCCL library's version, "2.21.5"; "" without NCCL.
+std::string nccl_version();
 
 // Joins a group over NCCL on GPU `cuda_device` (this process's local rank's GPU). Collective like
 // create_gloo_communicator: every member calls it with the same name and size and a store private

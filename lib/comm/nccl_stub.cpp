@@ -9,6 +9,10 @@ bool nccl_available() {
   return false;
 }
 
+std::string nccl_version() {
+  return "";
+}
+
 std::unique_ptr<Communicator> create_nccl_communicator(Store& /*store*/,
                                                        const GroupOptions& options, int cuda_device,
                                                        bool /*deterministic*/,

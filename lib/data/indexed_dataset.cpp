@@ -158,6 +158,7 @@ IndexedSource::IndexedSource(const std::string& path)
   const std::string idx_path = prefix_ + ".idx";
   const detail::DataFile idx(idx_path);
   const auto idx_bytes = static_cast<int64_t>(idx.size());
+  idx_bytes_ = idx.size();
   auto refuse = [&](const std::string& what) {
     throw DataError(
         fmt::format("{}: {}; recreate the dataset (trainctl data prepare, or "
@@ -316,6 +317,10 @@ std::string IndexedSource::where(int64_t offset) const {
 
 const TokenizerInfo* IndexedSource::tokenizer() const {
   return sidecar_ ? &sidecar_->tokenizer : nullptr;
+}
+
+std::vector<SourceFile> IndexedSource::files() const {
+  return {{bin_.path(), bin_.size()}, {prefix_ + ".idx", idx_bytes_}};
 }
 
 std::string IndexedSource::describe() const {

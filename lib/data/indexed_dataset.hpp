@@ -83,6 +83,7 @@ class IndexedSource final : public TokenSource {
   std::string describe() const override;
   std::string where(int64_t offset) const override;  // "data/x.bin, document 12, token 40"
   const TokenizerInfo* tokenizer() const override;   // from the sidecar, when there is one
+  std::vector<SourceFile> files() const override;    // PREFIX.bin, PREFIX.idx
 
   IndexedDType dtype() const { return dtype_; }
   int64_t num_sequences() const { return static_cast<int64_t>(pointers_.size()); }
@@ -95,6 +96,7 @@ class IndexedSource final : public TokenSource {
  private:
   std::string prefix_;
   detail::DataFile bin_;
+  uint64_t idx_bytes_ = 0;  // read whole when opened: only its size is kept
   IndexedDType dtype_ = IndexedDType::uint16;
   int64_t item_bytes_ = 2;
   int64_t num_tokens_ = 0;

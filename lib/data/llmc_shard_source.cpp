@@ -137,6 +137,13 @@ std::string LlmcShardSource::where(int64_t offset) const {
   return fmt::format("{}, token {}", shards_[shard].path(), offset - first_token_[shard]);
 }
 
+std::vector<SourceFile> LlmcShardSource::files() const {
+  std::vector<SourceFile> out;
+  for (const detail::DataFile& shard : shards_)
+    out.push_back({shard.path(), shard.size()});
+  return out;
+}
+
 std::string LlmcShardSource::describe() const {
   const char* kind = version_ == kVersion ? "" : " (version 2, uint32)";
   if (shards_.size() == 1) {

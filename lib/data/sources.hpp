@@ -69,6 +69,7 @@ class TextSource final : public TokenSource {
   bool ids_below_hint() const override { return true; }
   std::string describe() const override;
   std::string where(int64_t offset) const override;  // "data/kjv.txt, byte 12"
+  std::vector<SourceFile> files() const override { return {{file_.path(), file_.size()}}; }
 
  private:
   detail::DataFile file_;
@@ -99,6 +100,7 @@ class LlmcShardSource final : public TokenSource {
   int32_t vocab_hint() const override { return version_ == kVersion ? kGpt2Vocab : kLlama3Vocab; }
   std::string describe() const override;
   std::string where(int64_t offset) const override;  // the shard file and the token in it
+  std::vector<SourceFile> files() const override;
 
   int64_t num_shards() const { return static_cast<int64_t>(shards_.size()); }
   int32_t version() const { return version_; }

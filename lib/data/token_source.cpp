@@ -1,11 +1,13 @@
 #include "data/token_source.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
+#include <xxhash.h>
 
 namespace trainctl::data {
 
@@ -24,14 +26,21 @@ std::string TokenSource::where(int64_t offset) const {
   return fmt::format("{}, token {}", describe(), offset);
 }
 
+uint64_t token_digest(const int32_t* ids, int64_t count, int64_t chunk_index) {
+  static_assert(std::endian::native == std::endian::little, "ids are digested as little-endian");
+  return XXH3_64bits_withSeed(ids, static_cast<size_t>(count) * sizeof(int32_t),
+                              static_cast<uint64_t>(chunk_index));
+}
+
 VocabScan scan_vocab(const TokenSource& source, int32_t vocab) {
   return scan_vocab(source, vocab, 0, source.size());
 }
 
 VocabScan scan_vocab(const TokenSource& source, int32_t vocab, int64_t begin, int64_t end) {
   VocabScan scan;
-  if (source.ids_below_hint() && source.vocab_hint() <= vocab) return scan;
-  std::vector<int32_t> chunk(size_t{1} << 16);
+  if (source.ids_below_hint() && source.vocab_hint() <= vocab && source.files().empty())
+    return scan;
+  std::vector<int32_t> chunk(static_cast<size_t>(kDigestChunk));
   const int64_t total = std::min(end, source.size());
   for (int64_t offset = std::max<int64_t>(begin, 0); offset < total;) {
     const int64_t count = std::min<int64_t>(total - offset, static_cast<int64_t>(chunk.size()));
@@ -53,6 +62,7 @@ VocabScan scan_vocab(const TokenSource& source, int32_t vocab, int64_t begin, in
         }
       }
     }
+    scan.digest += token_digest(chunk.data(), count, offset / kDigestChunk);
     offset += count;
     scan.tokens_read += count;
   }
@@ -74,6 +84,7 @@ class SliceSource final : public TokenSource {
   int32_t vocab_hint() const override { return base_->vocab_hint(); }
   bool ids_below_hint() const override { return base_->ids_below_hint(); }
   const TokenizerInfo* tokenizer() const override { return base_->tokenizer(); }
+  std::vector<SourceFile> files() const override { return base_->files(); }
   std::string where(int64_t offset) const override { return base_->where(offset_ + offset); }
   std::string describe() const override {
     return fmt::format("{} tokens [{}, {})", base_->describe(), offset_, offset_ + count_);

@@ -14,6 +14,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace trainctl::data {
 
@@ -37,6 +38,12 @@ struct TokenizerInfo {
 
   // "tok/gpt2.json (hf-bpe, vocab 50257, eod 50256)"
   std::string describe() const;
+};
+
+// A file a source reads, as it was when the source opened it.
+struct SourceFile {
+  std::string path;
+  uint64_t bytes = 0;
 };
 
 class TokenSource {
@@ -71,25 +78,42 @@ class TokenSource {
   // model must be at least as large.
   virtual const TokenizerInfo* tokenizer() const { return nullptr; }
 
+  // The files the tokens come from (none for synthetic data), for the run's provenance.json.
+  virtual std::vector<SourceFile> files() const { return {}; }
+
  protected:
   // Throws the DataError for a read outside [0, size()); shared by implementations.
   void check_range(int64_t offset, int64_t count) const;
 };
 
-// What scan_vocab found: the first id outside [0, vocab) and the largest id of the source.
+// What scan_vocab found: the first id outside [0, vocab), the largest id of the source and the
+// digest of the tokens it read.
 struct VocabScan {
   int64_t tokens_read = 0;
   int64_t first_outside = -1;  // offset of the first id outside [0, vocab); -1: none
   int32_t first_outside_id = 0;
-  int32_t max_id = -1;  // -1 when the source was not read (ids_below_hint)
+  int32_t max_id = -1;  // -1 when the source was not read (synthetic data)
+  // token_digest of the tokens read; meaningful when tokens_read > 0 or the range was empty.
+  uint64_t digest = 0;
 };
 
-// Reads the whole source front to back in chunks and checks every id against [0, vocab), so data
-// the model cannot embed is refused when it is opened instead of at the step that reads it. Skips
-// the read when ids_below_hint() and vocab_hint() <= vocab. Sequential reads through the page
-// cache: about 2 G tokens (4 GB) a second of llm.c shards on one core (bench/data_scan_bench).
+// The content digest of a source's tokens, the identity provenance.json records: the sum, modulo
+// 2^64, over the source's chunks of kDigestChunk tokens (chunk c: tokens [c * kDigestChunk,
+// (c + 1) * kDigestChunk)) of XXH3-64 of the chunk's ids as little-endian int32, seeded with c.
+// A sum, so that ranks that each scan whole chunks of one source add their parts into the
+// digest of the whole, whatever the number of ranks; the seed keeps chunks in their places.
+inline constexpr int64_t kDigestChunk = int64_t{1} << 16;
+uint64_t token_digest(const int32_t* ids, int64_t count, int64_t chunk_index);
+
+// Reads the whole source front to back in chunks, checks every id against [0, vocab) (data the
+// model cannot embed is refused when it is opened, not at the step that reads it) and digests
+// the tokens (the same pass). Skips the read only for data without files (synthetic: its recipe
+// keys are its identity). Sequential reads through the page cache: about 2 G tokens (4 GB) a
+// second of llm.c shards on one core (bench/data_scan_bench).
 VocabScan scan_vocab(const TokenSource& source, int32_t vocab);
-// The same over tokens [begin, end) only: ranks of one job each check their part.
+// The same over tokens [begin, end) only: ranks of one job each check their part. `begin` is a
+// multiple of kDigestChunk (the digests of the parts then add up to the whole's), and so is `end`
+// unless it is the source's end.
 VocabScan scan_vocab(const TokenSource& source, int32_t vocab, int64_t begin, int64_t end);
 
 // A view of tokens [offset, offset + count) of `base` (shared, so the view keeps it alive).

@@ -10,6 +10,7 @@
 #include "files/files.hpp"
 #include "launch/store_address.hpp"
 #include "run/context.hpp"
+#include "run/provenance.hpp"
 
 namespace fs = std::filesystem;
 
@@ -149,15 +150,20 @@ std::string tokenizer_problem(const data::TokenSource& source, int32_t vocab) {
 // external launcher (srun, torchrun) every rank opens the data itself, so each reads its 1/W part:
 // the job reads the data once, not W times (a rank that finds one exits 2, and srun stops the
 // others). Our own launcher has read it all before starting its ranks, which read nothing here.
+// The same read digests the tokens (`digest`: of this rank's part; nullopt for data without
+// files). A rank's part is whole digest chunks, so the parts' digests add up to the whole's.
 std::string vocab_problem(const data::TokenSource& source, int32_t vocab, const char* key,
-                          const launch::RankInfo& rank) {
-  if (rank.source == launch::RankSource::trainctl) return "";
+                          const launch::RankInfo& rank, std::optional<uint64_t>& digest) {
   const int64_t size = source.size();
   const int parts = std::max(1, rank.world_size);
   const int part = rank.launched() ? rank.rank : 0;
-  const int64_t begin = rank.launched() ? size / parts * part : 0;
-  const int64_t end = rank.launched() && part + 1 < parts ? size / parts * (part + 1) : size;
+  const auto boundary = [&](int p) {
+    return std::min(size, (size / parts * p) / data::kDigestChunk * data::kDigestChunk);
+  };
+  const int64_t begin = rank.launched() ? boundary(part) : 0;
+  const int64_t end = rank.launched() && part + 1 < parts ? boundary(part + 1) : size;
   const data::VocabScan scan = data::scan_vocab(source, vocab, begin, end);
+  if (!source.files().empty()) digest = scan.digest;
   if (scan.first_outside < 0) return "";
   return fmt::format(
       "{}: token id {} is outside model.vocab {} (ids must be in [0, {})), and the largest id in "
@@ -169,7 +175,46 @@ std::string vocab_problem(const data::TokenSource& source, int32_t vocab, const 
       scan.max_id, scan.max_id + 1, key);
 }
 
+std::string format_digest(const std::optional<uint64_t>& digest) {
+  return digest ? fmt::format("{:016x}", *digest) : "-";
+}
+
+std::optional<uint64_t> parse_digest(const std::string& text) {
+  if (text == "-" || text.empty()) return std::nullopt;
+  return std::stoull(text, nullptr, 16);
+}
+
+// format_data_digests' text back; a missing or malformed one (a rank started by hand with our
+// launcher's variables) gives no digests rather than wrong ones.
+std::vector<PartDigests> parse_data_digests(const char* text) {
+  std::vector<PartDigests> out;
+  if (text == nullptr) return out;
+  try {
+    std::string rest = text;
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      const std::string item = rest.substr(0, comma);
+      rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+      const size_t colon = item.find(':');
+      if (colon == std::string::npos) return {};
+      out.push_back({parse_digest(item.substr(0, colon)), parse_digest(item.substr(colon + 1))});
+    }
+  } catch (const std::exception&) {
+    return {};
+  }
+  return out;
+}
+
 }  // namespace
+
+std::string format_data_digests(const std::vector<PartDigests>& digests) {
+  std::string text;
+  for (const PartDigests& d : digests) {
+    if (!text.empty()) text += ',';
+    text += fmt::format("{}:{}", format_digest(d.train), format_digest(d.val));
+  }
+  return text;
+}
 
 Exit open_session_data(const SessionInput& input, SessionData& out) {
   const recipe::Recipe& r = input.loaded.recipe;
@@ -179,10 +224,19 @@ Exit open_session_data(const SessionInput& input, SessionData& out) {
     // Every id is checked once here, not at the step that happens to read it.
     const char* train_key = r.data.sources.empty() ? "data.path" : "data.sources";
     const char* val_key = r.data.val_path.empty() ? train_key : "data.val_path";
-    for (const data::DatasetPart& part : out.dataset.parts) {
+    // The ranks our own launcher starts read nothing: it has read it all, and passes them its
+    // digests.
+    const bool launcher_read = input.rank.source == launch::RankSource::trainctl;
+    if (launcher_read) out.digests = parse_data_digests(std::getenv(kEnvDataDigests));
+    out.partial_digests = !launcher_read && input.rank.launched() && input.rank.world_size > 1;
+    for (size_t i = 0; i < out.dataset.parts.size() && !launcher_read; ++i) {
+      const data::DatasetPart& part = out.dataset.parts[i];
+      PartDigests& digests = out.digests.emplace_back();
       std::string p = tokenizer_problem(*part.train, r.model.vocab);
-      if (p.empty()) p = vocab_problem(*part.train, r.model.vocab, train_key, input.rank);
-      if (p.empty() && part.val) p = vocab_problem(*part.val, r.model.vocab, val_key, input.rank);
+      if (p.empty())
+        p = vocab_problem(*part.train, r.model.vocab, train_key, input.rank, digests.train);
+      if (p.empty() && part.val)
+        p = vocab_problem(*part.val, r.model.vocab, val_key, input.rank, digests.val);
       if (!p.empty())
         return report_problems({input.loaded.origins.problem("model.vocab", p)},
                                input.recipe_label);
@@ -224,8 +278,8 @@ Exit check_session_input(SessionInput& input, const std::string& command) {
                                    (dir / name).string(), files::file_type_name(st.st_mode)));
   }
   std::vector<fs::path> own_files;
-  for (const char* name :
-       {"recipe.yaml", "data.json", "metrics.jsonl", "summary.json", files::kRunLockFile})
+  for (const char* name : {"recipe.yaml", "data.json", kProvenanceFile, "metrics.jsonl",
+                           "summary.json", files::kRunLockFile})
     own_files.push_back(dir / name);
   std::error_code ec;
   if (fs::is_directory(dir / "logs", ec))
@@ -246,8 +300,8 @@ Exit check_session_input(SessionInput& input, const std::string& command) {
 
 void remove_previous_run(const fs::path& run_dir) {
   if (!fs::is_directory(run_dir)) return;
-  for (const char* name :
-       {"recipe.yaml", "data.json", "metrics.jsonl", "summary.json", "logs", "checkpoints"})
+  for (const char* name : {"recipe.yaml", "data.json", kProvenanceFile, "metrics.jsonl",
+                           "summary.json", "logs", "checkpoints"})
     fs::remove_all(run_dir / name);
   for (const fs::directory_entry& entry : fs::directory_iterator(run_dir))
     if (entry.path().filename().string().starts_with("events.out.tfevents."))

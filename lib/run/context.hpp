@@ -30,12 +30,29 @@
 
 namespace trainctl::run {
 
+// The content digests (data::token_digest) of one dataset part's training and validation
+// tokens; nullopt for data without files (synthetic) or no validation part.
+struct PartDigests {
+  std::optional<uint64_t> train;
+  std::optional<uint64_t> val;
+};
+
 // The training data of the recipe; filled in place (the sampler refers to the dataset).
 struct SessionData {
   data::Dataset dataset;
   std::optional<data::Sampler> sampler;
   std::optional<data::ValidationSet> val;
+  // One per dataset part, made by the vocabulary check's read (never a second pass). Whole where
+  // this process read all the data; the ranks of our own launcher take the launcher's from
+  // kEnvDataDigests; under srun or torchrun each rank holds the digest of the part it checked
+  // (`partial`) until complete_data_digests adds them up.
+  std::vector<PartDigests> digests;
+  bool partial_digests = false;
 };
+
+// The launcher's digests, for its ranks: "TRAIN:VAL,TRAIN:VAL" (hex, "-" for none).
+inline constexpr const char* kEnvDataDigests = "TRAINCTL_DATA_DIGESTS";
+std::string format_data_digests(const std::vector<PartDigests>& digests);
 // Opens the recipe's data. A data error is reported at its recipe key: exit code 2.
 Exit open_session_data(const SessionInput& input, SessionData& out);
 

@@ -48,9 +48,10 @@ StepVote SaveSchedule::vote(int64_t step, bool stop_requested, Clock::time_point
   return {stop_requested, enabled_ && policy_.due(step, since_save, false)};
 }
 
-Saver::Saver(const SessionInput& input, RunContext& run)
+Saver::Saver(const SessionInput& input, RunContext& run, nlohmann::json provenance)
     : run_(run),
       layout_(layout_json(input.loaded.recipe)),
+      provenance_(std::move(provenance)),
       writer_(input.run_dir / "checkpoints", writer_options(input)) {}
 
 void Saver::save() {
@@ -58,7 +59,8 @@ void Saver::save() {
   ckpt::SaveRequest request =
       train::capture_checkpoint(writer_.new_request(), run_.model(), run_.trainer(), run_.backend(),
                                 run_.recipe_hash(), layout_);  // reused memory
-  writer_.save(std::move(request));                            // waits for the previous save first
+  request.header.provenance = provenance_;
+  writer_.save(std::move(request));  // waits for the previous save first
   stall_ms_ = std::chrono::duration<double, std::milli>(Clock::now() - before).count();
 }
 

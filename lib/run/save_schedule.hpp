@@ -54,7 +54,8 @@ class SaveSchedule {
 // keep_last, this rank's place in a multi-rank save) and what a save cost.
 class Saver {
  public:
-  Saver(const SessionInput& input, RunContext& run);
+  // `provenance`: the run's provenance.json as every manifest carries it (empty off the leader).
+  Saver(const SessionInput& input, RunContext& run, nlohmann::json provenance);
   // Captures the model and trainer and saves them (waiting for the previous save first);
   // returns when training may go on.
   void save();
@@ -70,6 +71,7 @@ class Saver {
  private:
   RunContext& run_;
   nlohmann::json layout_;
+  nlohmann::json provenance_;
   ckpt::CheckpointWriter writer_;
   int64_t reported_ = -1;
   double stall_ms_ = 0;

@@ -14,6 +14,7 @@
 #include "launch/signals.hpp"
 #include "launch/store_address.hpp"
 #include "run/context.hpp"
+#include "run/provenance.hpp"
 #include "run/report.hpp"
 #include "run/reporter.hpp"
 #include "run/save_schedule.hpp"
@@ -135,15 +136,16 @@ int start_session(SessionInput input, const std::string& command) {
   local.world_size = r.world_size();
   local.layout = r.parallel.degrees();
   local.command = command;  // the notes are rank 0's to print
+  if (input.data) local.env.push_back({kEnvDataDigests, format_data_digests(input.data->digests)});
   // Without a shared file system the ranks meet through a TCP store, as a Slurm job's do; here
   // the launcher serves it on loopback for as long as the ranks run, with a secret of its own.
   std::unique_ptr<comm::TcpStoreServer> store;
   if (uses_tcp_store(r.cluster.shared_fs)) {
     const comm::StoreSecret secret = comm::StoreSecret::generate();
     store = std::make_unique<comm::TcpStoreServer>("127.0.0.1", 0, secret, store_server_options());
-    local.env = {{launch::kEnvStoreHost, "127.0.0.1"},
-                 {launch::kEnvStorePort, std::to_string(store->port())},
-                 {launch::kEnvStoreSecret, secret.hex()}};
+    local.env.insert(local.env.end(), {{launch::kEnvStoreHost, "127.0.0.1"},
+                                       {launch::kEnvStorePort, std::to_string(store->port())},
+                                       {launch::kEnvStoreSecret, secret.hex()}});
   }
   return launch::launch_local(local);
 }
@@ -162,7 +164,9 @@ int train_session(SessionInput input, const std::string& command) {
     RunContext run(input, log);  // backend, rendezvous, model, trainer
     if (input.resuming)
       if (Exit end = resume_from_checkpoint(input, run, log)) return *end;
+    if (input.data && run.mesh()) complete_data_digests(*input.data, run.mesh()->world());
     prepare_run_dir(input, run);
+    Provenance provenance(input, run, command);
     const model::ModelConfig& mc = run.model_config();
     StepReporter report(r, input.run_dir, log,
                         {.leader = run.leader(),
@@ -185,7 +189,7 @@ int train_session(SessionInput input, const std::string& command) {
     SaveSchedule schedule(train::CheckpointPolicy(r.checkpoint.every_steps,
                                                   r.checkpoint.every_minutes, r.training.steps),
                           r.cluster.shared_fs, start);
-    Saver saver(input, run);
+    Saver saver(input, run, nlohmann::json::parse(provenance.json().dump()));
     comm::Communicator* world = run.mesh() ? &run.mesh()->world() : nullptr;
     StepVote job;  // agreed by every rank
     try {
@@ -207,9 +211,11 @@ int train_session(SessionInput input, const std::string& command) {
       saver.wait();
     } catch (const data::DataError& e) {
       report.finish();
+      provenance.finish(report.totals().last.step, "failed");
       return end_on_data_error(input, run, saver, log, e);
     } catch (const ckpt::CheckpointError& e) {
       report.finish();
+      provenance.finish(report.totals().last.step, "failed");
       return log.fail(
           fmt::format("saving a checkpoint failed: {}\n{}", e.what(),
                       where_to_continue(input.run_dir,
@@ -222,7 +228,12 @@ int train_session(SessionInput input, const std::string& command) {
     report.finish();
     report.flush();
 
-    if (job.stop && report.totals().last.step < r.training.steps) {  // else: done anyway
+    const bool stopped = job.stop && report.totals().last.step < r.training.steps;
+    if (std::string note =
+            provenance.finish(report.totals().last.step, stopped ? "stopped" : "done");
+        !note.empty())
+      report.say(note);
+    if (stopped) {  // else: done anyway
       write_report(input, run, report);
       return end_on_stop(input, report, stop, schedule.enabled());
     }

@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/data.hpp"
@@ -113,4 +115,54 @@ TEST_CASE("scan_vocab does not read sources whose ids are below their hint by co
   CHECK(scan_vocab(synthetic, 256).tokens_read == 0);
   CHECK(scan_vocab(synthetic, 100).tokens_read == 1 << 20);  // a smaller model must look
   CHECK(scan_vocab(synthetic, 100).first_outside >= 0);
+}
+
+TEST_CASE("scan_vocab digests the tokens: parts of whole chunks add up, files do not matter") {
+  TempDir tmp;
+  std::mt19937 rng(7);
+  std::vector<uint16_t> tokens(3 * kDigestChunk + 123);
+  for (uint16_t& t : tokens)
+    t = static_cast<uint16_t>(rng() % 50000);
+  write_shard(tmp.file("one_000.bin"), tokens);
+  const LlmcShardSource one({tmp.file("one_000.bin")});
+  const VocabScan whole = scan_vocab(one, 50257);
+  // Ranks each read whole chunks: their digests add up to the whole's (mod 2^64).
+  const int64_t size = one.size();
+  CHECK(scan_vocab(one, 50257, 0, kDigestChunk).digest +
+            scan_vocab(one, 50257, kDigestChunk, 3 * kDigestChunk).digest +
+            scan_vocab(one, 50257, 3 * kDigestChunk, size).digest ==
+        whole.digest);
+  // The same tokens in two files: the same digest (the tokens are the identity, not the files).
+  write_shard(tmp.file("two_000.bin"), {tokens.begin(), tokens.begin() + 1000});
+  write_shard(tmp.file("two_001.bin"), {tokens.begin() + 1000, tokens.end()});
+  const LlmcShardSource two({tmp.file("two_000.bin"), tmp.file("two_001.bin")});
+  CHECK(scan_vocab(two, 50257).digest == whole.digest);
+  CHECK(two.files().size() == 2);
+  CHECK(two.files()[1].bytes ==
+        static_cast<uint64_t>(LlmcShardSource::kHeaderBytes) + 2 * (tokens.size() - 1000));
+  // One token changed, or two tokens swapped: another digest.
+  std::vector<uint16_t> changed = tokens;
+  changed[kDigestChunk + 5] ^= 1;
+  write_shard(tmp.file("changed_000.bin"), changed);
+  CHECK(scan_vocab(LlmcShardSource({tmp.file("changed_000.bin")}), 50257).digest != whole.digest);
+  std::vector<uint16_t> swapped = tokens;
+  std::swap(swapped[0], swapped[kDigestChunk]);  // across chunks: the chunk seed tells them apart
+  REQUIRE(swapped[0] != tokens[0]);
+  write_shard(tmp.file("swapped_000.bin"), swapped);
+  CHECK(scan_vocab(LlmcShardSource({tmp.file("swapped_000.bin")}), 50257).digest != whole.digest);
+}
+
+TEST_CASE("scan_vocab reads byte text too, for its digest; synthetic data has no files") {
+  TempDir tmp;
+  const std::string path = tmp.file("t.txt");
+  std::ofstream(path) << "hello world";
+  const TextSource text(path);
+  const VocabScan scan = scan_vocab(text, 256);
+  CHECK(scan.tokens_read == 11);
+  const std::vector<int32_t> ids{'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'};
+  CHECK(scan.digest == token_digest(ids.data(), 11, 0));
+  REQUIRE(text.files().size() == 1);
+  CHECK(text.files()[0].path == path);
+  CHECK(text.files()[0].bytes == 11);
+  CHECK(SyntheticSource(1, 256, 100).files().empty());
 }

@@ -4,7 +4,9 @@
 // Without a GPU cudaGetDeviceCount fails: error 35 (driver too old / absent), 100 (no device),
 // 3 or 999 in some containers. Any error, or a count of zero, means "no GPU"; the runtime's
 // sticky last error is cleared so later CUDA calls do not report it again.
+#include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <fmt/core.h>
 
 #include <cstdio>
 #include <string>
@@ -51,6 +53,14 @@ std::string versions_line() {
 constexpr const char* kNoGpu = "no GPU found";
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> cuda_library_versions() {
+  // cublasLtGetVersion: major * 10000 + minor * 100 + patch (cuBLAS 12.x, 13.x).
+  const size_t lt = cublasLtGetVersion();
+  return {{"cuda_runtime", cuda_runtime_version()},
+          {"cuda_driver", format_cuda_version(driver_version())},
+          {"cublaslt", fmt::format("{}.{}.{}", lt / 10000, lt / 100 % 100, lt % 100)}};
+}
 
 std::string cuda_runtime_version() {
   int version = 0;

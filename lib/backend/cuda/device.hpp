@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace trainctl::backend {
@@ -40,6 +41,10 @@ DeviceReport detect_gpus();
 
 // Version of the CUDA runtime library this binary uses, e.g. "13.0"; "" without CUDA.
 std::string cuda_runtime_version();
+
+// The versions of the GPU libraries whose results a run depends on, for provenance.json:
+// {"cuda_runtime", "13.0"}, {"cuda_driver", "13.0"}, {"cublaslt", "13.0.0"}; empty without CUDA.
+std::vector<std::pair<std::string, std::string>> cuda_library_versions();
 
 // Architectures the kernels carry code for, e.g. {"sm_90"}; empty without CUDA.
 std::vector<std::string> compiled_cuda_architectures();

@@ -27,6 +27,10 @@ std::string cuda_runtime_version() {
   return "";
 }
 
+std::vector<std::pair<std::string, std::string>> cuda_library_versions() {
+  return {};
+}
+
 std::vector<std::string> compiled_cuda_architectures() {
   return {};
 }

@@ -48,6 +48,21 @@ int64_t ParamSpec::global_index(int64_t local_index) const {
   return global;
 }
 
+InitialValues::InitialValues(const ParamSpec& spec, uint64_t seed)
+    : init_(spec.init), std_(spec.std), rng_(seed, tensor::stream_key(spec.name)) {}
+
+double InitialValues::operator()(int64_t global_index) const {
+  switch (init_) {
+    case Init::normal:
+      return rng_.normal(static_cast<uint64_t>(global_index)) * std_;
+    case Init::ones:
+      return 1.0;
+    case Init::zeros:
+      return 0.0;
+  }
+  return 0.0;
+}
+
 const ParamSpec& ParamTable::add(std::string name, Shape shape, Init init, double std, bool decay) {
   ParamSpec spec;
   spec.name = std::move(name);
@@ -563,14 +578,10 @@ void ParamStore::initialize(uint64_t seed) {
   for (const ParamSpec& spec : table_.specs()) {
     const int64_t n = spec.shape.numel();
     std::vector<double> host(static_cast<size_t>(n));
-    const tensor::CounterRng rng(seed, tensor::stream_key(spec.name));
+    const InitialValues initial(spec, seed);
     const bool whole = spec.shape == spec.global_shape;
-    for (int64_t i = 0; i < n; ++i) {
-      double v = spec.init == Init::ones ? 1.0 : 0.0;
-      if (spec.init == Init::normal)
-        v = rng.normal(static_cast<uint64_t>(whole ? i : spec.global_index(i))) * spec.std;
-      host[static_cast<size_t>(i)] = v;
-    }
+    for (int64_t i = 0; i < n; ++i)
+      host[static_cast<size_t>(i)] = initial(whole ? i : spec.global_index(i));
     // copy_from_host takes the destination dtype's bytes: convert on the host first.
     if (storage_ == DType::f64) {
       store_values(spec, host.data());

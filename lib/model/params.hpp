@@ -17,6 +17,7 @@
 #include "model/config.hpp"
 #include "model/parallel.hpp"
 #include "model/zero_partition.hpp"
+#include "tensor/rng.hpp"
 
 namespace trainctl::model {
 
@@ -108,6 +109,21 @@ class ParamTable {
   std::vector<ParamSpec> specs_;
   std::unordered_map<std::string, size_t> index_;
   int64_t numel_ = 0;
+};
+
+// The initial values of one parameter: global element i of `spec` initialised with `seed` takes
+// InitialValues(spec, seed)(i), a pure function of (seed, name, i) whatever the layout or backend
+// (before rounding to the storage type). ParamStore::initialize fills the buffers from it, and
+// the lineage test (lib/lineage) regenerates a model's birth values from it.
+class InitialValues {
+ public:
+  InitialValues(const ParamSpec& spec, uint64_t seed);
+  double operator()(int64_t global_index) const;
+
+ private:
+  Init init_;
+  double std_;
+  tensor::CounterRng rng_;
 };
 
 // The ZeRO-1 partition (zero_partition.hpp) of the table's flat buffer into `parts` contiguous

@@ -326,6 +326,68 @@ nlohmann::json describe_model(const model::ModelConfig& c) {
           {"storage", std::string(tensor::dtype_name(c.storage))}};
 }
 
+model::ModelConfig model_from_description(const nlohmann::json& d, const std::string& source) {
+  auto field = [&](const char* key) -> const nlohmann::json& {
+    const auto it = d.find(key);
+    if (it == d.end())
+      throw ckpt::CheckpointError(fmt::format(
+          "{}: the manifest's model description has no \"{}\"; re-save the checkpoint with this "
+          "trainctl (resume it for 0 steps)",
+          source, key));
+    return *it;
+  };
+  // One of two spellings (describe_model's), as a flag: true for `yes`.
+  auto choice = [&](const char* key, const char* yes, const char* no) {
+    const std::string value = field(key).get<std::string>();
+    if (value != yes && value != no)
+      throw ckpt::CheckpointError(
+          fmt::format("{}: the manifest's model description has {} \"{}\"; expected \"{}\" or "
+                      "\"{}\"",
+                      source, key, value, yes, no));
+    return value == yes;
+  };
+  model::ModelConfig c;
+  try {
+    c.layers = field("layers").get<int>();
+    c.hidden = field("hidden").get<int>();
+    c.heads = field("heads").get<int>();
+    c.kv_heads = field("kv_heads").get<int>();
+    c.ffn_hidden = field("ffn_hidden").get<int>();
+    c.vocab = field("vocab").get<int>();
+    c.seq_len = field("seq_len").get<int>();
+    c.norm = choice("norm", "layernorm", "rmsnorm") ? model::NormKind::layernorm
+                                                    : model::NormKind::rmsnorm;
+    c.activation = choice("activation", "gelu", "swiglu") ? model::ActivationKind::gelu
+                                                          : model::ActivationKind::swiglu;
+    c.position = choice("position", "learned", "rope") ? model::PositionKind::learned
+                                                       : model::PositionKind::rope;
+    c.tied_embeddings = field("tied_embeddings").get<bool>();
+    c.bias = field("bias").get<bool>();
+    c.moe.experts = field("experts").get<int>();
+    c.moe.top_k = field("top_k").get<int>();
+    c.moe.every = field("moe_every").get<int>();
+    // describe_model records the resolved width: 0 ("same as ffn_hidden") resolves to the same.
+    c.moe.expert_ffn_hidden = field("expert_ffn_hidden").get<int>();
+    const std::string storage = field("storage").get<std::string>();
+    const auto dtype = ckpt::parse_dtype(storage);
+    if (!dtype)
+      throw ckpt::CheckpointError(fmt::format(
+          "{}: the manifest's model description has storage \"{}\", not a dtype", source, storage));
+    c.storage = *dtype;
+  } catch (const nlohmann::json::type_error& e) {
+    throw ckpt::CheckpointError(
+        fmt::format("{}: the manifest's model description has a field of the wrong type: {}",
+                    source, e.what()));
+  }
+  try {
+    c.check();
+  } catch (const std::invalid_argument& e) {
+    throw ckpt::CheckpointError(
+        fmt::format("{}: the manifest's model description is inconsistent: {}", source, e.what()));
+  }
+  return c;
+}
+
 ckpt::SaveRequest capture_checkpoint(ckpt::SaveRequest request, const model::Transformer& model,
                                      const Trainer& trainer, backend::Backend& be,
                                      const std::string& recipe_hash, const nlohmann::json& layout) {

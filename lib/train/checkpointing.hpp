@@ -38,6 +38,14 @@ class CheckpointMismatch : public std::runtime_error {
 
 // Everything that must match for a checkpoint's tensors to mean the same thing.
 nlohmann::json describe_model(const model::ModelConfig& config);
+// The inverse for what describe_model records: the ModelConfig whose parameter table
+// (model::build_param_table) has the checkpoint's tensors with their shapes and initialisations.
+// Keys the description leaves out (arch, init_std, norm_eps, rope_theta, the MoE loss
+// coefficients, fp8) keep their defaults: none changes a tensor's name, shape or kind of
+// initialisation (init_std only scales the normal ones). Throws ckpt::CheckpointError naming
+// `source` and the missing or mistyped field.
+model::ModelConfig model_from_description(const nlohmann::json& description,
+                                          const std::string& source);
 
 // One box of a parameter: the same elements in the global tensor and in the rank's local one.
 struct ParamBox {

@@ -128,6 +128,18 @@ struct DataPrepareOptions {
 };
 int run_data_prepare(const DataPrepareOptions& options);
 
+// `trainctl lineage CKPT --seed N | --against CKPT2`: a SeedPrints-style test of whether CKPT's
+// model descends from the initialisation of seed N, or shares one with CKPT2's (lib/lineage,
+// docs/lineage.md). Exit codes: 0 the test ran (whatever the verdict), 1 a checkpoint is damaged,
+// 2 bad input (no checkpoint there, a bad --seed, checkpoints of different models).
+struct LineageOptions {
+  std::string path;     // step, checkpoints or run directory
+  std::string seed;     // as typed (checked by run_lineage, whose message says what to give)
+  std::string against;  // another checkpoint (step, checkpoints or run directory)
+  bool json = false;
+};
+int run_lineage(const LineageOptions& options);
+
 struct VersionOptions {};
 int run_version(const VersionOptions& options);
 

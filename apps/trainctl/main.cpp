@@ -141,6 +141,27 @@ int main(int argc, char** argv) {
        "trainctl ckpt export runs/tiny/checkpoints/step_00000200 --out step200.safetensors"},
       "docs/checkpoints.md (the Hugging Face names)");
 
+  app::LineageOptions lineage;
+  CLI::App* lineage_cmd = cli.add_subcommand(
+      "lineage", "Test whether a model descends from seed N's initialisation, with a p-value");
+  lineage_cmd->add_option("checkpoint", lineage.path, "Step, checkpoints or run directory")
+      ->required();
+  CLI::Option* lineage_seed =
+      lineage_cmd
+          ->add_option("--seed", lineage.seed,
+                       "The determinism.seed whose initialisation to test the model against")
+          ->type_name("N");
+  lineage_cmd
+      ->add_option("--against", lineage.against,
+                   "Instead: test whether two checkpoints share an initialisation")
+      ->type_name("CKPT")
+      ->excludes(lineage_seed);
+  lineage_cmd->add_flag("--json", lineage.json, "Print the result as a JSON document");
+  add_examples(lineage_cmd,
+               {"trainctl lineage runs/tiny --seed 1234",
+                "trainctl lineage runs/finetuned --against runs/tiny --json"},
+               "docs/lineage.md (the statistic, and how well it separates)");
+
   app::PlanOptions plan;
   CLI::App* plan_cmd = cli.add_subcommand(
       "plan", "Rank the parallel layouts that fit a cluster, with memory, speed and why");
@@ -302,6 +323,7 @@ int main(int argc, char** argv) {
     if (plan_cmd->parsed()) return app::run_plan(plan);
     if (report_cmd->parsed()) return app::run_report(report);
     if (diff_cmd->parsed()) return app::run_diff(diff);
+    if (lineage_cmd->parsed()) return app::run_lineage(lineage);
     if (data_encode_cmd->parsed()) return app::run_data_encode(data_encode);
     if (data_prepare_cmd->parsed()) return app::run_data_prepare(data_prepare);
     if (ckpt_cmd->parsed()) {

@@ -52,7 +52,7 @@ constexpr int kTrials = 400;
 
 }  // namespace
 
-TEST_CASE("lineage: the statistic of independent matrices is N(0, 1)") {
+TEST_CASE("the statistic of independent matrices is N(0, 1)") {
   std::vector<double> z;
   for (int t = 0; t < kTrials; ++t) {
     const std::vector<double> birth = normals(kN, 2 * t), other = normals(kN, 2 * t + 1);
@@ -67,7 +67,7 @@ TEST_CASE("lineage: the statistic of independent matrices is N(0, 1)") {
   CHECK(m.largest < 4.5);
 }
 
-TEST_CASE("lineage: shared row and column shifts do not make unrelated matrices look related") {
+TEST_CASE("shared row and column shifts do not make unrelated matrices look related") {
   // Both sides get the same large row and column offsets (as two models trained on the same data
   // move the same token rows and residual columns), on top of independent values.
   const std::vector<double> row_shift = normals(kRows, 9001), col_shift = normals(kCols, 9002);
@@ -94,7 +94,7 @@ TEST_CASE("lineage: shared row and column shifts do not make unrelated matrices 
   CHECK(lineage::correlate(a, b, 1, kN).z > 50);  // one row: centred once, by the grand mean
 }
 
-TEST_CASE("lineage: birth values under noise ten times larger are found") {
+TEST_CASE("birth values under noise ten times larger are found") {
   // r ~ 0.1 over 100 x 100 elements: z ~ 0.1 * sqrt(99 * 99) ~ 10.
   const std::vector<double> birth = normals(10000, 1), noise = normals(10000, 2);
   std::vector<double> trained(10000);
@@ -109,7 +109,7 @@ TEST_CASE("lineage: birth values under noise ten times larger are found") {
   CHECK(result.descends());
 }
 
-TEST_CASE("lineage: blocks of rows in any order give the statistic of the whole") {
+TEST_CASE("blocks of rows in any order give the statistic of the whole") {
   const std::vector<double> x = normals(kN, 3), y = normals(kN, 4);
   lineage::PairAccumulator acc("t", kRows, kCols);
   const int64_t split = 10 * kCols;  // rows [10, 24) first, then [0, 10)
@@ -125,7 +125,7 @@ TEST_CASE("lineage: blocks of rows in any order give the statistic of the whole"
   CHECK_THROWS_AS(partial.finish(), std::logic_error);
 }
 
-TEST_CASE("lineage: a constant side carries no information and is left out of the combination") {
+TEST_CASE("a constant side carries no information and is left out of the combination") {
   const std::vector<double> x = normals(kN, 5), ones(kN, 1.0);
   const lineage::TensorStat s = lineage::correlate(x, ones, kRows, kCols);
   CHECK(s.dof == 0);
@@ -134,7 +134,7 @@ TEST_CASE("lineage: a constant side carries no information and is left out of th
   CHECK(result.tensors.size() == 2);
 }
 
-TEST_CASE("lineage: Stouffer weights each tensor's Fisher z by sqrt(d - 2)") {
+TEST_CASE("Stouffer weights each tensor's Fisher z by sqrt(d - 2)") {
   lineage::TensorStat a{"a", 100, 50, 0.2, 0}, b{"b", 1000, 402, -0.1, 0};
   const lineage::Result r = lineage::combine({a, b});
   const double expected = (48 * std::atanh(0.2) + 400 * std::atanh(-0.1)) / std::sqrt(448.0);
@@ -143,7 +143,7 @@ TEST_CASE("lineage: Stouffer weights each tensor's Fisher z by sqrt(d - 2)") {
   CHECK(r.elements == 1100);
 }
 
-TEST_CASE("lineage: log10 of the upper tail is right where p underflows") {
+TEST_CASE("log10 of the upper tail is right where p underflows") {
   for (double z = -5; z < 30; z += 0.5)
     CHECK(lineage::log10_upper_tail(z) == Approx(std::log10(0.5 * std::erfc(z / std::sqrt(2.0)))));
   // long double's range reaches 1e-4951: a reference up to z = 140.
@@ -203,7 +203,7 @@ struct TempDir {
 
 }  // namespace
 
-TEST_CASE("lineage: the model description gives back the table the checkpoint was saved from") {
+TEST_CASE("the model description gives back the table the checkpoint was saved from") {
   model::ModelConfig gpt = model::gpt_preset();
   gpt.storage = tensor::DType::bf16;
   for (const model::ModelConfig& c : {gpt, small_llama()}) {
@@ -217,7 +217,7 @@ TEST_CASE("lineage: the model description gives back the table the checkpoint wa
                     Catch::Contains("x/manifest.json") && Catch::Contains("\"hidden\""));
 }
 
-TEST_CASE("lineage: a freshly initialised checkpoint descends from its seed and no other") {
+TEST_CASE("a freshly initialised checkpoint descends from its seed and no other") {
   const TempDir tmp;
   const model::ModelConfig c = small_llama();
   const auto reader = ckpt::CheckpointReader::open(save_initialised(c, 5, tmp.path / "a"));
@@ -242,7 +242,7 @@ TEST_CASE("lineage: a freshly initialised checkpoint descends from its seed and 
   }
 }
 
-TEST_CASE("lineage: two checkpoints are compared tensor by tensor, and refused when they differ") {
+TEST_CASE("two checkpoints are compared tensor by tensor, and refused when they differ") {
   const TempDir tmp;
   const model::ModelConfig c = small_llama();
   const auto a = ckpt::CheckpointReader::open(save_initialised(c, 5, tmp.path / "a"));

@@ -136,11 +136,11 @@ class SlabReader {
 using SlabPair = std::function<std::pair<const std::vector<double>*, const std::vector<double>*>(
     int64_t begin, int64_t end)>;
 
-TensorStat stream(const std::string& name, const std::vector<int64_t>& shape,
-                  const SlabPair& fill) {
+TensorStat stream(const std::string& name, const std::vector<int64_t>& shape, const SlabPair& fill,
+                  int permutations) {
   if (shape.size() < 2) {  // a vector: one row, read whole
     const int64_t n = shape.empty() ? 1 : shape[0];
-    PairAccumulator acc(name, 1, n);
+    PairAccumulator acc(name, 1, n, permutations);
     const auto [x, y] = fill(0, n);
     acc.add_rows(0, *x, *y);
     return acc.finish();
@@ -150,7 +150,7 @@ TensorStat stream(const std::string& name, const std::vector<int64_t>& shape,
   for (size_t d = 1; d < shape.size(); ++d)
     per_slab *= shape[d];
   const int64_t rows_per_slab = per_slab / cols;
-  PairAccumulator acc(name, shape[0] * rows_per_slab, cols);
+  PairAccumulator acc(name, shape[0] * rows_per_slab, cols, permutations);
   const int64_t step = std::max<int64_t>(1, kBlockElements / per_slab);
   for (int64_t begin = 0; begin < shape[0]; begin += step) {
     const int64_t end = std::min(shape[0], begin + step);
@@ -170,14 +170,17 @@ Result test_seed(const CheckpointReader& model, uint64_t seed) {
     const int64_t per_slab =
         f.entry->shape.size() < 2 ? 1 : f.spec.global_shape.numel() / f.entry->shape[0];
     SlabReader current(model, *f.entry);
-    stats.push_back(stream(f.spec.name, f.entry->shape, [&](int64_t begin, int64_t end) {
-      const std::vector<double>& values = current.read(begin, end);
-      birth.resize(values.size());
-      const int64_t first = begin * per_slab;  // the slab's first global element
-      for (size_t i = 0; i < birth.size(); ++i)
-        birth[i] = initial(first + static_cast<int64_t>(i));
-      return std::make_pair(&birth, &values);
-    }));
+    stats.push_back(stream(
+        f.spec.name, f.entry->shape,
+        [&](int64_t begin, int64_t end) {
+          const std::vector<double>& values = current.read(begin, end);
+          birth.resize(values.size());
+          const int64_t first = begin * per_slab;  // the slab's first global element
+          for (size_t i = 0; i < birth.size(); ++i)
+            birth[i] = initial(first + static_cast<int64_t>(i));
+          return std::make_pair(&birth, &values);
+        },
+        0));
   }
   return combine(std::move(stats));
 }
@@ -201,10 +204,12 @@ Result test_against(const CheckpointReader& model, const CheckpointReader& other
   std::vector<TensorStat> stats;
   for (size_t k = 0; k < tensors.size(); ++k) {
     SlabReader a(model, *tensors[k].entry), b(other, *others[k]);
-    stats.push_back(
-        stream(tensors[k].spec.name, tensors[k].entry->shape, [&](int64_t begin, int64_t end) {
+    stats.push_back(stream(
+        tensors[k].spec.name, tensors[k].entry->shape,
+        [&](int64_t begin, int64_t end) {
           return std::make_pair(&a.read(begin, end), &b.read(begin, end));
-        }));
+        },
+        kPermutations));
   }
   return combine(std::move(stats));
 }

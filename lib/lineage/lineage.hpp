@@ -20,7 +20,8 @@
 //      the weights, so r is exactly distributed as the correlation of a fixed vector with a
 //      random direction of a d-dimensional space and z is N(0, 1) to within O(1/d).
 //   4. Combined over the K tensors by weighted Stouffer, z_k weighted by sqrt(d_k - 2):
-//          Z = sum_k (d_k - 2) atanh(r_k) / sqrt(sum_k (d_k - 2)).
+//          Z = sum_k sqrt(d_k - 2) z_k / sqrt(sum_k (d_k - 2))
+//            = sum_k (d_k - 2) atanh(r_k) / sqrt(sum_k (d_k - 2)).
 //      The birth values of different tensors are independent streams, so the z_k are
 //      independent and Z is N(0, 1) under the null for any fixed weights. These weights are the
 //      inverse-variance (fixed-effect) combination of the atanh(r_k), the most powerful when the
@@ -31,8 +32,25 @@
 //      p underflows double precision for Z > ~38 (a trained model has Z in the hundreds), so
 //      log10 p is computed directly (log10_upper_tail) and reported too.
 // The init scale (model.init_std, which the description does not record) does not matter:
-// correlation is scale-free. test_against has no exact null (neither side is i.i.d.), which is
-// why step 1 exists; docs/lineage.md measures both modes on descendant and unrelated pairs.
+// correlation is scale-free.
+//
+// The null of --against (test_against). Neither side is i.i.d. there, and two models trained on
+// the same data share structure that is aligned by the data: the rows of a token embedding
+// belong to the same tokens in both. Measured (docs/lineage.md): the rows of the tokens the data
+// never shows move together, a (rows) x (direction) rank-one part whose direction is the model's
+// own, so the two models' embeddings correlate like two random C-vectors, not like two random
+// R x C matrices: their Fisher z spread with a standard deviation near sqrt(R), |z| up to 22 on
+// unrelated pairs (step 1 removes only the part shared by all rows). So test_against replaces
+// step 3 by a permutation null: the last dimension of every tensor is an input-feature axis
+// (hidden units, the residual stream) whose order is an arbitrary labelling fixed by each
+// model's own initialisation, while the data-aligned axes (tokens, positions) come first. Under
+// "independent initialisations", permuting the other model's last dimension leaves the joint
+// distribution unchanged, so z = S / sd(S_pi), S the centred cross-product and S_pi its values
+// over kPermutations random column permutations pi (mean 0 exactly, double-centred), is ~N(0, 1)
+// whatever structure the rows share. A shared initialisation puts its correlation on the diagonal
+// of the feature axes, which a permutation destroys; its z is then of order C (per tensor), far
+// past any threshold. Steps 4 and 5 are unchanged.
+// docs/lineage.md measures both modes on descendant and unrelated pairs.
 #pragma once
 
 #include <cstdint>
@@ -44,8 +62,8 @@
 
 namespace trainctl::lineage {
 
-// Verdict threshold on p: "descends" below it. Z > 7.03; the unrelated pairs of docs/lineage.md
-// stay below Z = 4 and the descendants above Z = 100.
+// Verdict threshold on p: "descends" below it (Z > 7.03). In docs/lineage.md's table the
+// unrelated pairs stay below Z = 2.7 and the descendants above Z = 35, in both modes.
 inline constexpr double kThreshold = 1e-12;
 
 // One tensor's statistic.
@@ -54,7 +72,7 @@ struct TensorStat {
   int64_t elements = 0;  // R * C
   int64_t dof = 0;       // d: degrees of freedom left after centring
   double r = 0;          // correlation after centring
-  double z = 0;          // atanh(r) * sqrt(d - 2)
+  double z = 0;          // atanh(r) * sqrt(d - 2), or S / sd(S_pi) with permutations
 };
 
 struct Result {
@@ -70,9 +88,13 @@ struct Result {
 // never has to be held whole twice in double precision. The centred sums follow from the raw
 // ones and the row and column sums: sum x~y~ = sum xy - sum_i Rx_i Ry_i / C - sum_j Cx_j Cy_j / R
 // + Gx Gy / (R C) (R/C: row/column sums, G: grand sums).
+//
+// With `permutations` > 0 (test_against) z is not the Fisher z but the centred cross-product
+// divided by its standard deviation over that many random permutations of the second matrix's
+// columns (fixed ones: the result is deterministic). See "The null of --against" above.
 class PairAccumulator {
  public:
-  PairAccumulator(std::string name, int64_t rows, int64_t cols);
+  PairAccumulator(std::string name, int64_t rows, int64_t cols, int permutations = 0);
   // Rows [first_row, first_row + x.size() / cols) of both matrices, row-major; blocks may come
   // in any order but every row exactly once.
   void add_rows(int64_t first_row, std::span<const double> x, std::span<const double> y);
@@ -87,11 +109,18 @@ class PairAccumulator {
   double xy_ = 0, xx_ = 0, yy_ = 0;              // raw sums of products
   double row_xy_ = 0, row_xx_ = 0, row_yy_ = 0;  // sums of products of row sums
   std::vector<double> col_x_, col_y_;            // column sums
+  // Permutation k of the columns, and the raw cross-product of x with y so permuted.
+  std::vector<std::vector<int32_t>> permutations_;
+  std::vector<double> permuted_xy_;
 };
 
 // The statistic of two whole R x C matrices (tests; the checkpoint tests stream rows).
 TensorStat correlate(std::span<const double> x, std::span<const double> y, int64_t rows,
-                     int64_t cols, std::string name = "");
+                     int64_t cols, std::string name = "", int permutations = 0);
+
+// The permutations test_against estimates each tensor's null from: the estimate's relative
+// standard error is 1/sqrt(2 * 64) = 9%.
+inline constexpr int kPermutations = 64;
 
 // Combines tensors by weighted Stouffer (above); tensors with dof 0 are left out.
 Result combine(std::vector<TensorStat> tensors);

@@ -2,20 +2,34 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <numeric>
 #include <stdexcept>
 
 #include "lineage/lineage.hpp"
+#include "tensor/rng.hpp"
 
 namespace trainctl::lineage {
 
-PairAccumulator::PairAccumulator(std::string name, int64_t rows, int64_t cols)
+PairAccumulator::PairAccumulator(std::string name, int64_t rows, int64_t cols, int permutations)
     : name_(std::move(name)),
       rows_(rows),
       cols_(cols),
       col_x_(static_cast<size_t>(cols), 0.0),
-      col_y_(static_cast<size_t>(cols), 0.0) {
+      col_y_(static_cast<size_t>(cols), 0.0),
+      permuted_xy_(static_cast<size_t>(std::max(permutations, 0)), 0.0) {
   if (rows < 1 || cols < 1)
     throw std::invalid_argument("PairAccumulator: " + name_ + " has an empty shape");
+  // Fisher-Yates shuffles from a fixed counter stream: the same permutations on every run.
+  const tensor::CounterRng rng(0x5eed, tensor::stream_key("lineage.permutations"));
+  uint64_t draw = 0;
+  for (int k = 0; k < permutations; ++k) {
+    std::vector<int32_t> order(static_cast<size_t>(cols));
+    std::iota(order.begin(), order.end(), 0);
+    for (int64_t j = cols - 1; j > 0; --j)
+      std::swap(order[static_cast<size_t>(j)],
+                order[static_cast<size_t>(rng.bits(draw++) % static_cast<uint64_t>(j + 1))]);
+    permutations_.push_back(std::move(order));
+  }
 }
 
 void PairAccumulator::add_rows(int64_t first_row, std::span<const double> x,
@@ -37,6 +51,15 @@ void PairAccumulator::add_rows(int64_t first_row, std::span<const double> x,
       ry += b;
       col_x_[static_cast<size_t>(j)] += a;
       col_y_[static_cast<size_t>(j)] += b;
+    }
+    const double* row_x = x.data() + i * cols_;
+    const double* row_y = y.data() + i * cols_;
+    for (size_t k = 0; k < permutations_.size(); ++k) {
+      const int32_t* order = permutations_[k].data();
+      double sum = 0;
+      for (int64_t j = 0; j < cols_; ++j)
+        sum += row_x[j] * row_y[order[j]];
+      permuted_xy_[k] += sum;
     }
     xy_ += xy;
     xx_ += xx;
@@ -89,12 +112,34 @@ TensorStat PairAccumulator::finish() const {
   constexpr double kMaxR = 1.0 - 1e-15;
   s.r = std::clamp(sxy / std::sqrt(sxx * syy), -kMaxR, kMaxR);
   s.z = std::atanh(s.r) * std::sqrt(static_cast<double>(s.dof - 2));
+  if (permutations_.empty()) return s;
+  if (rows_ < 2 || cols_ < 2) {  // a vector has no rows whose columns could be permuted
+    s.dof = 0;
+    return s;
+  }
+  // The centred cross-product with y's columns permuted: row sums are unchanged, column sums
+  // permuted. Its mean over all permutations is exactly 0 (each row of the centred x sums to 0),
+  // so the null variance is the mean square.
+  double square = 0;
+  for (size_t k = 0; k < permutations_.size(); ++k) {
+    double cols_xy = 0;
+    for (size_t j = 0; j < col_x_.size(); ++j)
+      cols_xy += col_x_[j] * col_y_[static_cast<size_t>(permutations_[k][j])];
+    const double permuted = permuted_xy_[k] - row_xy_ / C - cols_xy / R + gx * gy / n;
+    square += permuted * permuted;
+  }
+  const double null_sd = std::sqrt(square / static_cast<double>(permutations_.size()));
+  if (!(null_sd > 0)) {
+    s.dof = 0;
+    return s;
+  }
+  s.z = sxy / null_sd;
   return s;
 }
 
 TensorStat correlate(std::span<const double> x, std::span<const double> y, int64_t rows,
-                     int64_t cols, std::string name) {
-  PairAccumulator acc(std::move(name), rows, cols);
+                     int64_t cols, std::string name, int permutations) {
+  PairAccumulator acc(std::move(name), rows, cols, permutations);
   acc.add_rows(0, x, y);
   return acc.finish();
 }
@@ -104,8 +149,8 @@ Result combine(std::vector<TensorStat> tensors) {
   double numerator = 0, weights = 0;
   for (const TensorStat& t : tensors) {
     if (t.dof == 0) continue;
-    const double w = static_cast<double>(t.dof - 2);  // sqrt(d - 2) * z_k = (d - 2) atanh(r_k)
-    numerator += w * std::atanh(t.r);
+    const double w = static_cast<double>(t.dof - 2);  // the square of z_k's weight
+    numerator += std::sqrt(w) * t.z;
     weights += w;
     result.elements += t.elements;
   }

@@ -95,8 +95,8 @@ json to_json(const lineage::Result& r) {
           {"tensors", tensors}};
 }
 
-void print(const lineage::Result& r, const std::string& subject, const std::string& against,
-           const std::string& verdict) {
+void print(const lineage::Result& r, const std::string& method, const std::string& subject,
+           const std::string& against, const std::string& verdict) {
   int used = 0;
   const lineage::TensorStat* weakest = nullptr;
   for (const lineage::TensorStat& t : r.tensors)
@@ -105,10 +105,7 @@ void print(const lineage::Result& r, const std::string& subject, const std::stri
       if (!weakest || t.z < weakest->z) weakest = &t;
     }
   fmt::print("lineage of {}\n  against {}\n", subject, against);
-  fmt::print(
-      "statistic  Z = {:.2f} (Fisher z of the double-centred correlation per tensor, "
-      "Stouffer-combined)\n",
-      r.z);
+  fmt::print("statistic  Z = {:.2f} ({} per tensor, Stouffer-combined)\n", r.z, method);
   fmt::print("p          {}\n", describe_p(r));
   fmt::print("used       {} normal-initialised tensors, {} elements", used, r.elements);
   if (weakest)
@@ -159,7 +156,11 @@ int lineage_test(const LineageOptions& options) {
     doc["verdict"] = verdict;
     fmt::print("{}\n", doc.dump(2));
   } else {
-    print(result, subject, against, verdict);
+    print(result,
+          by_seed ? std::string("Fisher z of the double-centred correlation")
+                  : fmt::format("double-centred cross-product against {} column permutations",
+                                lineage::kPermutations),
+          subject, against, verdict);
   }
   return kExitOk;
 }

@@ -154,6 +154,7 @@ json summarize(const ckpt::CheckpointReader& reader) {
           {"layout", m.header.layout},
           {"model", m.header.model},
           {"state", m.header.state},
+          {"provenance", m.header.provenance},  // null: a checkpoint older than provenance.json
           {"files", files},
           {"tensors", tensors},
           {"kinds", kinds},
@@ -169,6 +170,24 @@ void print_inspect(const json& s) {
   fmt::print("layout       {}\n", key_values(s["layout"]));
   fmt::print("model        {}\n", key_values(s["model"]));
   fmt::print("state        {}\n", state_line(s["state"]));
+  // Which attempt and binary made which steps (docs/provenance.md); the attempt that saved this
+  // checkpoint was still running, so its steps end here.
+  if (s["provenance"].is_object()) {
+    bool first_attempt = true;
+    for (const json& a : s["provenance"]["segments"]) {
+      const json& last = a["last_step"];
+      const json& binary = a["trainctl"];
+      fmt::print("{:<12} {} steps {}-{}: trainctl {} {} ({} tree), {}, {} BLAS threads\n",
+                 first_attempt ? "made by" : "", a["command"].get<std::string>(),
+                 a["first_step"].get<int64_t>(),
+                 last.is_number() ? last.get<int64_t>() : s["step"].get<int64_t>(),
+                 binary["version"].get<std::string>(),
+                 binary["commit"].get<std::string>().substr(0, 12),
+                 binary["tree"].get<std::string>(), a["host"]["hostname"].get<std::string>(),
+                 a["backend"]["blas_threads"].get<int64_t>());
+      first_attempt = false;
+    }
+  }
   bool first = true;
   for (const auto& [name, f] : s["files"].items()) {
     fmt::print("{:<12} {}  {} bytes ({})  crc32c {}\n", first ? "files" : "", name,

@@ -1,7 +1,7 @@
 // The lineage test: does a model descend from the initialisation of seed N (test_seed), or do two
-// models share an initialisation (test_against)? After SeedPrints (Tong et al., 2025): a model's
-// random initialisation leaves a "birth fingerprint" in its weights that training does not erase.
-// trainctl's initialisation is a pure function of (seed, tensor name, element index)
+// models share an initialisation (test_against)? After SeedPrints (the method issue 29 names): a
+// model's random initialisation leaves a "birth fingerprint" in its weights that training does not
+// erase. trainctl's initialisation is a pure function of (seed, tensor name, element index)
 // (model::InitialValues), so the birth values of seed N are reproduced exactly, whatever layout
 // trained or saved the model.
 //

@@ -184,7 +184,7 @@ Provenance::Provenance(const SessionInput& input, RunContext& run, const std::st
   if (input.resuming) {
     try {
       std::ifstream in(path_);
-      if (!in) throw std::runtime_error("missing");
+      if (!in) throw std::runtime_error("there is none: an older trainctl made them");
       const ordered_json old = ordered_json::parse(in);
       if (old.value("version", 0) != kProvenanceVersion || !old.at("segments").is_array())
         throw std::runtime_error("another version");
@@ -201,9 +201,9 @@ Provenance::Provenance(const SessionInput& input, RunContext& run, const std::st
         const int64_t first = s.at("first_step").get<int64_t>();
         s["last_step"] = std::max(first - 1, std::min(s["last_step"].get<int64_t>(), start));
       }
-    } catch (const std::exception& e) {
-      earlier =
-          fmt::format("the earlier attempts' record was not readable ({}): not kept", e.what());
+    } catch (const std::exception& e) {  // a missing, foreign or damaged record: start over
+      segments = ordered_json::array();
+      earlier = fmt::format("the earlier attempts are not recorded ({})", e.what());
     }
   }
   ordered_json segment = provenance_segment(input, run, command);

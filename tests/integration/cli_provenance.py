@@ -134,6 +134,11 @@ def case_resume(binary, root, tmp):
               encoding="utf-8") as f:
         carried = json.load(f)["provenance"]["segments"]
     check(len(carried) == 2 and carried[0]["last_step"] == 4, f"step 6 carries {carried}")
+    shown = cli_util.run_ok(binary, ["ckpt", "inspect", os.path.join(run_dir, "checkpoints",
+                                                                      "step_00000006")], root)
+    check(re.search(r"made by +run steps 1-4: trainctl \S+ \w{12} \(\w+ tree\), .*, 1 BLAS threads\n"
+                    r" +resume steps 5-6: .*, 2 BLAS threads\n", shown.stdout),
+          f"ckpt inspect names the attempts\n{shown.describe()}")
 
     # A killed attempt never writes its end: the next one records it, ending at its checkpoint.
     proc = subprocess.Popen([binary, "resume", run_dir, "--set", "training.steps=400"], cwd=root,

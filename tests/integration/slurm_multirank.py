@@ -5,10 +5,12 @@ The job ends COMPLETED on both nodes (node[1-2]); every rank wrote logs/rank_<N>
 line says which rank, local rank and node Slurm made it ("rank 3 of 4 (local rank 1 of 2) on
 node2, via slurm": block distribution puts ranks 0-1 on node1 and 2-3 on node2) and which GPU index
 it would take (its local rank); the same recipe under trainctl's local launcher logs "via trainctl"
-on this host, and its losses equal the Slurm job's bit for bit.
+on this host, and its losses equal the Slurm job's bit for bit (trainctl diff agrees), and so do the
+data digests in provenance.json (the Slurm ranks each read a quarter and add their parts up).
 
 Skips (exit 77) when Slurm cannot be started here. Run as: slurm_multirank.py TRAINCTL REPO_ROOT.
 """
+import json
 import os
 import re
 import socket
@@ -69,6 +71,18 @@ def body(binary, root):
         check_rank_lines(local_dir, lambda rank: f"(local rank {rank} of 4) on {host}, via "
                          "trainctl", "")
         ru.check_same_run(local_dir, run_dir, STEPS, "4 ranks under Slurm vs the local launcher")
+        # provenance.json's data digests: each Slurm rank read a quarter of the data and the
+        # ranks added their parts up; the local launcher read it all. The same digests.
+        digests = []
+        for d in (run_dir, local_dir):
+            with open(os.path.join(d, "provenance.json"), encoding="utf-8") as f:
+                digests.append([(p["train_digest"], p["val_digest"])
+                                for p in json.load(f)["segments"][0]["data"]])
+        check(digests[0] == digests[1] and None not in digests[0][0],
+              f"data digests: Slurm job {digests[0]}, local launcher {digests[1]}")
+        same = cli_util.run(binary, ["diff", local_dir, run_dir, "--json"], root)
+        check(same.rc == 0 and json.loads(same.stdout)["identical"],
+              f"trainctl diff of the two runs\n{same.describe()}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_path.hpp"
 #include "ckpt/ckpt.hpp"
 #include "ckpt/export.hpp"
 #include "commands.hpp"
@@ -25,68 +26,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-// A problem with what the user typed: exit code 2.
-class BadInput : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-constexpr const char* kPathHelp =
-    "give a step directory (run/checkpoints/step_00000050), a checkpoints directory or a run "
-    "directory";
-
-struct Target {
-  bool single_step = false;  // dir is one step directory; else a checkpoints directory
-  fs::path dir;
-};
-
-bool is_checkpoint_name(const std::string& name) {
-  return ckpt::parse_step_dir_name(name).has_value() || name.starts_with(".tmp-step_");
-}
-
-Target resolve(const std::string& path) {
-  std::error_code ec;
-  fs::path p(path);
-  if (path.empty() || !fs::exists(p, ec))
-    throw BadInput(fmt::format("{}: no such file or directory; {}", path, kPathHelp));
-  if (p.filename() == ckpt::kManifestFile) p = p.parent_path();
-  if (!fs::is_directory(p, ec))
-    throw BadInput(fmt::format("{}: not a directory; {}", path, kPathHelp));
-  if (fs::exists(p / ckpt::kManifestFile, ec) || is_checkpoint_name(p.filename().string()))
-    return {true, p};
-  if (fs::is_directory(p / "checkpoints", ec)) p = p / "checkpoints";
-  for (const auto& entry : fs::directory_iterator(p, ec))
-    if (is_checkpoint_name(entry.path().filename().string())) return {false, p};
-  throw BadInput(
-      fmt::format("{}: holds no checkpoint (no manifest.json, step_* directory or "
-                  "checkpoints/ folder); {}",
-                  path, kPathHelp));
-}
-
-// The step directory inspect and export read: the given one, or the newest valid one.
-fs::path select_step(const Target& target, json* why) {
-  if (target.single_step) return target.dir;
-  const ckpt::ScanReport report = ckpt::scan(target.dir);
-  const ckpt::ScanEntry* chosen = report.newest_valid();
-  json skipped = json::array();
-  for (const ckpt::ScanEntry& e : report.entries) {
-    if (&e == chosen) break;
-    fmt::print(stderr, "skipped {}: {}: {}\n", e.name, ckpt::status_name(e.status), e.reason);
-    skipped.push_back({{"name", e.name},
-                       {"status", std::string(ckpt::status_name(e.status))},
-                       {"reason", e.reason}});
-  }
-  if (!chosen)
-    throw ckpt::CheckpointError(fmt::format(
-        "{}: no valid checkpoint among its {} entries (see the skipped lines above); run "
-        "`trainctl ckpt verify {}` for details",
-        target.dir.string(), report.entries.size(), target.dir.string()));
-  fmt::print(stderr, "using {}: the newest valid checkpoint in {}\n", chosen->name,
-             target.dir.string());
-  if (why) *why = {{"selected", chosen->name}, {"skipped", skipped}};
-  return chosen->path;
-}
 
 std::string human_bytes(uint64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -225,7 +164,7 @@ void print_inspect(const json& s) {
 
 int inspect(const CkptOptions& options) {
   json why;
-  const fs::path step = select_step(resolve(options.path), &why);
+  const fs::path step = select_step(resolve_checkpoint_path(options.path), &why);
   const ckpt::CheckpointReader reader = ckpt::CheckpointReader::open(step);
   json summary = summarize(reader);
   if (options.json) {
@@ -266,7 +205,7 @@ bool verify_step(const fs::path& dir) {
 }
 
 int verify(const CkptOptions& options) {
-  const Target target = resolve(options.path);
+  const CheckpointTarget target = resolve_checkpoint_path(options.path);
   if (target.single_step) return verify_step(target.dir) ? kExitOk : kExitFailure;
   const ckpt::ScanReport report = ckpt::scan(target.dir);
   std::map<ckpt::Status, int> counts;
@@ -300,7 +239,7 @@ int export_weights(const CkptOptions& options) {
                                options.out, parent.string()));
   if (fs::is_directory(out, ec))
     throw BadInput(fmt::format("--out {}: is a directory; name the file to write", options.out));
-  const fs::path step = select_step(resolve(options.path), nullptr);
+  const fs::path step = select_step(resolve_checkpoint_path(options.path), nullptr);
   const ckpt::CheckpointReader reader = ckpt::CheckpointReader::open(step);
   const ckpt::ExportResult result = ckpt::export_safetensors(reader, out);
   fmt::print("exported {} (step {}) to {}\n", step.filename().string(), reader.step(),

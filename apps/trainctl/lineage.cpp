@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "checkpoint_path.hpp"
 #include "ckpt/ckpt.hpp"
 #include "commands.hpp"
 #include "lineage/lineage.hpp"
@@ -24,41 +25,10 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// A problem with what the user typed: exit code 2.
-class BadInput : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-constexpr const char* kPathHelp =
-    "give a step directory (run/checkpoints/step_00000050), a checkpoints directory or a run "
-    "directory";
-
-// The step directory `path` names: itself when it holds a manifest, else the newest valid
-// checkpoint of a checkpoints directory or of a run directory's checkpoints/.
+// The step directory `path` names: itself, or the newest valid checkpoint of a checkpoints
+// directory or of a run directory's checkpoints/.
 fs::path locate(const std::string& path) {
-  std::error_code ec;
-  fs::path p(path);
-  if (path.empty() || !fs::exists(p, ec))
-    throw BadInput(fmt::format("{}: no such file or directory; {}", path, kPathHelp));
-  if (p.filename() == ckpt::kManifestFile) p = p.parent_path();
-  if (!fs::is_directory(p, ec))
-    throw BadInput(fmt::format("{}: not a directory; {}", path, kPathHelp));
-  if (fs::exists(p / ckpt::kManifestFile, ec)) return p;
-  if (fs::is_directory(p / "checkpoints", ec)) p = p / "checkpoints";
-  const ckpt::ScanReport report = ckpt::scan(p);
-  if (report.entries.empty())
-    throw BadInput(fmt::format(
-        "{}: holds no checkpoint (no manifest.json, step_* directory or checkpoints/ folder); {}",
-        path, kPathHelp));
-  const ckpt::ScanEntry* chosen = report.newest_valid();
-  if (!chosen)
-    throw ckpt::CheckpointError(
-        fmt::format("{}: no valid checkpoint among its {} entries; run `trainctl ckpt verify {}` "
-                    "for details",
-                    p.string(), report.entries.size(), p.string()));
-  fmt::print(stderr, "using {}: the newest valid checkpoint in {}\n", chosen->name, p.string());
-  return chosen->path;
+  return select_step(resolve_checkpoint_path(path));
 }
 
 // --seed as a recipe's determinism.seed: an integer >= 0, used as the init's 64-bit seed the way

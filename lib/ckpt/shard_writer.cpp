@@ -10,7 +10,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <functional>
 #include <future>
 #include <optional>
@@ -19,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "ckpt/file_io.hpp"
+#include "files/files.hpp"
 #include "tensor/checksum.hpp"
 
 namespace trainctl::ckpt {
@@ -31,15 +31,6 @@ namespace {
 
 constexpr size_t kStagingBytes = size_t{4} << 20;  // small slices are gathered into one write
 constexpr uint64_t kWritebackBytes = uint64_t{32} << 20;  // start write-back this often
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
-}
 
 // Checks a caller's slice and returns its index (the whole tensor when none was given).
 std::vector<Range> checked_index(const SliceData& s) {
@@ -250,7 +241,7 @@ void write_manifest(const fs::path& dir, const ManifestHeader& header,
   const fs::path path = dir / kManifestFile;
   Manifest m;
   m.header = header;
-  m.created = utc_now();
+  m.created = files::utc_timestamp();
   std::map<std::string, size_t> position;
   for (ShardIndex& shard : all_ranks) {
     if (!m.files.emplace(shard.file, FileEntry{shard.bytes, shard.crc32c}).second)

@@ -71,6 +71,9 @@ class UniqueFd {
   int fd_ = -1;
 };
 
+// Now, as the times trainctl writes into its files: "2026-11-29T04:41:55Z" (ISO 8601, UTC).
+std::string utc_timestamp();
+
 // What the file at a path is, in words: "a FIFO", "a directory", "a character device", ...
 std::string_view file_type_name(unsigned mode);
 

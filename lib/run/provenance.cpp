@@ -7,9 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
-#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -26,15 +24,6 @@ using ordered_json = nlohmann::ordered_json;
 namespace trainctl::run {
 
 namespace {
-
-std::string utc_now() {
-  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  std::tm tm{};
-  ::gmtime_r(&now, &tm);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return text;
-}
 
 // /proc/cpuinfo's first "model name" (x86) or "Model"/"CPU part" elsewhere; "unknown" if none.
 std::string cpu_model() {
@@ -160,7 +149,7 @@ ordered_json provenance_segment(const SessionInput& input, RunContext& run,
                                 const std::string& command) {
   const recipe::Recipe& r = input.loaded.recipe;
   ordered_json segment = {{"command", command},
-                          {"started", utc_now()},
+                          {"started", files::utc_timestamp()},
                           {"first_step", run.start_step() + 1},
                           {"last_step", nullptr},
                           {"outcome", nullptr},

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "prepare/prepare.hpp"
@@ -34,6 +35,7 @@ struct RunOptions {
   std::string run_dir;          // empty: runs/<recipe name>
   bool overwrite = false;       // reuse a run directory that already holds a run
   int debug_save_delay_ms = 0;  // fault injection: run::SessionInput::debug_save_delay
+  std::pair<int, int> debug_slow_rank{-1, 0};  // RANK MS: run::SessionInput::debug_slow_rank
 };
 int run_run(const RunOptions& options);
 
@@ -44,6 +46,7 @@ struct ResumeOptions {
   std::vector<std::string> overrides;  // e.g. training.steps to extend a run
   std::string run_dir;
   int debug_save_delay_ms = 0;  // fault injection: run::SessionInput::debug_save_delay
+  std::pair<int, int> debug_slow_rank{-1, 0};  // RANK MS: run::SessionInput::debug_slow_rank
 };
 int run_resume(const ResumeOptions& options);
 

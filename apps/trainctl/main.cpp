@@ -26,6 +26,17 @@ void add_debug_save_delay(CLI::App* command, int& milliseconds) {
       ->group("Diagnostics");
 }
 
+// Diagnostic fault injection for the straggler tests (lib/run/straggler.hpp).
+void add_debug_slow_rank(CLI::App* command, std::pair<int, int>& slow) {
+  command
+      ->add_option("--debug-slow-rank", slow,
+                   "Diagnostic: rank RANK sleeps MS milliseconds in every step's compute (a "
+                   "straggler; for testing the straggler report)")
+      ->type_name("RANK MS")
+      ->check(CLI::Range(0, 60000))
+      ->group("Diagnostics");
+}
+
 // --tokenizer and --eod, as data encode and data prepare both take them (lib/tokenize's
 // load_tokenizer reads them).
 void add_tokenizer_options(CLI::App* command, std::string& tokenizer, std::string& eod) {
@@ -70,6 +81,7 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--overwrite", run.overwrite,
                     "Reuse a run directory that already holds a run (its files are replaced)");
   add_debug_save_delay(run_cmd, run.debug_save_delay_ms);
+  add_debug_slow_rank(run_cmd, run.debug_slow_rank);
   add_examples(run_cmd,
                {"trainctl run recipes/tiny.yaml",
                 "trainctl run recipes/tiny.yaml --set training.steps=50 --run-dir runs/quick",
@@ -102,6 +114,7 @@ int main(int argc, char** argv) {
   resume_cmd->add_option("--run-dir", resume.run_dir,
                          "Run directory when TARGET is a recipe (default: runs/<recipe name>)");
   add_debug_save_delay(resume_cmd, resume.debug_save_delay_ms);
+  add_debug_slow_rank(resume_cmd, resume.debug_slow_rank);
   add_examples(resume_cmd,
                {"trainctl resume runs/tiny", "trainctl resume runs/tiny --set training.steps=400",
                 "trainctl resume recipes/tiny.yaml --run-dir runs/tiny"},

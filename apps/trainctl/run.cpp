@@ -19,6 +19,8 @@ int run_run(const RunOptions& options) {
   run::SessionInput input;
   input.recipe_label = options.recipe_path;
   input.debug_save_delay = std::chrono::milliseconds(options.debug_save_delay_ms);
+  input.debug_slow_rank = {options.debug_slow_rank.first,
+                           std::chrono::milliseconds(options.debug_slow_rank.second)};
   try {
     input.loaded = recipe::load_recipe_with_origins(options.recipe_path, options.overrides);
   } catch (const recipe::RecipeError& e) {

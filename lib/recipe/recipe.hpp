@@ -213,6 +213,9 @@ struct LoggingConfig {
   bool tensorboard;
   Progress progress;
   int64_t timeline_step;  // 0: none
+  // Several ranks: name the slowest rank when its compute time exceeds the median rank's by more
+  // than this fraction (lib/run/straggler.hpp); 0: never.
+  double straggler_threshold;
   bool operator==(const LoggingConfig&) const = default;
 };
 

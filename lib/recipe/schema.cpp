@@ -342,6 +342,10 @@ std::vector<KeySpec> build_schema() {
   t.push_back(row<B(logging, timeline_step)>(
       "logging.timeline_step", 0, at_least(0),
       "time this step's pipeline actions: timeline.svg and .json in the run dir; 0 = off"));
+  t.push_back(row<B(logging, straggler_threshold)>("logging.straggler_threshold", 0.2,
+                                                   closed(0, 100),
+                                                   "name the slowest rank when its compute exceeds "
+                                                   "the median rank's by this fraction; 0 = off"));
   // cluster
   t.push_back(row<B(cluster, device)>("cluster.device", Device::automatic, none(),
                                       "auto: cuda if a GPU is present, else cpu"));

@@ -76,6 +76,8 @@ RunContext::RunContext(const SessionInput& input, RankLog& log)
   train_config.zero = r.parallel.zero;
   train_config.reduce_dtype = r.precision.reduce_dtype;
   train_config.overlap_grad_sync = r.parallel.overlap_grad_sync;
+  if (input.debug_slow_rank.rank == input.rank.rank)
+    train_config.debug_step_delay = input.debug_slow_rank.delay;
   // cluster.device: cuda runs the CUDA backend on this rank's GPU (its local rank); auto stays
   // on the CPU until tests/gpu has passed on a GPU (docs/cuda.md). The backend comes first: the
   // mesh of a CUDA rank is NCCL's, on the backend's GPU and ordered after its stream.

@@ -39,6 +39,9 @@ StepReporter::StepReporter(const recipe::Recipe& r, const std::filesystem::path&
     if (r.logging.tensorboard) tensorboard_.emplace(run_dir);
   }
   if (!log.is_open()) log.open(run_dir, options_.resuming);
+  if (options_.leader && options_.hosts.size() > 1)
+    stragglers_.emplace(options_.hosts, options_.stages, r.logging.straggler_threshold,
+                        r.logging.every_steps);
   if (options_.leader)
     progress_.emplace(r.training.steps, r.logging.progress, stderr, r.logging.every_steps);
   log_.emplace(r.training.steps, telemetry::ProgressMode::plain, log.file(), r.logging.every_steps,
@@ -50,11 +53,13 @@ void StepReporter::say(const std::string& line) {
   log_->message(line);
 }
 
-void StepReporter::step(const train::StepMetrics& m, double loss_scale) {
+void StepReporter::step(const train::StepMetrics& m, double loss_scale,
+                        std::span<const RankStepTime> ranks) {
   const bool fp16 = options_.fp16;
   const bool moe = options_.moe;
   const double elapsed_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const std::optional<Straggler> slowest = slowest_rank(ranks, options_.stages);
   std::optional<double> mfu;
   if (options_.peak.flops_per_s > 0)
     mfu = step_mfu(options_.forward_flops_per_token, options_.tokens_per_step, m.step_ms / 1000.0,
@@ -62,6 +67,12 @@ void StepReporter::step(const train::StepMetrics& m, double loss_scale) {
   if (metrics_) {
     nlohmann::json record = metrics_record(m, fp16, moe);
     if (options_.multi) record["comm_ms"] = m.comm_ms;
+    if (options_.multi && m.step_ms > 0) record["comm_share"] = m.comm_ms / m.step_ms;
+    if (slowest) {
+      record["slowest_rank"] = slowest->rank;
+      record["slowest_compute_ms"] = slowest->compute_ms;
+      record["median_compute_ms"] = slowest->median_ms;
+    }
     if (options_.overlapping) record["comm_background_ms"] = m.comm_background_ms;
     if (options_.context_parallel) record["cp_wait_ms"] = m.cp_wait_ms;
     if (mfu) record["mfu"] = *mfu;
@@ -90,6 +101,9 @@ void StepReporter::step(const train::StepMetrics& m, double loss_scale) {
                                                         {"perf/tokens_per_s", m.tokens_per_s},
                                                         {"perf/step_ms", m.step_ms}};
     if (mfu) scalars.push_back({"perf/mfu", *mfu});
+    if (options_.multi && m.step_ms > 0)
+      scalars.push_back({"perf/comm_share", m.comm_ms / m.step_ms});
+    if (slowest) scalars.push_back({"perf/slowest_over_median", slowest->ratio()});
     if (options_.memory_bytes > 0)
       scalars.push_back({"memory/bytes", static_cast<double>(options_.memory_bytes)});
     if (fp16) scalars.push_back({"train/loss_scale", m.loss_scale});
@@ -105,6 +119,8 @@ void StepReporter::step(const train::StepMetrics& m, double loss_scale) {
     say(fmt::format("step {}: non-finite gradients, step skipped, loss scale now {}", m.step,
                     loss_scale));
   }
+  if (stragglers_)
+    if (std::optional<std::string> line = stragglers_->observe(m.step, ranks)) say(*line);
   if (m.val_loss) totals_.last_val = m.val_loss;
   totals_.last = m;
 }

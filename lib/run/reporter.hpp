@@ -7,11 +7,14 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "recipe/recipe.hpp"
 #include "run/peak.hpp"
 #include "run/rank_log.hpp"
+#include "run/straggler.hpp"
 #include "telemetry/telemetry.hpp"
 #include "train/trainer.hpp"
 
@@ -41,6 +44,10 @@ class StepReporter {
     Peak peak;
     int peak_devices = 1;
     uint64_t memory_bytes = 0;  // the rank's peak memory (all categories); 0: not shown
+    // Several ranks (leader): each rank's host and pipeline stage, in rank order, for the
+    // straggler watch (only ranks of one stage are compared).
+    std::vector<std::string> hosts;
+    std::vector<int> stages;
   };
   // Opens metrics.jsonl and the TensorBoard event file (leader), then the rank log when the
   // rendezvous has not opened it. Throws std::runtime_error naming a file it cannot open.
@@ -49,8 +56,11 @@ class StepReporter {
 
   // A line for the user (above the progress line) and the rank log.
   void say(const std::string& line);
-  // Every sink's record of step m; `loss_scale` is the scaler's scale after it.
-  void step(const train::StepMetrics& m, double loss_scale);
+  // Every sink's record of step m; `loss_scale` is the scaler's scale after it. `ranks`: every
+  // rank's time in the step (several ranks): the communication share and the slowest rank go
+  // into metrics.jsonl and TensorBoard, and a straggler is named (straggler.hpp).
+  void step(const train::StepMetrics& m, double loss_scale,
+            std::span<const RankStepTime> ranks = {});
   void flush();   // TensorBoard's buffered events to disk (before a save, at the end)
   void finish();  // ends the progress line
   const StepTotals& totals() const { return totals_; }
@@ -62,6 +72,7 @@ class StepReporter {
   std::optional<telemetry::TensorBoardWriter> tensorboard_;
   std::optional<telemetry::Progress> progress_;
   std::optional<telemetry::Progress> log_;
+  std::optional<StragglerWatch> stragglers_;  // leader, several ranks
   StepTotals totals_;
 };
 

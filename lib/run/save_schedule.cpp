@@ -3,7 +3,6 @@
 #include <fmt/core.h>
 
 #include <cctype>
-#include <span>
 #include <thread>
 
 #include "run/summary.hpp"
@@ -35,13 +34,6 @@ ckpt::CheckpointWriter::Options writer_options(const SessionInput& input) {
 }
 
 }  // namespace
-
-StepVote any_rank(StepVote mine, comm::Communicator* world) {
-  if (!world) return mine;
-  double votes[2] = {mine.stop ? 1.0 : 0.0, mine.save ? 1.0 : 0.0};
-  world->all_reduce_sum(std::span<double>(votes, 2));
-  return {votes[0] > 0, votes[1] > 0};
-}
 
 StepVote SaveSchedule::vote(int64_t step, bool stop_requested, Clock::time_point now) const {
   const double since_save = std::chrono::duration<double>(now - last_save_).count();

@@ -20,15 +20,13 @@ namespace trainctl::run {
 
 using Clock = std::chrono::steady_clock;
 
-// One rank's vote after a step, or (from any_rank) the job's.
+// One rank's vote after a step, or (from exchange_step, straggler.hpp) the job's: each field
+// true on every rank when it is true on any rank.
 struct StepVote {
   bool stop = false;  // a stop signal arrived
   bool save = false;  // a checkpoint is due
   bool operator==(const StepVote&) const = default;
 };
-// The job's vote: each field is true on every rank when it is true on any rank (one all-reduce
-// over `world`, a collective every rank must make at the same step); without a group, `mine`.
-StepVote any_rank(StepVote mine, comm::Communicator* world);
 
 class SaveSchedule {
  public:

@@ -18,6 +18,7 @@
 #include "run/report.hpp"
 #include "run/reporter.hpp"
 #include "run/save_schedule.hpp"
+#include "run/straggler.hpp"
 #include "run/summary.hpp"
 #include "run/timeline_file.hpp"
 #include "train/checkpoint_policy.hpp"
@@ -59,6 +60,16 @@ void prepare_run_dir(const SessionInput& input, RunContext& run) {
   if (input.data)
     files::write_file_atomically(input.run_dir / "data.json", data_record(input.data->dataset));
   if (input.resuming) truncate_metrics(input.run_dir / "metrics.jsonl", run.start_step());
+}
+
+// Each rank's pipeline stage, in rank order (empty for one rank): the straggler watch compares
+// only ranks of one stage.
+std::vector<int> pipeline_stages(RunContext& run) {
+  std::vector<int> stages;
+  if (comm::Mesh* mesh = run.mesh())
+    for (int rank = 0; rank < mesh->world().size(); ++rank)
+      stages.push_back(coordinates_of(mesh->layout(), rank).pp);
+  return stages;
 }
 
 // "the newest good checkpoint is step_N; ...", or that there is none yet.
@@ -168,19 +179,22 @@ int train_session(SessionInput input, const std::string& command) {
     prepare_run_dir(input, run);
     Provenance provenance(input, run, command);
     const model::ModelConfig& mc = run.model_config();
-    StepReporter report(r, input.run_dir, log,
-                        {.leader = run.leader(),
-                         .resuming = input.resuming,
-                         .fp16 = mc.storage == tensor::DType::f16,
-                         .moe = mc.moe.experts > 0,
-                         .multi = run.multi(),
-                         .overlapping = run.multi() && run.trainer().overlaps_grad_sync(),
-                         .context_parallel = r.parallel.cp > 1,
-                         .forward_flops_per_token = run.model().forward_flops_per_token(),
-                         .tokens_per_step = static_cast<double>(r.tokens_per_step()),
-                         .peak = run.peak(),
-                         .peak_devices = run.peak_devices(),
-                         .memory_bytes = memory_report(run).total()});
+    StepReporter report(
+        r, input.run_dir, log,
+        {.leader = run.leader(),
+         .resuming = input.resuming,
+         .fp16 = mc.storage == tensor::DType::f16,
+         .moe = mc.moe.experts > 0,
+         .multi = run.multi(),
+         .overlapping = run.multi() && run.trainer().overlaps_grad_sync(),
+         .context_parallel = r.parallel.cp > 1,
+         .forward_flops_per_token = run.model().forward_flops_per_token(),
+         .tokens_per_step = static_cast<double>(r.tokens_per_step()),
+         .peak = run.peak(),
+         .peak_devices = run.peak_devices(),
+         .memory_bytes = memory_report(run).total(),
+         .hosts = run.mesh() ? gather_hosts(run.mesh()->world()) : std::vector<std::string>{},
+         .stages = pipeline_stages(run)});
     for (const std::string& line : run.describe(input))
       report.say(line);
 
@@ -194,13 +208,16 @@ int train_session(SessionInput input, const std::string& command) {
     StepVote job;  // agreed by every rank
     try {
       run.trainer().run([&](const train::StepMetrics& m) {
-        report.step(m, run.trainer().loss_scaler().scale());
+        // The job's vote, and every rank's time for the straggler watch, in one collective.
+        const JobStep exchanged = exchange_step(
+            schedule.vote(m.step, stop.requested(), Clock::now()), {m.step_ms, m.comm_ms}, world);
+        job = exchanged.vote;
+        report.step(m, run.trainer().loss_scaler().scale(), exchanged.ranks);
         if (m.step == r.logging.timeline_step && run.leader())
           if (const Timeline* timeline = run.trainer().timeline())
             write_timeline(input.run_dir, run, m.step, *timeline);
         saver.poll();  // a failed background save stops the run now, not at the next save
         if (auto line = saver.finished_save()) report.say(*line);
-        job = any_rank(schedule.vote(m.step, stop.requested(), Clock::now()), world);
         if (schedule.saves(job)) {
           report.flush();
           saver.save();

@@ -60,6 +60,13 @@ struct SessionInput {
   // after each tensor it writes, so a test can signal or kill a rank in the middle of a save.
   // Zero (the default) is the production path.
   std::chrono::milliseconds debug_save_delay{0};
+  // Diagnostic fault injection (--debug-slow-rank): rank `rank` sleeps `delay` at the start of
+  // every step's compute, a straggler for the tests of lib/run/straggler.hpp. -1: none.
+  struct SlowRank {
+    int rank = -1;
+    std::chrono::milliseconds delay{0};
+  };
+  SlowRank debug_slow_rank;
 };
 
 // Prints every problem (file:line:col, or the --set) and the summary line; returns exit code 2.

@@ -8,6 +8,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace trainctl::train {
 
@@ -397,6 +398,7 @@ void Trainer::wait_parameters() const {
 
 StepMetrics Trainer::step_leaving_gather() {
   const auto start = std::chrono::steady_clock::now();
+  if (config_.debug_step_delay.count() > 0) std::this_thread::sleep_for(config_.debug_step_delay);
   const double comm_start = mesh_ ? mesh_->comm_seconds() : 0.0;
   const double wait_start = sync_ ? sync_->wait_seconds() : 0.0;
   const double background_start = mesh_ ? mesh_->background_comm_seconds() : 0.0;

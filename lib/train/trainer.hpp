@@ -3,6 +3,7 @@
 // (progress line, metrics.jsonl, TensorBoard) is the caller's business: it receives StepMetrics.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -45,6 +46,9 @@ struct TrainConfig : TrainingConfig {
   // Record the pipeline timeline of this step (1-based; 0: none): every stage times its actions
   // (logging.timeline_step), and timeline() returns the whole pipeline's afterwards.
   int64_t timeline_step = 0;
+  // Diagnostic (trainctl's --debug-slow-rank): sleep this long at the start of every step's
+  // compute, making this rank a straggler. Zero (the default) is the production path.
+  std::chrono::milliseconds debug_step_delay{0};
 
   // Micro-batches per optimizer step on one rank; with `data_ranks` ranks reading different data
   // (dp * ep) each takes global_batch / data_ranks sequences.

@@ -14,6 +14,7 @@
 #include "run/peak.hpp"
 #include "run/save_schedule.hpp"
 #include "run/session.hpp"
+#include "run/straggler.hpp"
 #include "run/summary.hpp"
 
 namespace fs = std::filesystem;
@@ -45,11 +46,12 @@ std::string read_text(const fs::path& path) {
 }  // namespace
 
 TEST_CASE(
-    "any_rank without a group is the rank's own vote; the schedule saves on the cadence "
+    "exchange_step without a group is the rank's own vote; the schedule saves on the cadence "
     "and on a stop, never when saves are off",
     "[run]") {
   const run::StepVote mine{.stop = true, .save = false};
-  CHECK(run::any_rank(mine, nullptr) == mine);
+  CHECK(run::exchange_step(mine, {}, nullptr).vote == mine);
+  CHECK(run::exchange_step(mine, {}, nullptr).ranks.empty());
 
   const auto t0 = run::Clock::now();
   run::SaveSchedule every_2(train::CheckpointPolicy(2, 0, 10), true, t0);

@@ -40,8 +40,7 @@ StepReporter::StepReporter(const recipe::Recipe& r, const std::filesystem::path&
   }
   if (!log.is_open()) log.open(run_dir, options_.resuming);
   if (options_.leader && options_.hosts.size() > 1)
-    stragglers_.emplace(options_.hosts, options_.stages, r.logging.straggler_threshold,
-                        r.logging.every_steps);
+    stragglers_.emplace(options_.hosts, r.logging.straggler_threshold, r.logging.every_steps);
   if (options_.leader)
     progress_.emplace(r.training.steps, r.logging.progress, stderr, r.logging.every_steps);
   log_.emplace(r.training.steps, telemetry::ProgressMode::plain, log.file(), r.logging.every_steps,
@@ -120,7 +119,7 @@ void StepReporter::step(const train::StepMetrics& m, double loss_scale,
                     loss_scale));
   }
   if (stragglers_)
-    if (std::optional<std::string> line = stragglers_->observe(m.step, ranks)) say(*line);
+    if (std::optional<std::string> line = stragglers_->observe(m.step, slowest)) say(*line);
   if (m.val_loss) totals_.last_val = m.val_loss;
   totals_.last = m;
 }

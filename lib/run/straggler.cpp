@@ -65,10 +65,9 @@ std::optional<Straggler> slowest_rank(std::span<const RankStepTime> ranks,
   return worst;
 }
 
-StragglerWatch::StragglerWatch(std::vector<std::string> hosts, std::vector<int> groups,
-                               double threshold, int64_t every_steps)
+StragglerWatch::StragglerWatch(std::vector<std::string> hosts, double threshold,
+                               int64_t every_steps)
     : hosts_(std::move(hosts)),
-      groups_(std::move(groups)),
       threshold_(threshold),
       every_steps_(std::max<int64_t>(1, every_steps)),
       slowest_count_(hosts_.size()),
@@ -81,9 +80,8 @@ bool StragglerWatch::is_straggler(const Straggler& s) const {
 }
 
 std::optional<std::string> StragglerWatch::observe(int64_t step,
-                                                   std::span<const RankStepTime> ranks) {
-  if (const std::optional<Straggler> s = slowest_rank(ranks, groups_);
-      s && is_straggler(*s) && static_cast<size_t>(s->rank) < slowest_count_.size()) {
+                                                   const std::optional<Straggler>& s) {
+  if (s && is_straggler(*s) && static_cast<size_t>(s->rank) < slowest_count_.size()) {
     ++slowest_count_[static_cast<size_t>(s->rank)];
     excess_sum_[static_cast<size_t>(s->rank)] += s->compute_ms;
     median_sum_[static_cast<size_t>(s->rank)] += s->median_ms;

@@ -63,21 +63,19 @@ class StragglerWatch {
  public:
   static constexpr double kMinExcessMs = 2.0;
 
-  // hosts and groups: per rank (groups as slowest_rank takes them). threshold <= 0: never
-  // reports.
-  StragglerWatch(std::vector<std::string> hosts, std::vector<int> groups, double threshold,
-                 int64_t every_steps);
+  // hosts: per rank. threshold <= 0: never reports.
+  StragglerWatch(std::vector<std::string> hosts, double threshold, int64_t every_steps);
 
-  // The line to log after `step`, when it closes a window that had stragglers: "straggler: rank
-  // 1 on node2 computed 61.3 ms a step, 2.41x the median rank's 25.4 ms (the slowest in 9 of
-  // the last 10 steps; the others waited for it)".
-  std::optional<std::string> observe(int64_t step, std::span<const RankStepTime> ranks);
+  // The line to log after `step`, whose slowest rank is `slowest` (slowest_rank of the step's
+  // times with this watch's groups), when it closes a window that had stragglers: "straggler:
+  // rank 1 on node2 computed 61.3 ms a step, 2.41x the median rank's 25.4 ms (the slowest in 9
+  // of the last 10 steps; the others waited for it)".
+  std::optional<std::string> observe(int64_t step, const std::optional<Straggler>& slowest);
 
   bool is_straggler(const Straggler& s) const;
 
  private:
   std::vector<std::string> hosts_;
-  std::vector<int> groups_;
   double threshold_;
   int64_t every_steps_;
   int64_t window_steps_ = 0;

@@ -4,14 +4,13 @@
 // is found and another is not.
 #include <catch2/catch.hpp>
 
-#include <unistd.h>
-
 #include <cmath>
 #include <filesystem>
 #include <numeric>
 
 #include "backend_test_util.hpp"
 #include "ckpt/ckpt.hpp"
+#include "ckpt_test_util.hpp"
 #include "lineage/lineage.hpp"
 #include "model/model.hpp"
 #include "tensor/rng.hpp"
@@ -235,12 +234,7 @@ model::ModelConfig small_llama() {
   return c;
 }
 
-struct TempDir {
-  fs::path path =
-      fs::temp_directory_path() / ("trainctl_lineage_test_" + std::to_string(::getpid()));
-  TempDir() { fs::remove_all(path); }
-  ~TempDir() { fs::remove_all(path); }
-};
+using ckpt_test::TempDir;
 
 }  // namespace
 

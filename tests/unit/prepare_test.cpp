@@ -5,9 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
-#include <fstream>
-#include <random>
 
+#include "data_test_util.hpp"
 #include "prepare/inputs.hpp"
 
 using namespace trainctl::prepare;
@@ -15,22 +14,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::random_device device;
-    path = fs::temp_directory_path() / ("trainctl_prepare_test_" + std::to_string(device()));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path, ignored);
-  }
+// data_test_util's folder, and a writer that makes the folders a file sits in.
+struct TempDir : trainctl::data::test::TempDir {
   std::string write(const std::string& name, const std::string& bytes) const {
     const fs::path file = path / name;
     fs::create_directories(file.parent_path());
-    std::ofstream(file, std::ios::binary)
-        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    trainctl::data::test::write_bytes(file.string(), bytes);
     return file.string();
   }
 };

@@ -46,30 +46,35 @@ TEST_CASE("slowest_rank compares compute times (step time less the wait) with th
 }
 
 TEST_CASE("the watch names the rank most often slowest once per window, with host and ratio") {
-  run::StragglerWatch watch({"node1", "node1", "node2"}, {}, 0.2, 5);
+  run::StragglerWatch watch({"node1", "node1", "node2"}, 0.2, 5);
   const std::vector<RankStepTime> slow2{{100, 60}, {100, 60}, {100, 10}};  // rank 2: 90 vs 40
   const std::vector<RankStepTime> even{{100, 50}, {100, 49}, {100, 51}};   // within 20%
   for (int64_t step = 1; step <= 4; ++step)
-    CHECK_FALSE(watch.observe(step, step == 3 ? even : slow2).has_value());  // not a window's end
-  const auto line = watch.observe(5, slow2);
+    CHECK_FALSE(watch.observe(step, run::slowest_rank(step == 3 ? even : slow2))
+                    .has_value());  // not a window's end
+  const auto line = watch.observe(5, run::slowest_rank(slow2));
   REQUIRE(line);
   CHECK(*line ==
         "straggler: rank 2 on node2 computed 90.0 ms a step, 2.25x the median rank's 40.0 ms (the "
         "slowest by more than 20% in 4 of the last 5 steps; the others waited for it)");
   // The next window has none: nothing is said.
   for (int64_t step = 6; step <= 10; ++step)
-    CHECK_FALSE(watch.observe(step, even).has_value());
+    CHECK_FALSE(watch.observe(step, run::slowest_rank(even)).has_value());
 }
 
 TEST_CASE("the watch ignores differences within the threshold, under 2 ms, or when off") {
-  run::StragglerWatch watch({"a", "b"}, {}, 0.2, 1);
+  run::StragglerWatch watch({"a", "b"}, 0.2, 1);
   // 20% over the median of two (their mean) is not more than 20%.
-  CHECK_FALSE(watch.observe(1, std::vector<RankStepTime>{{10, 0}, {13.3, 0}}).has_value());
+  CHECK_FALSE(watch.observe(1, run::slowest_rank(std::vector<RankStepTime>{{10, 0}, {13.3, 0}}))
+                  .has_value());
   // 3x the median, but 1 ms: timer noise on a millisecond step.
-  CHECK_FALSE(watch.observe(2, std::vector<RankStepTime>{{0.5, 0}, {1.5, 0}}).has_value());
-  CHECK(watch.observe(3, std::vector<RankStepTime>{{10, 0}, {20, 0}}).has_value());
-  run::StragglerWatch off({"a", "b"}, {}, 0, 1);
-  CHECK_FALSE(off.observe(1, std::vector<RankStepTime>{{10, 0}, {100, 0}}).has_value());
+  CHECK_FALSE(watch.observe(2, run::slowest_rank(std::vector<RankStepTime>{{0.5, 0}, {1.5, 0}}))
+                  .has_value());
+  CHECK(
+      watch.observe(3, run::slowest_rank(std::vector<RankStepTime>{{10, 0}, {20, 0}})).has_value());
+  run::StragglerWatch off({"a", "b"}, 0, 1);
+  CHECK_FALSE(
+      off.observe(1, run::slowest_rank(std::vector<RankStepTime>{{10, 0}, {100, 0}})).has_value());
 }
 
 TEST_CASE("exchange_step gives every rank the job's vote and every rank's time, in rank order") {

@@ -29,6 +29,11 @@ struct ValidateOptions {
 };
 int run_validate(const ValidateOptions& options);
 
+// Fault injection for the stability guard (run::SessionInput::BatchFaults): global batch indices.
+struct BatchFaultOptions {
+  std::vector<int64_t> nan, spike, drop;
+};
+
 struct RunOptions {
   std::string recipe_path;
   std::vector<std::string> overrides;
@@ -36,6 +41,7 @@ struct RunOptions {
   bool overwrite = false;       // reuse a run directory that already holds a run
   int debug_save_delay_ms = 0;  // fault injection: run::SessionInput::debug_save_delay
   std::pair<int, int> debug_slow_rank{-1, 0};  // RANK MS: run::SessionInput::debug_slow_rank
+  BatchFaultOptions debug_batches;
 };
 int run_run(const RunOptions& options);
 
@@ -47,6 +53,7 @@ struct ResumeOptions {
   std::string run_dir;
   int debug_save_delay_ms = 0;  // fault injection: run::SessionInput::debug_save_delay
   std::pair<int, int> debug_slow_rank{-1, 0};  // RANK MS: run::SessionInput::debug_slow_rank
+  BatchFaultOptions debug_batches;
 };
 int run_resume(const ResumeOptions& options);
 

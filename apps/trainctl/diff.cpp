@@ -106,6 +106,8 @@ RunRecord load_run(const std::string& label) {
     if (line.empty()) continue;
     try {
       const ordered_json record = ordered_json::parse(line);
+      if (record.contains("event")) continue;  // the stability guard's, not a step's
+      // A step's last record counts: a rollback repeats the steps after its snapshot.
       const int64_t step = record.at("step").get<int64_t>();
       run.loss[step] = record.at("loss").get<double>();
       if (record.contains("val_loss")) run.val_loss[step] = record["val_loss"].get<double>();

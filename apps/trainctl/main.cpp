@@ -2,9 +2,11 @@
 // struct to the subcommand's own file. Phases: build the CLI, parse, dispatch.
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <initializer_list>
+#include <limits>
 #include <string>
 
 #include "ckpt/ckpt.hpp"
@@ -35,6 +37,26 @@ void add_debug_slow_rank(CLI::App* command, std::pair<int, int>& slow) {
       ->type_name("RANK MS")
       ->check(CLI::Range(0, 60000))
       ->group("Diagnostics");
+}
+
+// Diagnostic fault injection for the stability guard's tests (lib/train/stability.hpp).
+void add_debug_batches(CLI::App* command, app::BatchFaultOptions& faults) {
+  const auto add = [&](const char* name, std::vector<int64_t>& batches, const char* what) {
+    command->add_option(name, batches, what)
+        ->type_name("BATCH[,BATCH...]")
+        ->delimiter(',')
+        ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()))
+        ->group("Diagnostics");
+  };
+  add("--debug-nan-batch", faults.nan,
+      "Diagnostic: data rank 0's gradients of these global batches (1-based, in data order) "
+      "become NaN (for testing the stability guard)");
+  add("--debug-spike-batch", faults.spike,
+      "Diagnostic: the loss and gradients of these global batches are multiplied by 100 (a loss "
+      "spike, for testing the stability guard)");
+  add("--debug-drop-batch", faults.drop,
+      "Diagnostic: these global batches are passed over as if the data did not hold them (the "
+      "run the stability guard's skips must equal)");
 }
 
 // --tokenizer and --eod, as data encode and data prepare both take them (lib/tokenize's
@@ -82,6 +104,7 @@ int main(int argc, char** argv) {
                     "Reuse a run directory that already holds a run (its files are replaced)");
   add_debug_save_delay(run_cmd, run.debug_save_delay_ms);
   add_debug_slow_rank(run_cmd, run.debug_slow_rank);
+  add_debug_batches(run_cmd, run.debug_batches);
   add_examples(run_cmd,
                {"trainctl run recipes/tiny.yaml",
                 "trainctl run recipes/tiny.yaml --set training.steps=50 --run-dir runs/quick",
@@ -115,6 +138,7 @@ int main(int argc, char** argv) {
                          "Run directory when TARGET is a recipe (default: runs/<recipe name>)");
   add_debug_save_delay(resume_cmd, resume.debug_save_delay_ms);
   add_debug_slow_rank(resume_cmd, resume.debug_slow_rank);
+  add_debug_batches(resume_cmd, resume.debug_batches);
   add_examples(resume_cmd,
                {"trainctl resume runs/tiny", "trainctl resume runs/tiny --set training.steps=400",
                 "trainctl resume recipes/tiny.yaml --run-dir runs/tiny"},

@@ -21,6 +21,8 @@ int run_run(const RunOptions& options) {
   input.debug_save_delay = std::chrono::milliseconds(options.debug_save_delay_ms);
   input.debug_slow_rank = {options.debug_slow_rank.first,
                            std::chrono::milliseconds(options.debug_slow_rank.second)};
+  input.debug_batches = {options.debug_batches.nan, options.debug_batches.spike,
+                         options.debug_batches.drop};
   try {
     input.loaded = recipe::load_recipe_with_origins(options.recipe_path, options.overrides);
   } catch (const recipe::RecipeError& e) {

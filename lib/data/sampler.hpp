@@ -90,6 +90,8 @@ class Sampler {
   // out (b windows); the position advances by global_batch, as on every rank. global_batch must be
   // a multiple of num_ranks.
   void next_batch_slice(int global_batch, int rank, int num_ranks, int32_t* out);
+  // Passes over the next `samples` samples without reading them (a batch the run skips).
+  void skip(int64_t samples) { position_ += samples; }
 
   SamplerState state() const;
 

@@ -34,20 +34,21 @@ namespace trainctl::recipe {
 // ---- enums -------------------------------------------------------------------------------------
 // Each enum a module acts on is that module's own, named here for its key; the recipe only adds
 // the YAML spelling (EnumNames). The rest exist only in the recipe.
-using Arch = model::Arch;                    // model.arch
-using Norm = model::NormKind;                // model.norm
-using Activation = model::ActivationKind;    // model.activation
-using Position = model::PositionKind;        // model.position
-using tensor::DType;                         // precision.compute: f32, bf16, f16 or f64 only
-using trainctl::PipeSchedule;                // parallel.pp_schedule (layout/pipeline.hpp)
-using trainctl::Recompute;                   // parallel.recompute (layout/layout.hpp)
-using Fp8 = model::Fp8Mode;                  // precision.fp8
-using LossScaleMode = train::LossScaleKind;  // precision.loss_scale
-using Decay = train::DecayKind;              // schedule.decay
-using ReduceDtype = train::ReduceDtype;      // precision.reduce_dtype
-using DataSource = data::SourceKind;         // data.source
-using Progress = telemetry::ProgressMode;    // logging.progress
-using OptimizerName = train::OptimizerName;  // optimizer.name
+using Arch = model::Arch;                        // model.arch
+using Norm = model::NormKind;                    // model.norm
+using Activation = model::ActivationKind;        // model.activation
+using Position = model::PositionKind;            // model.position
+using tensor::DType;                             // precision.compute: f32, bf16, f16 or f64 only
+using trainctl::PipeSchedule;                    // parallel.pp_schedule (layout/pipeline.hpp)
+using trainctl::Recompute;                       // parallel.recompute (layout/layout.hpp)
+using Fp8 = model::Fp8Mode;                      // precision.fp8
+using LossScaleMode = train::LossScaleKind;      // precision.loss_scale
+using Decay = train::DecayKind;                  // schedule.decay
+using ReduceDtype = train::ReduceDtype;          // precision.reduce_dtype
+using DataSource = data::SourceKind;             // data.source
+using Progress = telemetry::ProgressMode;        // logging.progress
+using OptimizerName = train::OptimizerName;      // optimizer.name
+using StabilityAction = train::StabilityAction;  // stability.action
 enum class Resume { never, automatic };
 enum class Device { automatic, cpu, cuda };
 
@@ -104,6 +105,10 @@ struct EnumNames<DataSource> {
   static constexpr std::array<std::string_view, 4> names{"synthetic", "text", "llmc", "megatron"};
 };
 template <>
+struct EnumNames<StabilityAction> {
+  static constexpr std::array<std::string_view, 2> names{"skip", "rollback"};
+};
+template <>
 struct EnumNames<Resume> {
   static constexpr std::array<std::string_view, 2> names{"never", "auto"};
 };
@@ -153,7 +158,7 @@ constexpr std::string_view to_string(E value) {
 //   model      model::ModelConfig, which also holds moe.* (as model.moe), precision.compute (as
 //              model.storage) and precision.fp8 (as model.fp8): the model computes with them
 //   data       data::DataConfig
-//   training, optimizer, schedule, precision (its loss-scaling keys)   train's own
+//   training, optimizer, schedule, precision (its loss-scaling keys), stability   train's own
 //   (train/config.hpp) parallel   the Layout (layout/layout.hpp) and how the ranks run
 // The remaining sections are the recipe's own structs, without member initializers. The module
 // structs have initializers for tests that build them by hand, but the defaults that count are
@@ -190,6 +195,7 @@ using OptimizerConfig = train::OptimizerConfig;
 using ScheduleConfig = train::ScheduleConfig;
 using LossScale = train::LossScale;
 using PrecisionConfig = train::PrecisionConfig;  // precision.* but compute and fp8
+using StabilityConfig = train::StabilityConfig;  // stability.*
 
 struct CheckpointConfig {
   int64_t every_steps;   // 0: off
@@ -197,6 +203,8 @@ struct CheckpointConfig {
   int keep_last;
   bool async;  // write checkpoints on a background thread
   Resume resume;
+  // An in-memory snapshot every N steps (0: none); stability.action rollback returns to it.
+  int64_t memory_every_steps;
   bool operator==(const CheckpointConfig&) const = default;
 };
 
@@ -254,6 +262,7 @@ struct Recipe {
   DataConfig data;
   TrainingConfig training;
   CheckpointConfig checkpoint;
+  StabilityConfig stability;
   DeterminismConfig determinism;
   LoggingConfig logging;
   ClusterConfig cluster;

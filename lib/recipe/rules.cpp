@@ -304,6 +304,24 @@ void check_cluster(const Recipe& r, RuleChecker& c) {
                        r.checkpoint.every_steps, format_number(r.checkpoint.every_minutes)));
 }
 
+// The in-memory snapshot exists for the rollback, and the rollback needs it.
+void check_stability(const Recipe& r, RuleChecker& c) {
+  if (!c.usable({"stability.action", "checkpoint.memory_every_steps"})) return;
+  const bool rollback = r.stability.action == StabilityAction::rollback;
+  if (rollback && r.checkpoint.memory_every_steps == 0)
+    c.fail({"stability.action", "checkpoint.memory_every_steps"},
+           "stability.action: rollback returns to the newest in-memory snapshot, but "
+           "checkpoint.memory_every_steps = 0 takes none; set it (e.g. "
+           "checkpoint.memory_every_steps: 50: each snapshot holds the parameters and optimizer "
+           "state in host memory), or stability.action: skip");
+  if (!rollback && r.checkpoint.memory_every_steps > 0)
+    c.fail({"stability.action", "checkpoint.memory_every_steps"},
+           fmt::format("checkpoint.memory_every_steps = {} takes in-memory snapshots, which only "
+                       "stability.action: rollback uses; set stability.action: rollback, or "
+                       "checkpoint.memory_every_steps: 0",
+                       r.checkpoint.memory_every_steps));
+}
+
 }  // namespace
 
 std::vector<RuleViolation> check_rules(const Recipe& recipe,
@@ -315,6 +333,7 @@ std::vector<RuleViolation> check_rules(const Recipe& recipe,
   check_schedule_and_data(recipe, checker);
   check_precision(recipe, checker);
   check_cluster(recipe, checker);
+  check_stability(recipe, checker);
   return std::move(checker.violations);
 }
 

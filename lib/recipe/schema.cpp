@@ -323,6 +323,32 @@ std::vector<KeySpec> build_schema() {
   t.push_back(row<B(checkpoint, resume)>(
       "checkpoint.resume", Resume::never, none(),
       "auto: continue from the newest valid checkpoint in the run directory"));
+  t.push_back(row<B(checkpoint, memory_every_steps)>(
+      "checkpoint.memory_every_steps", 0, at_least(0),
+      "snapshot the state in host memory every N steps (stability.action: rollback); 0 = off"));
+  // stability (train/stability.hpp)
+  t.push_back(row<B(stability, loss_z)>(
+      "stability.loss_z", 0.0, at_least(0),
+      "a loss more than this many standard deviations above the window's mean is a spike; 0 = "
+      "off"));
+  t.push_back(
+      row<B(stability, grad_z)>("stability.grad_z", 0.0, at_least(0),
+                                "the same test on the gradient norm (before clipping); 0 = off"));
+  t.push_back(row<B(stability, window)>("stability.window", 100, closed(2, 100000),
+                                        "applied steps the z-scores are taken over"));
+  t.push_back(row<B(stability, action)>(
+      "stability.action", StabilityAction::skip, none(),
+      "on a non-finite loss or gradient, or a spike: skip the batch, or roll back to the newest "
+      "in-memory snapshot and skip every batch since"));
+  t.push_back(row<B(stability, max_events)>(
+      "stability.max_events", 5, at_least(1),
+      "stop (exit 1) after this many events in a row without getting past the furthest step"));
+  t.push_back(row<B(stability, lr_factor)>(
+      "stability.lr_factor", 1.0, interval(0, 1, true, false),
+      "after a rollback, multiply the learning rate by this for stability.lr_steps steps"));
+  t.push_back(
+      row<B(stability, lr_steps)>("stability.lr_steps", 0, at_least(0),
+                                  "steps the lowered learning rate lasts after a rollback"));
   // determinism
   t.push_back(row<B(determinism, seed)>("determinism.seed", 1234, at_least(0),
                                         "seed of every random stream"));

@@ -78,6 +78,11 @@ RunContext::RunContext(const SessionInput& input, RankLog& log)
   train_config.overlap_grad_sync = r.parallel.overlap_grad_sync;
   if (input.debug_slow_rank.rank == input.rank.rank)
     train_config.debug_step_delay = input.debug_slow_rank.delay;
+  train_config.stability = r.stability;
+  train_config.snapshot_every_steps = r.checkpoint.memory_every_steps;
+  train_config.debug_nan_batches = input.debug_batches.nan;
+  train_config.debug_spike_batches = input.debug_batches.spike;
+  train_config.debug_drop_batches = input.debug_batches.drop;
   // cluster.device: cuda runs the CUDA backend on this rank's GPU (its local rank); auto stays
   // on the CPU until tests/gpu has passed on a GPU (docs/cuda.md). The backend comes first: the
   // mesh of a CUDA rank is NCCL's, on the backend's GPU and ordered after its stream.

@@ -47,8 +47,13 @@ void read_metrics(const fs::path& metrics_path, telemetry::RunReportData& data) 
           fmt::format("{}:{}: not a metrics record (a JSON object with a "
                       "step); was the file edited by hand?",
                       metrics_path.string(), line_number));
+    if (record.contains("event")) continue;  // the stability guard's record, not a step's
     const double step = record["step"].get<double>();
+    // A step at or before one already drawn: a rollback trained the steps after its snapshot
+    // again, and the later records replace the earlier ones.
     auto add = [&](const char* key, std::vector<telemetry::ReportPoint>& to) {
+      while (!to.empty() && to.back().step >= step)
+        to.pop_back();
       if (record.contains(key) && record[key].is_number())
         to.push_back({step, record[key].get<double>()});
     };

@@ -2,6 +2,7 @@
 
 #include <fmt/core.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
@@ -26,6 +27,30 @@ nlohmann::json metrics_record(const train::StepMetrics& m, bool fp16, bool moe) 
     j["dropped_tokens"] = m.dropped_tokens;
   }
   if (m.val_loss) j["val_loss"] = *m.val_loss;
+  if (m.stability_events > 0) j["stability_events"] = m.stability_events;
+  return j;
+}
+
+// The stability guard's event as its own metrics.jsonl record: the step it happened at, what
+// happened and what was done. A rollback's record is followed by the records of the steps after
+// the snapshot again (readers keep a step's last record).
+nlohmann::json event_record(const train::StabilityEvent& e) {
+  nlohmann::json j{{"step", e.step},
+                   {"event", train::event_name(e.kind)},
+                   {"action", e.action == train::StabilityAction::skip ? "skip" : "rollback"},
+                   {"batch", e.batch},
+                   {"first_batch", e.first_batch},
+                   {"to_step", e.to_step},
+                   {"in_a_row", e.in_a_row}};
+  // JSON has no NaN or infinity: a non-finite number is written as null.
+  const auto number = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nullptr; };
+  j["loss"] = number(e.loss);
+  j["grad_norm"] = number(e.grad_norm);
+  if (e.kind != train::StabilityEventKind::nonfinite) {
+    j["z"] = e.z;
+    j["threshold"] = e.threshold;
+    j["window"] = e.window;
+  }
   return j;
 }
 
@@ -63,6 +88,9 @@ void StepReporter::step(const train::StepMetrics& m, double loss_scale,
   if (options_.peak.flops_per_s > 0)
     mfu = step_mfu(options_.forward_flops_per_token, options_.tokens_per_step, m.step_ms / 1000.0,
                    options_.peak, options_.peak_devices);
+  for (const train::StabilityEvent& event : m.events)
+    say(train::describe(event));
+  events(m.events, m.stability_events);
   if (metrics_) {
     nlohmann::json record = metrics_record(m, fp16, moe);
     if (options_.multi) record["comm_ms"] = m.comm_ms;
@@ -122,6 +150,17 @@ void StepReporter::step(const train::StepMetrics& m, double loss_scale,
     if (std::optional<std::string> line = stragglers_->observe(m.step, slowest)) say(*line);
   if (m.val_loss) totals_.last_val = m.val_loss;
   totals_.last = m;
+}
+
+void StepReporter::events(std::span<const train::StabilityEvent> events, int64_t total) {
+  for (size_t i = 0; i < events.size(); ++i) {
+    const train::StabilityEvent& event = events[i];
+    if (metrics_) metrics_->write(event_record(event));
+    const auto count = total - static_cast<int64_t>(events.size() - 1 - i);
+    if (tensorboard_)
+      tensorboard_->add_scalars(event.step, {{"stability/events", static_cast<double>(count)}});
+  }
+  totals_.stability_events = total;
 }
 
 void StepReporter::flush() {

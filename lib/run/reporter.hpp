@@ -25,6 +25,7 @@ struct StepTotals {
   train::StepMetrics last;         // the newest step
   std::optional<double> last_val;  // the newest validation loss
   int64_t skipped = 0;             // steps skipped for non-finite gradients (fp16)
+  int64_t stability_events = 0;    // the stability guard's events in the whole run
 };
 
 class StepReporter {
@@ -61,6 +62,9 @@ class StepReporter {
   // into metrics.jsonl and TensorBoard, and a straggler is named (straggler.hpp).
   void step(const train::StepMetrics& m, double loss_scale,
             std::span<const RankStepTime> ranks = {});
+  // The stability guard's events (each a metrics.jsonl record and a TensorBoard point of
+  // stability/events); `total`: the run's count with these. step() reports a step's own.
+  void events(std::span<const train::StabilityEvent> events, int64_t total);
   void flush();   // TensorBoard's buffered events to disk (before a save, at the end)
   void finish();  // ends the progress line
   const StepTotals& totals() const { return totals_; }

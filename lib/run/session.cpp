@@ -6,7 +6,9 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "comm/error.hpp"
 #include "files/files.hpp"
@@ -22,6 +24,7 @@
 #include "run/summary.hpp"
 #include "run/timeline_file.hpp"
 #include "train/checkpoint_policy.hpp"
+#include "train/stability.hpp"
 
 namespace fs = std::filesystem;
 
@@ -220,12 +223,29 @@ int train_session(SessionInput input, const std::string& command) {
         if (auto line = saver.finished_save()) report.say(*line);
         if (schedule.saves(job)) {
           report.flush();
+          // A rollback never returns to before a saved step.
+          if (run.trainer().rolls_back()) run.trainer().take_snapshot();
           saver.save();
           schedule.saved(Clock::now());
         }
         return !job.stop;
       });
       saver.wait();
+    } catch (const train::StabilityError& e) {
+      // Every rank reached the same verdict from the same numbers: each stops here.
+      const std::vector<train::StabilityEvent>& events = e.events();
+      report.events(std::span(events).last(e.unreported()),
+                    run.trainer().stability().state().events);
+      report.finish();
+      report.flush();
+      saver.wait();
+      provenance.finish(report.totals().last.step, "failed");
+      return log.fail(fmt::format("{}\n{}", e.what(),
+                                  where_to_continue(input.run_dir,
+                                                    "the newest good checkpoint is {}; after "
+                                                    "fixing the cause, continue with: trainctl "
+                                                    "resume {}")),
+                      kExitFailure);
     } catch (const data::DataError& e) {
       report.finish();
       provenance.finish(report.totals().last.step, "failed");

@@ -67,6 +67,13 @@ struct SessionInput {
     std::chrono::milliseconds delay{0};
   };
   SlowRank debug_slow_rank;
+  // Diagnostic fault injection for the stability guard's tests (--debug-nan-batch,
+  // --debug-spike-batch, --debug-drop-batch): train::TrainConfig's debug_*_batches, by 1-based
+  // global batch index. Empty (the default) is the production path.
+  struct BatchFaults {
+    std::vector<int64_t> nan, spike, drop;
+  };
+  BatchFaults debug_batches;
 };
 
 // Prints every problem (file:line:col, or the --set) and the summary line; returns exit code 2.

@@ -123,6 +123,7 @@ void write_summary(const SessionInput& input, RunContext& run, StepReporter& rep
                            {"seconds", seconds},
                            {"tokens_per_s", tokens_per_s},
                            {"skipped_steps", totals.skipped},
+                           {"stability_events", totals.stability_events},
                            {"resumed_from_step", start_step},
                            {"weights_fingerprint", fingerprint},
                            {"memory_bytes", memory.to_json()},

@@ -73,4 +73,27 @@ struct PrecisionConfig : LossScalingConfig {
   bool operator==(const PrecisionConfig&) const = default;
 };
 
+// stability.action: what the guard does when a step's loss or gradient is non-finite or spikes.
+//   skip      the step's update is dropped and the step is tried again with the next batch
+//   rollback  the parameters, optimizer and schedule go back to the newest in-memory snapshot
+//             (checkpoint.memory_every_steps), and every batch since it is skipped (as PaLM did)
+enum class StabilityAction { skip, rollback };
+
+// stability.*: the guard of train/stability.hpp.
+struct StabilityConfig {
+  // A step is a spike when its loss (gradient norm) lies more than this many standard deviations
+  // above the mean of the last `window` applied steps (llm.c's outlier test); 0: not tested.
+  double loss_z = 0;
+  double grad_z = 0;
+  int window = 100;  // the z-scores need this many applied steps before they apply
+  StabilityAction action = StabilityAction::skip;
+  // This many events in a row without the run getting past the furthest step it had reached:
+  // the run stops (exit 1) with the events in its report.
+  int max_events = 5;
+  // After a rollback: the learning rate is multiplied by lr_factor for the next lr_steps steps.
+  double lr_factor = 1.0;
+  int64_t lr_steps = 0;
+  bool operator==(const StabilityConfig&) const = default;
+};
+
 }  // namespace trainctl::train

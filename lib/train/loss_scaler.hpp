@@ -25,6 +25,7 @@ class LossScaler {
   // the config says, since no other precision underflows.
   LossScaler(const LossScalingConfig& config, bool enabled);
   double scale() const { return state_.scale; }
+  bool dynamic() const { return mode_ == LossScaleKind::dynamic; }
   // Records the outcome of a step. Returns true when the step must be applied, false when it is
   // skipped (non-finite gradients). With mode none/fixed a non-finite step is skipped too.
   bool update(bool grads_finite);

@@ -46,23 +46,45 @@ uint64_t get_hex(const nlohmann::json& j, const char* section, const char* name)
   return value;
 }
 
+std::vector<double> get_numbers(const nlohmann::json& j, const char* section, const char* name) {
+  const nlohmann::json& v = field(j, section, name);
+  std::vector<double> out;
+  if (v.is_array())
+    for (const nlohmann::json& x : v) {
+      if (!x.is_number()) break;
+      out.push_back(x.get<double>());
+    }
+  if (!v.is_array() || out.size() != v.size())
+    throw std::runtime_error(fmt::format("checkpoint state: {}{} must be a list of numbers, got {}",
+                                         section, name, v.dump()));
+  return out;
+}
+
 }  // namespace
 
 nlohmann::json to_json(const TrainerState& s) {
-  return {{"step", s.step},
-          {"tokens", s.tokens},
-          {"optimizer_updates", s.optimizer_updates},
-          {"loss_scaler",
-           {{"scale", s.loss_scaler.scale},
-            {"good_steps", s.loss_scaler.good_steps},
-            {"skipped_steps", s.loss_scaler.skipped_steps}}},
-          {"sampler",
-           {{"position", s.sampler.position},
-            {"epoch", s.sampler.epoch},
-            {"seed", hex64(s.sampler.seed)},
-            {"seq_len", s.sampler.seq_len},
-            {"shuffle", s.sampler.shuffle},
-            {"fingerprint", hex64(s.sampler.fingerprint)}}}};
+  nlohmann::json j = {{"step", s.step},
+                      {"tokens", s.tokens},
+                      {"optimizer_updates", s.optimizer_updates},
+                      {"loss_scaler",
+                       {{"scale", s.loss_scaler.scale},
+                        {"good_steps", s.loss_scaler.good_steps},
+                        {"skipped_steps", s.loss_scaler.skipped_steps}}},
+                      {"sampler",
+                       {{"position", s.sampler.position},
+                        {"epoch", s.sampler.epoch},
+                        {"seed", hex64(s.sampler.seed)},
+                        {"seq_len", s.sampler.seq_len},
+                        {"shuffle", s.sampler.shuffle},
+                        {"fingerprint", hex64(s.sampler.fingerprint)}}}};
+  // The guard's state only once it has one: checkpoints of runs without events or spike tests
+  // read as before.
+  const StabilityGuard::State& g = s.stability;
+  if (g != StabilityGuard::State{})
+    j["stability"] = {{"losses", g.losses},     {"grad_norms", g.grad_norms},
+                      {"events", g.events},     {"in_a_row", g.in_a_row},
+                      {"furthest", g.furthest}, {"lr_factor_until", g.lr_factor_until}};
+  return j;
 }
 
 TrainerState trainer_state_from_json(const nlohmann::json& j) {
@@ -85,6 +107,15 @@ TrainerState trainer_state_from_json(const nlohmann::json& j) {
                              shuffle.dump());
   s.sampler.shuffle = shuffle.get<bool>();
   s.sampler.fingerprint = get_hex(sampler, "sampler.", "fingerprint");
+  if (j.contains("stability")) {
+    const nlohmann::json& g = j["stability"];
+    s.stability.losses = get_numbers(g, "stability.", "losses");
+    s.stability.grad_norms = get_numbers(g, "stability.", "grad_norms");
+    s.stability.events = get_int(g, "stability.", "events", 0);
+    s.stability.in_a_row = get_int(g, "stability.", "in_a_row", 0);
+    s.stability.furthest = get_int(g, "stability.", "furthest", 0);
+    s.stability.lr_factor_until = get_int(g, "stability.", "lr_factor_until", 0);
+  }
   if (s.optimizer_updates > s.step)
     throw std::runtime_error(fmt::format("checkpoint state: optimizer_updates {} exceeds step {}",
                                          s.optimizer_updates, s.step));

@@ -25,6 +25,10 @@ std::string str(int64_t v) {
   return std::to_string(v);
 }
 
+bool contains(const std::vector<int64_t>& list, int64_t value) {
+  return std::find(list.begin(), list.end(), value) != list.end();
+}
+
 // The step's pipeline: interleaved when the model holds several chunks per stage, ZB-H1 when it
 // splits its backward.
 PipelineShape pipeline_of(const model::ModelParallel& parallel, int micro_batches) {
@@ -96,7 +100,8 @@ Trainer::Trainer(const TrainConfig& config, model::Transformer& model, backend::
       mesh_(mesh),
       lr_(LrSchedule::of(config.optimizer, config.schedule, config.steps)),
       scaler_(config.loss_scaling, model.config().storage == tensor::DType::f16),
-      optimizer_(config.optimizer) {
+      optimizer_(config.optimizer),
+      guard_(config.stability) {
   if (config.micro_batch != model.micro_batch())
     throw std::invalid_argument("trainer micro_batch " + std::to_string(config.micro_batch) +
                                 " != model micro_batch " + std::to_string(model.micro_batch()));
@@ -399,6 +404,7 @@ void Trainer::wait_parameters() const {
 StepMetrics Trainer::step_leaving_gather() {
   const auto start = std::chrono::steady_clock::now();
   if (config_.debug_step_delay.count() > 0) std::this_thread::sleep_for(config_.debug_step_delay);
+  if (rolls_back() && !snapshot_) take_snapshot();
   const double comm_start = mesh_ ? mesh_->comm_seconds() : 0.0;
   const double wait_start = sync_ ? sync_->wait_seconds() : 0.0;
   const double background_start = mesh_ ? mesh_->background_comm_seconds() : 0.0;
@@ -406,65 +412,57 @@ StepMetrics Trainer::step_leaving_gather() {
   const ParamGather* gather = sync_ ? sync_->param_gather() : nullptr;
   const size_t gathers_start = gather ? gather->gathers() : 0;
   const size_t prefetched_start = gather ? gather->prefetched() : 0;
-  const int accum = config_.accum_steps(data_ranks_);
-  const size_t experts = static_cast<size_t>(model_.config().moe.experts);
+  const int64_t G = config_.global_batch;
   StepMetrics m;
-  model_.params().zero_grads();
-  const double scale = scaler_.scale();
-  // Rank i of the data ranks takes sequences [i*G/D, (i+1)*G/D) of the step's global batch, so its
-  // micro-batch a is micro-batch i*A + a of a one-rank run; the position advances by G everywhere.
-  train_.next_batch_slice(config_.global_batch, data_rank_, data_ranks_, window_.data());
-  load_windows(window_.data(), config_.global_batch / data_ranks_);
-  std::vector<double> sums(kLoads + moe_layers_.size() * (experts + 1), 0.0);
-  // The step's objective is the mean over the job's micro-batches; the loss scale rides along, so
-  // the gradients summed over data ranks equal the one-rank gradient.
-  // The recorded step: the stages start it together, so their clocks share an origin.
-  const bool record = step_ + 1 == config_.timeline_step;
-  std::vector<TimedAction> recorded;
-  if (record && mesh_ && mesh_->pp().size() > 1) mesh_->pp().barrier();
-  run_schedule(scale / (accum * data_ranks_), sums, record ? &recorded : nullptr);
-  if (record) timeline_ = gather_timeline(recorded);
-  sum_over_job(sums);
-  m.loss = sums[kLoss];
-  m.aux_loss = sums[kAux];
-  m.z_loss = sums[kZ];
-  const size_t dropped = kLoads + moe_layers_.size() * experts;
-  for (size_t l = 0; l < moe_layers_.size(); ++l) {
-    m.expert_load.emplace_back(
-        sums.begin() + static_cast<std::ptrdiff_t>(kLoads + l * experts),
-        sums.begin() + static_cast<std::ptrdiff_t>(kLoads + (l + 1) * experts));
-    m.dropped_tokens.push_back(static_cast<int64_t>(sums[dropped + l]));
-  }
-
-  // One pass over the gradients: an f64 sum of squares of f32 values cannot overflow, so it is
-  // finite exactly when every gradient is (inf and NaN propagate). Across ranks the partial sums
-  // are all-reduced, so the skip decision and the clip factor are the same everywhere.
-  double sum_squares = 0;
-  if (sync_) {
-    sync_->reduce_gradients();
-    sum_squares = sync_->global_sum_squares();
-  } else {
-    // One rank: the part is the whole buffer (ZeRO-2 folded each block into it; now the rest).
-    if (model_.params().grads_sharded()) model_.params().fold_outer_grads();
-    sum_squares = be_.sum_squares(model_.params().grad_part());
-  }
-  const bool finite = std::isfinite(sum_squares);
-  m.grad_norm = finite ? std::sqrt(sum_squares) / scale : std::numeric_limits<double>::quiet_NaN();
-  m.loss_scale = scale;
-  m.lr = lr_.lr(step_);
-  m.skipped = !scaler_.update(finite);
-  if (!m.skipped) {
-    const double clip = config_.optimizer.grad_clip > 0 && m.grad_norm > config_.optimizer.grad_clip
-                            ? config_.optimizer.grad_clip / (m.grad_norm + 1e-6)
-                            : 1.0;
-    optimizer_.step(be_, model_.params(), m.lr, clip / scale);
-    if (sync_)
-      sync_->gather_parameters();
-    else
-      model_.params().refresh_from_part();  // ZeRO-3 on one rank: the outer regions, the slots
+  std::vector<StabilityEvent> events;
+  for (;;) {
+    // The batches a test asked to pass over, as if the data did not hold them.
+    while (contains(config_.debug_drop_batches, train_.position() / G + 1))
+      train_.skip(G);
+    const int64_t batch = train_.position() / G + 1;
+    m = StepMetrics{};
+    const double scale = scaler_.scale();
+    // One pass over the gradients: an f64 sum of squares of f32 values cannot overflow, so it is
+    // finite exactly when every gradient is (inf and NaN propagate). Across ranks the partial
+    // sums are all-reduced, so the decisions and the clip factor are the same everywhere.
+    const double sum_squares = compute_batch(m, scale, batch);
+    const bool finite = std::isfinite(sum_squares);
+    m.grad_norm =
+        finite ? std::sqrt(sum_squares) / scale : std::numeric_limits<double>::quiet_NaN();
+    m.loss_scale = scale;
+    m.lr = lr_.lr(step_) * guard_.lr_factor(step_);
+    // fp16 with dynamic loss scaling: non-finite gradients are the scaler's (the scale backs
+    // off and the step counts, as in Megatron and GradScaler); everything else is the guard's.
+    const bool scaler_skip = !finite && scaler_.dynamic();
+    if (!scaler_skip)
+      if (std::optional<StabilityEvent> event = guard_.check(m.loss, m.grad_norm, finite)) {
+        event->step = step_ + 1;
+        event->batch = batch;
+        try {
+          act_on(*event);
+        } catch (StabilityError& e) {  // too many in a row: this step's events were not reported
+          e.set_unreported(events.size() + 1);
+          throw;
+        }
+        events.push_back(*event);
+        continue;
+      }
+    m.skipped = !scaler_.update(finite);
+    if (!m.skipped) {
+      const double clip =
+          config_.optimizer.grad_clip > 0 && m.grad_norm > config_.optimizer.grad_clip
+              ? config_.optimizer.grad_clip / (m.grad_norm + 1e-6)
+              : 1.0;
+      optimizer_.step(be_, model_.params(), m.lr, clip / scale);
+      refresh_parameters();
+    }
+    break;
   }
   ++step_;
-  tokens_ += int64_t{config_.global_batch} * model_.config().seq_len;
+  tokens_ += G * model_.config().seq_len;
+  if (!m.skipped) guard_.applied(step_, m.loss, m.grad_norm);
+  m.events = std::move(events);
+  m.stability_events = guard_.state().events;
   m.step = step_;
   m.tokens = tokens_;
   if (mesh_) {
@@ -481,10 +479,113 @@ StepMetrics Trainer::step_leaving_gather() {
       m.blocks_prefetched = gather->prefetched() - prefetched_start;
     }
   }
+  if (config_.snapshot_every_steps > 0 && step_ % config_.snapshot_every_steps == 0 && rolls_back())
+    take_snapshot();
   m.step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   m.tokens_per_s = tokens_per_s(m.step_ms);
   return m;
+}
+
+double Trainer::compute_batch(StepMetrics& m, double scale, int64_t batch) {
+  const int accum = config_.accum_steps(data_ranks_);
+  const size_t experts = static_cast<size_t>(model_.config().moe.experts);
+  model_.params().zero_grads();
+  // Rank i of the data ranks takes sequences [i*G/D, (i+1)*G/D) of the step's global batch, so its
+  // micro-batch a is micro-batch i*A + a of a one-rank run; the position advances by G everywhere.
+  train_.next_batch_slice(config_.global_batch, data_rank_, data_ranks_, window_.data());
+  load_windows(window_.data(), config_.global_batch / data_ranks_);
+  std::vector<double> sums(kLoads + moe_layers_.size() * (experts + 1), 0.0);
+  // The step's objective is the mean over the job's micro-batches; the loss scale rides along, so
+  // the gradients summed over data ranks equal the one-rank gradient.
+  double grad_scale = scale / (accum * data_ranks_);
+  const bool spike = contains(config_.debug_spike_batches, batch);
+  if (spike) grad_scale *= TrainConfig::kDebugSpikeFactor;
+  if (data_rank_ == 0 && contains(config_.debug_nan_batches, batch))
+    grad_scale = std::numeric_limits<double>::quiet_NaN();
+  // The recorded step: the stages start it together, so their clocks share an origin.
+  const bool record = step_ + 1 == config_.timeline_step;
+  std::vector<TimedAction> recorded;
+  if (record && mesh_ && mesh_->pp().size() > 1) mesh_->pp().barrier();
+  run_schedule(grad_scale, sums, record ? &recorded : nullptr);
+  if (record) timeline_ = gather_timeline(recorded);
+  if (spike) sums[kLoss] *= TrainConfig::kDebugSpikeFactor;
+  sum_over_job(sums);
+  m.loss = sums[kLoss];
+  m.aux_loss = sums[kAux];
+  m.z_loss = sums[kZ];
+  const size_t dropped = kLoads + moe_layers_.size() * experts;
+  for (size_t l = 0; l < moe_layers_.size(); ++l) {
+    m.expert_load.emplace_back(
+        sums.begin() + static_cast<std::ptrdiff_t>(kLoads + l * experts),
+        sums.begin() + static_cast<std::ptrdiff_t>(kLoads + (l + 1) * experts));
+    m.dropped_tokens.push_back(static_cast<int64_t>(sums[dropped + l]));
+  }
+  if (sync_) {
+    sync_->reduce_gradients();
+    return sync_->global_sum_squares();
+  }
+  // One rank: the part is the whole buffer (ZeRO-2 folded each block into it; now the rest).
+  if (model_.params().grads_sharded()) model_.params().fold_outer_grads();
+  return be_.sum_squares(model_.params().grad_part());
+}
+
+void Trainer::refresh_parameters() {
+  if (sync_)
+    sync_->gather_parameters();
+  else
+    model_.params().refresh_from_part();  // ZeRO-3 on one rank: the outer regions, the slots
+}
+
+void Trainer::act_on(StabilityEvent& event) {
+  const int64_t G = config_.global_batch;
+  event.action = config_.stability.action;
+  if (event.action == StabilityAction::rollback) {
+    event.to_step = snapshot_->state.step;
+    event.first_batch = snapshot_->state.sampler.position / G + 1;
+  } else {
+    event.to_step = step_;
+    event.first_batch = event.batch;
+  }
+  guard_.record(event);
+  event.in_a_row = static_cast<int>(guard_.state().in_a_row);
+  if (event.action == StabilityAction::rollback) roll_back();
+}
+
+void Trainer::take_snapshot() {
+  wait_parameters();  // ZeRO-1: the other ranks' parts of the values
+  if (snapshot_ && snapshot_->state.step == step_) return;
+  if (!snapshot_) snapshot_.emplace();
+  const model::ParamStore& params = model_.params();
+  auto copy = [&](std::vector<std::byte>& to, const tensor::Tensor& from) {
+    to.resize(from.data ? from.bytes() : 0);
+    if (!to.empty()) be_.copy_to_host(to.data(), from);
+  };
+  copy(snapshot_->values, params.values_sharded() ? params.value_part() : params.values());
+  copy(snapshot_->master, params.master());
+  copy(snapshot_->moment1, params.moment1());
+  copy(snapshot_->moment2, params.moment2());
+  snapshot_->state = state();
+}
+
+void Trainer::roll_back() {
+  wait_parameters();
+  const model::ParamStore& params = model_.params();
+  auto copy = [&](const tensor::Tensor& to, const std::vector<std::byte>& from) {
+    if (!from.empty()) be_.copy_from_host(to, from.data());
+  };
+  copy(params.values_sharded() ? params.value_part() : params.values(), snapshot_->values);
+  copy(params.master(), snapshot_->master);
+  copy(params.moment1(), snapshot_->moment1);
+  copy(params.moment2(), snapshot_->moment2);
+  refresh_parameters();
+  // Everything but the data position: the batches since the snapshot are skipped.
+  const TrainerState& saved = snapshot_->state;
+  step_ = saved.step;
+  tokens_ = saved.tokens;
+  optimizer_.restore(saved.optimizer_updates);
+  scaler_.restore(saved.loss_scaler);
+  guard_.rolled_back(step_, saved.stability);
 }
 
 double Trainer::evaluate() {
@@ -549,7 +650,8 @@ void Trainer::run(const std::function<bool(const StepMetrics&)>& on_step) {
 }
 
 TrainerState Trainer::state() const {
-  return TrainerState{step_, tokens_, optimizer_.updates(), scaler_.state(), train_.state()};
+  return TrainerState{step_,           tokens_,        optimizer_.updates(),
+                      scaler_.state(), train_.state(), guard_.state()};
 }
 
 void Trainer::restore(const TrainerState& state) {
@@ -562,6 +664,8 @@ void Trainer::restore(const TrainerState& state) {
   tokens_ = state.tokens;
   optimizer_.restore(state.optimizer_updates);
   scaler_.restore(state.loss_scaler);
+  guard_.restore(state.stability);
+  snapshot_.reset();  // the next step takes one of the restored state
 }
 
 }  // namespace trainctl::train

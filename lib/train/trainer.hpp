@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "train/loss_scaler.hpp"
 #include "train/optimizer.hpp"
 #include "train/schedule.hpp"
+#include "train/stability.hpp"
 
 namespace trainctl::train {
 
@@ -49,6 +51,16 @@ struct TrainConfig : TrainingConfig {
   // Diagnostic (trainctl's --debug-slow-rank): sleep this long at the start of every step's
   // compute, making this rank a straggler. Zero (the default) is the production path.
   std::chrono::milliseconds debug_step_delay{0};
+  // The stability guard (train/stability.hpp), and for stability.action rollback an in-memory
+  // snapshot every snapshot_every_steps steps (checkpoint.memory_every_steps; 0: none).
+  StabilityConfig stability;
+  int64_t snapshot_every_steps = 0;
+  // Diagnostics (trainctl's --debug-nan-batch, --debug-spike-batch, --debug-drop-batch), by
+  // 1-based index of the global batch in the data order: data rank 0 makes its gradients NaN;
+  // every rank multiplies the batch's loss and gradients by kDebugSpikeFactor; the batch is
+  // passed over as if the data did not hold it. Empty (the default) is the production path.
+  static constexpr double kDebugSpikeFactor = 100.0;
+  std::vector<int64_t> debug_nan_batches, debug_spike_batches, debug_drop_batches;
 
   // Micro-batches per optimizer step on one rank; with `data_ranks` ranks reading different data
   // (dp * ep) each takes global_batch / data_ranks sequences.
@@ -64,7 +76,11 @@ struct StepMetrics {
   double tokens_per_s = 0;
   double step_ms = 0;
   double loss_scale = 1;
-  bool skipped = false;
+  bool skipped = false;  // fp16 dynamic loss scaling: non-finite gradients, the step counted
+  // The stability guard's events before this step's update was applied (each dropped a batch,
+  // or rolled back to a snapshot: then `step` is the snapshot's step + 1), and the run's total.
+  std::vector<StabilityEvent> events;
+  int64_t stability_events = 0;
   double aux_loss = 0, z_loss = 0;  // MoE, summed over layers, averaged over micro-batches
   std::vector<std::vector<double>> expert_load;  // per MoE layer, averaged over micro-batches
   std::vector<int64_t> dropped_tokens;           // per MoE layer, summed over micro-batches
@@ -97,6 +113,7 @@ struct TrainerState {
   int64_t optimizer_updates = 0;  // AdamW's t (skipped fp16 steps do not count)
   LossScaler::State loss_scaler;
   data::SamplerState sampler;  // the global position in the sample order
+  StabilityGuard::State stability;
 };
 
 class Trainer {
@@ -133,6 +150,13 @@ class Trainer {
 
   int64_t steps_done() const { return step_; }
   const LossScaler& loss_scaler() const { return scaler_; }
+  const StabilityGuard& stability() const { return guard_; }
+  // stability.action rollback: copies the parameters, optimizer state and trainer state into host
+  // memory (the newest snapshot replaces the one before). The trainer takes one at the start and
+  // every snapshot_every_steps; the run takes one whenever it saves a checkpoint, so a rollback
+  // never returns to before a saved step. Collective only in waiting for ZeRO-1's gather.
+  void take_snapshot();
+  bool rolls_back() const { return config_.stability.action == StabilityAction::rollback; }
   const comm::Mesh* mesh() const { return mesh_; }  // null on one rank
   // Whether gradient reductions (all-reduce, or ZeRO-1's reduce-scatter) overlap backward, and
   // ZeRO-1's parameter gather the next forward: asked for (overlap_grad_sync) and the mesh was
@@ -155,6 +179,16 @@ class Trainer {
   Timeline gather_timeline(const std::vector<TimedAction>& mine) const;
   // step() without waiting for the parameter gather at its end (run() lets it overlap).
   StepMetrics step_leaving_gather();
+  // One batch through forward and backward, its numbers summed over the job into `m`; returns
+  // the gradients' sum of squares (scaled) for the guard and the update.
+  double compute_batch(StepMetrics& m, double scale, int64_t batch);
+  // The guard's event: the batch (rollback: every batch since the snapshot) is dropped, and the
+  // event says so (action, to_step, first_batch, in_a_row); throws StabilityError when it is one
+  // too many in a row.
+  void act_on(StabilityEvent& event);
+  void roll_back();  // to snapshot_
+  // After the update or a rollback: the parameters everybody reads made whole again.
+  void refresh_parameters();
   double tokens_per_s(double step_ms) const;  // the step's global batch over step_ms
   void add_result(const model::ForwardResult& r, double weight, std::vector<double>& sums) const;
   // Sums `values` over the pipeline stages, then over the data ranks (every rank gets the total).
@@ -181,6 +215,12 @@ class Trainer {
   // flight) and their inputs and targets.
   std::vector<int32_t> window_, inputs_, targets_;
   std::optional<Timeline> timeline_;
+  StabilityGuard guard_;
+  struct Snapshot {
+    TrainerState state;
+    std::vector<std::byte> values, master, moment1, moment2;  // host copies
+  };
+  std::optional<Snapshot> snapshot_;
 };
 
 }  // namespace trainctl::train

@@ -15,7 +15,8 @@ from cli_util import check
 
 SYNTHETIC = "data: {source: synthetic}\n"
 SECTIONS = ("model, moe, parallel, precision, optimizer, schedule, data, training, "
-            "checkpoint, determinism, logging, cluster, slurm ('name' is the only top-level key)")
+            "checkpoint, stability, determinism, logging, cluster, slurm ('name' is the only "
+            "top-level key)")
 # tiny.yaml reads data/kjv.txt: its cases get a small stand-in (they fail before reading it).
 TINY_DATA = "In the beginning God created the heaven and the earth.\n"
 

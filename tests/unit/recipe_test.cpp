@@ -98,9 +98,8 @@ const std::vector<BadCase> kBadCases = {
      kOk + "zzzzzz: 1\n",
      {},
      {"3:1: unknown section 'zzzzzz'; the sections are: model, moe, parallel, precision, "
-      "optimizer, schedule, data, training, checkpoint, determinism, logging, cluster, slurm "
-      "('name' is "
-      "the only top-level key)"}},
+      "optimizer, schedule, data, training, checkpoint, stability, determinism, logging, cluster, "
+      "slurm ('name' is the only top-level key)"}},
     {"unknown top-level key, did you mean 'name'",
      "nmae: t\ndata: {source: synthetic}\n",
      {},

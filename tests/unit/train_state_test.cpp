@@ -42,6 +42,12 @@ TEST_CASE("trainer state survives JSON exactly", "[train][checkpoint]") {
   CHECK(back.sampler.fingerprint == 0xffffffffffffffffull);
   CHECK(back.sampler.seq_len == 128);
   CHECK(back.sampler.shuffle);
+  CHECK(back.stability == train::StabilityGuard::State{});
+  CHECK_FALSE(train::to_json(s).contains("stability"));  // as checkpoints without a guard read
+  s.stability = {{0.1 + 0.2, 4.5}, {1.0 / 3.0, 2.0}, 3, 1, 117, 130};
+  const train::TrainerState guarded =
+      train::trainer_state_from_json(nlohmann::json::parse(train::to_json(s).dump()));
+  CHECK(guarded.stability == s.stability);
 }
 
 TEST_CASE("trainer state from JSON: every bad field is named", "[train][checkpoint]") {
@@ -69,6 +75,18 @@ TEST_CASE("trainer state from JSON: every bad field is named", "[train][checkpoi
       {[](nlohmann::json& j) { j["optimizer_updates"] = 5; },
        "checkpoint state: optimizer_updates 5 exceeds step 0"},
       {[](nlohmann::json& j) { j = nlohmann::json::array(); }, "checkpoint state: step is missing"},
+      {[](nlohmann::json& j) {
+         j["stability"] = {{"losses", {1.0, "x"}}, {"grad_norms", nlohmann::json::array()},
+                           {"events", 0},          {"in_a_row", 0},
+                           {"furthest", 0},        {"lr_factor_until", 0}};
+       },
+       "checkpoint state: stability.losses must be a list of numbers, got [1.0,\"x\"]"},
+      {[](nlohmann::json& j) {
+         j["stability"] = {{"losses", nlohmann::json::array()},
+                           {"grad_norms", nlohmann::json::array()},
+                           {"events", -2}};
+       },
+       "checkpoint state: stability.events must be an integer >= 0, got -2"},
   };
   for (const Bad& bad : cases) {
     nlohmann::json j = good;

@@ -8,6 +8,8 @@
 #include <optional>
 #include <string_view>
 
+#include "launch/store_address.hpp"
+
 namespace trainctl::launch {
 
 const char* rank_source_name(RankSource source) {
@@ -191,6 +193,7 @@ RankInfo rank_info_from_environment(const Getenv& getenv) {
                                                  : std::string("external");
     info.restart_count = env.integer_or("TORCHELASTIC_RESTART_COUNT", src, 0);
     info.rendezvous = env.text(kEnvRendezvous);
+    info.external_tcp_store = env.has(kEnvStorePort);
     check_ranks(info, "RANK", "WORLD_SIZE", src);
     info.device_index = info.local_rank;
     return info;

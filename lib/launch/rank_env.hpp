@@ -39,6 +39,10 @@ struct RankInfo {
   int device_index = 0;
   // trainctl's launcher: its pid (TRAINCTL_LAUNCHER_PID), which must be this process's parent.
   int launcher_pid = 0;
+  // An external launcher's ranks (RANK/WORLD_SIZE) meet through a TCP store that rank 0 serves,
+  // instead of files in the run directory, when the launcher names its port (TRAINCTL_STORE_PORT;
+  // launch/store_address.hpp). Slurm's and our launcher's ranks choose by cluster.shared_fs.
+  bool external_tcp_store = false;
 
   bool launched() const { return source != RankSource::none; }
 };

@@ -140,6 +140,26 @@ StoreAddress launcher_store_address(const Getenv& getenv) {
   return address;
 }
 
+StoreAddress external_store_address(const Getenv& getenv) {
+  const auto text = [&](const char* name) {
+    const char* value = getenv(name);
+    return value ? std::string(value) : std::string();
+  };
+  StoreAddress address;
+  address.port = store_port_from(text(kEnvStorePort));
+  const std::string port_how = "port " + std::to_string(address.port) + " from " + kEnvStorePort;
+  for (const char* name : {kEnvStoreHost, "MASTER_ADDR"}) {
+    address.host = text(name);
+    if (address.host.empty()) continue;
+    address.how = "rank 0 serves it, host from " + std::string(name) + ", " + port_how;
+    return address;
+  }
+  throw RankEnvError(std::string(kEnvStorePort) + " is set, so the ranks meet through the TCP " +
+                     "store rank 0 serves, but neither " + kEnvStoreHost +
+                     " nor MASTER_ADDR names rank 0's host; set " + kEnvStoreHost +
+                     " to an address of rank 0's host that every rank reaches");
+}
+
 StoreAddress tcp_store_address(const RankInfo& info, const Getenv& getenv,
                                const Resolves& resolves) {
   auto text = [&](const char* name) {

@@ -65,4 +65,11 @@ StoreAddress tcp_store_address(const RankInfo& info, const Getenv& getenv,
 // RankEnvError when either is missing or the port is not a port.
 StoreAddress launcher_store_address(const Getenv& getenv);
 
+// The TCP store of an external launcher's ranks (RankInfo::external_tcp_store): rank 0 serves it
+// on TRAINCTL_STORE_PORT (every interface), and every rank connects to TRAINCTL_STORE_HOST, else
+// MASTER_ADDR (torchrun and most launchers set it to rank 0's node). MASTER_PORT is not taken:
+// torchrun's own store listens there. Throws RankEnvError when the port is not a port or no host
+// is named.
+StoreAddress external_store_address(const Getenv& getenv);
+
 }  // namespace trainctl::launch

@@ -45,9 +45,9 @@ std::vector<recipe::Problem> unsupported_in_this_build(const recipe::LoadedRecip
   return problems;
 }
 
-bool uses_tcp_store(bool shared_fs, launch::RankSource source) {
-  return !shared_fs &&
-         (source == launch::RankSource::slurm || source == launch::RankSource::trainctl);
+bool uses_tcp_store(bool shared_fs, const launch::RankInfo& rank) {
+  if (rank.source == launch::RankSource::torchrun) return rank.external_tcp_store;
+  return !shared_fs;
 }
 
 comm::TcpStoreServerOptions store_server_options() {
@@ -91,10 +91,14 @@ Exit check_rank_environment(SessionInput& input, const std::string& command) {
     return bad_input(command, e.what());
   }
   const recipe::Recipe& r = input.loaded.recipe;
-  if (input.rank.world_size > 1 && uses_tcp_store(r.cluster.shared_fs, input.rank.source)) {
+  if (input.rank.world_size > 1 && uses_tcp_store(r.cluster.shared_fs, input.rank)) {
     try {
       input.store_secret = job_store_secret();
+      if (input.rank.source == launch::RankSource::torchrun)
+        launch::external_store_address([](const char* name) { return std::getenv(name); });
     } catch (const comm::CommError& e) {
+      return bad_input(command, e.what());
+    } catch (const launch::RankEnvError& e) {
       return bad_input(command, e.what());
     }
   }

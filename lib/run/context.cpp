@@ -27,15 +27,17 @@ Rendezvous open_rendezvous(const launch::RankInfo& rank, const fs::path& run_dir
                            const std::optional<comm::StoreSecret>& store_secret,
                            std::chrono::milliseconds timeout) {
   Rendezvous rv;
-  if (uses_tcp_store(shared_fs, rank.source)) {
+  if (uses_tcp_store(shared_fs, rank)) {
     if (!store_secret)  // check_rank_environment reads it for every rank that gets here
       throw std::logic_error("open_rendezvous: a TCP store rendezvous without the job's secret");
     const auto getenv = [](const char* name) { return std::getenv(name); };
     const bool slurm = rank.source == launch::RankSource::slurm;
-    const launch::StoreAddress address =
-        slurm ? launch::tcp_store_address(rank, getenv) : launch::launcher_store_address(getenv);
+    const bool external = rank.source == launch::RankSource::torchrun;
+    const launch::StoreAddress address = slurm      ? launch::tcp_store_address(rank, getenv)
+                                         : external ? launch::external_store_address(getenv)
+                                                    : launch::launcher_store_address(getenv);
     const comm::StoreSecret& secret = *store_secret;
-    if (slurm && rank.rank == 0)
+    if ((slurm || external) && rank.rank == 0)  // our launcher serves its ranks' store itself
       rv.server =
           std::make_unique<comm::TcpStoreServer>("", address.port, secret, store_server_options());
     rv.base = std::make_unique<comm::TcpStore>(address.host, address.port, secret, timeout);

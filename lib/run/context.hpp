@@ -58,8 +58,10 @@ Exit open_session_data(const SessionInput& input, SessionData& out);
 
 // Whether the ranks meet through a TCP store (else a file store in the run directory): without a
 // shared file system, under Slurm (rank 0 serves it) and under trainctl's own launcher (which
-// serves it). torchrun's ranks keep the file store.
-bool uses_tcp_store(bool shared_fs, launch::RankSource source = launch::RankSource::trainctl);
+// serves it; `rank` is then the launcher's own, not launched); an external launcher's ranks when
+// it names the store's port (RankInfo::external_tcp_store; rank 0 serves it), whatever shared_fs
+// says, so a run whose nodes share the run directory keeps its checkpoints.
+bool uses_tcp_store(bool shared_fs, const launch::RankInfo& rank);
 // A TCP store server's options: refused connections go to this process's stderr (rank 0's or the
 // launcher's: the job log).
 comm::TcpStoreServerOptions store_server_options();

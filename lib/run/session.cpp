@@ -154,7 +154,7 @@ int start_session(SessionInput input, const std::string& command) {
   // Without a shared file system the ranks meet through a TCP store, as a Slurm job's do; here
   // the launcher serves it on loopback for as long as the ranks run, with a secret of its own.
   std::unique_ptr<comm::TcpStoreServer> store;
-  if (uses_tcp_store(r.cluster.shared_fs)) {
+  if (uses_tcp_store(r.cluster.shared_fs, input.rank)) {
     const comm::StoreSecret secret = comm::StoreSecret::generate();
     store = std::make_unique<comm::TcpStoreServer>("127.0.0.1", 0, secret, store_server_options());
     local.env.insert(local.env.end(), {{launch::kEnvStoreHost, "127.0.0.1"},

@@ -125,6 +125,9 @@ TEST_CASE("rank env: torchrun-style RANK/WORLD_SIZE", "[launch]") {
   CHECK(info.local_world_size == 2);
   CHECK(info.job_id == "torchrun-abc");
   CHECK(info.restart_count == 1);
+  CHECK_FALSE(info.external_tcp_store);  // files in the run directory, unless the port is named
+  FakeEnv with_port{{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TRAINCTL_STORE_PORT", "29500"}}};
+  CHECK(rank_info_from_environment(with_port.getenv()).external_tcp_store);
 }
 
 TEST_CASE("rank env: inconsistent values name the variable", "[launch]") {

@@ -117,6 +117,33 @@ TEST_CASE("store address: trainctl's launcher hands its ranks the host and port 
                     Contains("TRAINCTL_STORE_PORT='0' is not a TCP port"));
 }
 
+TEST_CASE("store address: an external launcher's ranks meet at rank 0's host on the named port",
+          "[launch]") {
+  const FakeEnv env{{{"TRAINCTL_STORE_HOST", "10.77.0.1"},
+                     {"TRAINCTL_STORE_PORT", "29500"},
+                     {"MASTER_ADDR", "10.0.0.9"},
+                     {"MASTER_PORT", "29400"}}};
+  const StoreAddress a = external_store_address(env.getenv());
+  CHECK(a.host == "10.77.0.1");
+  CHECK(a.port == 29500);
+  CHECK(a.how ==
+        "rank 0 serves it, host from TRAINCTL_STORE_HOST, port 29500 from "
+        "TRAINCTL_STORE_PORT");
+  // torchrun's MASTER_ADDR is rank 0's node; its MASTER_PORT is torchrun's own store, never ours.
+  const FakeEnv torchrun{
+      {{"TRAINCTL_STORE_PORT", "29500"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29400"}}};
+  const StoreAddress t = external_store_address(torchrun.getenv());
+  CHECK(t.host == "node0");
+  CHECK(t.port == 29500);
+  CHECK_THAT(t.how, Contains("host from MASTER_ADDR"));
+  const FakeEnv no_host{{{"TRAINCTL_STORE_PORT", "29500"}}};
+  CHECK_THROWS_WITH(external_store_address(no_host.getenv()),
+                    Contains("neither TRAINCTL_STORE_HOST nor MASTER_ADDR"));
+  const FakeEnv bad{{{"TRAINCTL_STORE_HOST", "h"}, {"TRAINCTL_STORE_PORT", "x"}}};
+  CHECK_THROWS_WITH(external_store_address(bad.getenv()),
+                    Contains("TRAINCTL_STORE_PORT='x' is not a TCP port"));
+}
+
 TEST_CASE("store address: rank 0 away from the first node is an error", "[launch]") {
   const FakeEnv env{{{"SLURM_JOB_ID", "77"}}};
   CHECK_THROWS_WITH(

@@ -12,4 +12,5 @@
 #include "comm/gloo_communicator.hpp"
 #include "comm/layout.hpp"
 #include "comm/mesh.hpp"
+#include "comm/roll_call.hpp"
 #include "comm/store.hpp"

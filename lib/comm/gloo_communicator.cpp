@@ -1,7 +1,10 @@
 // GlooCommunicator: Communicator over Gloo's new-style collectives (never the legacy algorithm
 // classes: mixing them on one context pins socket buffers and slows later calls 400x).
 // reduce_scatter has no new-style Gloo op: it is all_to_all plus a local sum in rank order.
+#include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <net/if.h>
+#include <netinet/in.h>
 #include <signal.h>
 
 #include <gloo/allgather.h>
@@ -64,6 +67,26 @@ std::shared_ptr<GlooDevice> make_gloo_device() {
                         "; set TRAINCTL_GLOO_IFACE to an interface or address of this host",
                     "device");
   }
+}
+
+std::string gloo_address() {
+  const char* choice = std::getenv("TRAINCTL_GLOO_IFACE");
+  if (choice == nullptr || *choice == '\0') return "127.0.0.1";
+  if (::if_nametoindex(choice) == 0) return choice;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return choice;
+  std::string address = choice;
+  for (const ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET ||
+        std::strcmp(entry->ifa_name, choice) != 0)
+      continue;
+    char text[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(entry->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text) != nullptr) address = text;
+    break;
+  }
+  ::freeifaddrs(list);
+  return address;
 }
 
 namespace {

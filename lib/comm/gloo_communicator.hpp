@@ -21,6 +21,11 @@ class GlooDevice;
 // sockets without MSG_NOSIGNAL and a dead peer would otherwise kill this process silently.
 std::shared_ptr<GlooDevice> make_gloo_device();
 
+// The address make_gloo_device() listens on, for messages about this process: the IPv4 address of
+// the interface TRAINCTL_GLOO_IFACE names (the interface name itself when it has none), the host
+// or address it names, or 127.0.0.1 when unset.
+std::string gloo_address();
+
 struct GroupOptions {
   std::string name = "world";  // used in every error message: "dp", "tp", ...
   int rank = 0;                // this process within the group

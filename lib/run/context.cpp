@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "comm/error.hpp"
+#include "comm/gloo_communicator.hpp"
 #include "launch/store_address.hpp"
 #include "telemetry/telemetry.hpp"
 
@@ -162,9 +163,11 @@ std::vector<std::string> RunContext::describe(const SessionInput& input) const {
   if (multi || rank_.launched()) lines.push_back(launch::describe_rank(rank_));
   if (multi) {
     const comm::Coordinates& at = mesh_->groups().coordinates;
+    // Gloo's address says which network the collectives take (TRAINCTL_GLOO_IFACE).
     lines.push_back(
-        fmt::format("{} (tp rank {}, ep rank {}, dp rank {}, pp stage {}), rendezvous {}",
-                    mesh_->layout().to_string(), at.tp, at.ep, at.dp, at.pp, rendezvous_.how));
+        fmt::format("{} (tp rank {}, ep rank {}, dp rank {}, pp stage {}), rendezvous {}{}",
+                    mesh_->layout().to_string(), at.tp, at.ep, at.dp, at.pp, rendezvous_.how,
+                    on_cuda_ ? std::string() : ", gloo on " + comm::gloo_address()));
   }
   // The GPU follows the local rank (one rank per GPU of the node); the CUDA backend takes it.
   const int gpu_count = static_cast<int>(devices_.gpus.size());

@@ -97,6 +97,8 @@ class RunContext {
   train::Trainer& trainer() { return *trainer_; }
   const model::ModelConfig& model_config() const { return recipe_.model; }
   comm::Mesh* mesh() { return mesh_ ? &*mesh_ : nullptr; }
+  // The job's rendezvous store (several ranks; else null), for the roll call after a failure.
+  comm::Store* store() { return rendezvous_.store.get(); }
   bool leader() const { return rank_.rank == 0; }  // writes the run's files, shows progress
   bool multi() const { return rank_.world_size > 1; }
   const std::string& recipe_hash() const { return recipe_hash_; }

@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "comm/error.hpp"
+#include "comm/roll_call.hpp"
 #include "files/files.hpp"
 #include "launch/local.hpp"
 #include "launch/signals.hpp"
@@ -139,6 +141,30 @@ void write_report(const SessionInput& input, RunContext& run, StepReporter& repo
   }
 }
 
+// How long a rank whose collective failed waits for the others to answer the roll call. The
+// ranks that fail together do so within milliseconds of each other (they time out on the same
+// silence, or see the first one's connections close), so a rank silent after this long cannot
+// reach the store; capped by parallel.timeout_s.
+constexpr std::chrono::milliseconds kRollCallWindow{2000};
+
+// A collective failed in a job whose ranks talk over a network: add which ranks still answer
+// through the store (comm/roll_call.hpp) before this one leaves. Within one address (trainctl's
+// launcher, emulated nodes) the error names the peer from the process table already.
+comm::CommError with_roll_call(const comm::CommError& e, RunContext& run,
+                               const std::vector<comm::Member>& members) {
+  comm::Store* store = run.store();
+  if (store == nullptr || !comm::spans_network(members) || e.kind() == comm::CommError::Kind::usage)
+    return e;
+  const comm::Communicator& world = run.mesh()->world();
+  const auto window = std::min(kRollCallWindow, world.timeout());
+  const comm::RollCall call = comm::roll_call(*store, world.rank(), members, window);
+  return comm::CommError(
+      e.kind(),
+      fmt::format("{}; {}", e.what(),
+                  comm::describe_roll_call(call, members, store->describe(), window)),
+      e.op(), e.peer());
+}
+
 }  // namespace
 
 int start_session(SessionInput input, const std::string& command) {
@@ -200,6 +226,9 @@ int train_session(SessionInput input, const std::string& command) {
          .stages = pipeline_stages(run)});
     for (const std::string& line : run.describe(input))
       report.say(line);
+    // Who the ranks are, gathered while the network works, for the roll call after a failure.
+    const std::vector<comm::Member> members =
+        run.mesh() ? comm::gather_members(run.mesh()->world()) : std::vector<comm::Member>{};
 
     // Train, saving on the recipe's cadence, at the end, and on a stop signal.
     const auto start = Clock::now();
@@ -231,6 +260,8 @@ int train_session(SessionInput input, const std::string& command) {
         return !job.stop;
       });
       saver.wait();
+    } catch (const comm::CommError& e) {
+      throw with_roll_call(e, run, members);
     } catch (const train::StabilityError& e) {
       // Every rank reached the same verdict from the same numbers: each stops here.
       const std::vector<train::StabilityEvent>& events = e.events();

@@ -91,6 +91,19 @@ size_t Mesh::buffer_bytes() const {
   return bytes;
 }
 
+std::vector<std::pair<std::string, double>> Mesh::comm_seconds_by_group() const {
+  std::vector<std::pair<std::string, double>> out;
+  auto add = [&](const Communicator* group) {
+    if (const auto* timed = dynamic_cast<const TimedCommunicator*>(group))
+      out.emplace_back(timed->name(), timed->group_seconds());
+  };
+  for (const std::unique_ptr<Communicator>& group : axes_)
+    add(group.get());
+  for (const Communicator* group : {dp_ep_.get(), dp_cp_.get(), dp_cp_ep_.get(), world_.get()})
+    add(group);
+  return out;
+}
+
 double Mesh::background_comm_seconds() const {
   return background_clock_ ? background_clock_->seconds() : 0.0;
 }

@@ -5,6 +5,9 @@
 #include <array>
 #include <chrono>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "comm/communicator.hpp"
 #include "comm/gloo_communicator.hpp"
@@ -81,6 +84,11 @@ class Mesh {
   // only groups of more than one rank: a one-rank group's copies are not communication.
   // Thread-safe.
   double comm_seconds() const;
+  // The time inside each group's own calls, by group name ("tp", "pp", "dp", "dp_ep", "world",
+  // ...), for the training thread's groups of more than one rank, in a fixed order. Groups may
+  // overlap in time (a call of one group while a background thread is in another); on the
+  // training thread alone they add up to comm_seconds. Thread-safe.
+  std::vector<std::pair<std::string, double>> comm_seconds_by_group() const;
   // The same for the background groups alone (busy time of the reducers' workers, which overlaps
   // the training thread's work and is therefore not part of comm_seconds).
   double background_comm_seconds() const;

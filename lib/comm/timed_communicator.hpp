@@ -1,5 +1,6 @@
 // TimedCommunicator: a Communicator decorator that adds the wall time spent inside each call of
-// the wrapped communicator to a CommClock shared by all the groups of a rank (Mesh::comm_seconds).
+// the wrapped communicator to a CommClock shared by all the groups of a rank (Mesh::comm_seconds)
+// and to one of its own (Mesh::comm_seconds_by_group).
 // The clock counts the union of the calls' intervals, not their sum: two groups blocked at the
 // same moment (a background reduction and a tp all_reduce) count that moment once, so the figure
 // stays a share of wall time. Costs two steady_clock reads and an uncontended mutex per call.
@@ -67,9 +68,13 @@ class TimedCommunicator final : public Communicator {
 
   using Communicator::all_reduce_sum;
 
+  // Seconds spent inside this group's own calls (their union), for the time by group.
+  double group_seconds() const { return own_->seconds(); }
+
  private:
   std::unique_ptr<Communicator> inner_;
   std::shared_ptr<CommClock> clock_;
+  std::shared_ptr<CommClock> own_ = std::make_shared<CommClock>();
 };
 
 }  // namespace trainctl::comm

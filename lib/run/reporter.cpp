@@ -93,7 +93,13 @@ void StepReporter::step(const train::StepMetrics& m, double loss_scale,
   events(m.events, m.stability_events);
   if (metrics_) {
     nlohmann::json record = metrics_record(m, fp16, moe);
-    if (options_.multi) record["comm_ms"] = m.comm_ms;
+    if (options_.multi) {
+      record["comm_ms"] = m.comm_ms;
+      nlohmann::json by_group = nlohmann::json::object();
+      for (const auto& [group, ms] : m.comm_ms_by_group)
+        by_group[group] = ms;
+      record["comm_ms_by_group"] = by_group;
+    }
     if (options_.multi && m.step_ms > 0) record["comm_share"] = m.comm_ms / m.step_ms;
     if (slowest) {
       record["slowest_rank"] = slowest->rank;
@@ -131,6 +137,8 @@ void StepReporter::step(const train::StepMetrics& m, double loss_scale,
     if (options_.multi && m.step_ms > 0)
       scalars.push_back({"perf/comm_share", m.comm_ms / m.step_ms});
     if (slowest) scalars.push_back({"perf/slowest_over_median", slowest->ratio()});
+    for (const auto& [group, ms] : m.comm_ms_by_group)
+      scalars.push_back({"comm/" + group + "_ms", ms});
     if (options_.memory_bytes > 0)
       scalars.push_back({"memory/bytes", static_cast<double>(options_.memory_bytes)});
     if (fp16) scalars.push_back({"train/loss_scale", m.loss_scale});

@@ -392,6 +392,8 @@ StepMetrics Trainer::step() {
   wait_parameters();
   const double waited_ms = 1000.0 * (sync_->wait_seconds() - before);
   m.comm_ms += waited_ms;
+  if (!m.comm_ms_by_group.empty() && m.comm_ms_by_group.back().first == "bg_wait")
+    m.comm_ms_by_group.back().second += waited_ms;
   m.step_ms += waited_ms;
   m.tokens_per_s = tokens_per_s(m.step_ms);
   return m;
@@ -406,6 +408,8 @@ StepMetrics Trainer::step_leaving_gather() {
   if (config_.debug_step_delay.count() > 0) std::this_thread::sleep_for(config_.debug_step_delay);
   if (rolls_back() && !snapshot_) take_snapshot();
   const double comm_start = mesh_ ? mesh_->comm_seconds() : 0.0;
+  const std::vector<std::pair<std::string, double>> groups_start =
+      mesh_ ? mesh_->comm_seconds_by_group() : std::vector<std::pair<std::string, double>>{};
   const double wait_start = sync_ ? sync_->wait_seconds() : 0.0;
   const double background_start = mesh_ ? mesh_->background_comm_seconds() : 0.0;
   const double ring_start = model_.ring_wait_seconds();
@@ -469,6 +473,12 @@ StepMetrics Trainer::step_leaving_gather() {
     // The training thread's blocking calls plus its waits for background reductions: what
     // communication cost the step. The background groups' own time overlaps compute.
     m.comm_ms = 1000.0 * (mesh_->comm_seconds() - comm_start + sync_->wait_seconds() - wait_start);
+    const std::vector<std::pair<std::string, double>> groups = mesh_->comm_seconds_by_group();
+    for (size_t g = 0; g < groups.size(); ++g)
+      m.comm_ms_by_group.emplace_back(groups[g].first,
+                                      1000.0 * (groups[g].second - groups_start[g].second));
+    if (sync_->overlaps())
+      m.comm_ms_by_group.emplace_back("bg_wait", 1000.0 * (sync_->wait_seconds() - wait_start));
     m.comm_background_ms = 1000.0 * (mesh_->background_comm_seconds() - background_start);
     m.cp_wait_ms = 1000.0 * (model_.ring_wait_seconds() - ring_start);
     if (model_.parallel().cp_background) m.comm_ms += m.cp_wait_ms;  // waits on the ring's worker

@@ -9,6 +9,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -88,6 +90,10 @@ struct StepMetrics {
   // Exposed communication: time the training thread spent inside collectives or waiting for the
   // background gradient reductions during the step.
   double comm_ms = 0;
+  // comm_ms by where it was spent: each group's blocking calls ("tp", "pp", "dp", "dp_ep",
+  // "world", ...: the groups of more than one rank) and "bg_wait", the waits for the background
+  // reductions and gathers (overlap_grad_sync). Empty on one rank.
+  std::vector<std::pair<std::string, double>> comm_ms_by_group;
   // Busy time of the background reductions (overlap_grad_sync), which runs beside compute.
   double comm_background_ms = 0;
   // Context parallel: how long attention's ring passes held up the training thread (a blocking

@@ -4,7 +4,8 @@
 named: a dp 2 run whose rank 1 sleeps 40 ms in every step's compute. Rank 0's log names rank 1,
   its host and how much slower it computed than the median rank, once per logging.every_steps
   window; metrics.jsonl carries every step's slowest rank (rank 1) with its compute time and the
-  median's, and rank 0's communication share (rank 0 waits for rank 1 in its collectives).
+  median's, and rank 0's communication share (rank 0 waits for rank 1 in its collectives) and
+  its wait by group (adding up to comm_ms; TensorBoard's comm/<group>_ms).
 off: the same run with logging.straggler_threshold: 0 names nobody, and still records the times.
 """
 import os
@@ -43,6 +44,19 @@ def case_named(binary, root, tmp):
     # Rank 0 waits for rank 1: most of its step is communication.
     check(sum(r["comm_share"] for r in records) / len(records) > 0.3,
           f"rank 0 should wait for rank 1: {[r['comm_share'] for r in records]}")
+    # The wait by group: each group of more than one rank (dp 2: dp, dp_ep, world) and the waits
+    # for the background reductions; on the training thread they add up to comm_ms.
+    for r in records:
+        groups = r["comm_ms_by_group"]
+        check({"dp", "dp_ep", "world", "bg_wait"} <= set(groups) and
+              abs(sum(groups.values()) - r["comm_ms"]) <= 0.05 + 1e-3 * r["comm_ms"],
+              f"step {r['step']}: comm_ms_by_group {groups} must add up to comm_ms {r['comm_ms']}")
+    import cli_tensorboard
+    scalars = cli_tensorboard.load_scalars(os.path.join(tmp, "run"))
+    check(len(scalars.get("comm/dp_ms", {})) == 10 and
+          len(scalars.get("comm/bg_wait_ms", {})) == 10,
+          f"TensorBoard carries each group's wait every step: {sorted(scalars)}")
+
 
 
 def case_off(binary, root, tmp):

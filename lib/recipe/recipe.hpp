@@ -203,8 +203,12 @@ struct CheckpointConfig {
   int keep_last;
   bool async;  // write checkpoints on a background thread
   Resume resume;
-  // An in-memory snapshot every N steps (0: none); stability.action rollback returns to it.
+  // An in-memory snapshot every N steps (0: none): stability.action rollback returns to it, and
+  // it is written to the memory tier (/dev/shm) for a restart (lib/run/local_tier.hpp).
   int64_t memory_every_steps;
+  // The local-disk tier: a node-local folder ("" : none) and its cadence (0: none).
+  std::string local_dir;
+  int64_t local_every_steps;
   bool operator==(const CheckpointConfig&) const = default;
 };
 

@@ -304,7 +304,7 @@ void check_cluster(const Recipe& r, RuleChecker& c) {
                        r.checkpoint.every_steps, format_number(r.checkpoint.every_minutes)));
 }
 
-// The in-memory snapshot exists for the rollback, and the rollback needs it.
+// The rollback needs the in-memory snapshot.
 void check_stability(const Recipe& r, RuleChecker& c) {
   if (!c.usable({"stability.action", "checkpoint.memory_every_steps"})) return;
   const bool rollback = r.stability.action == StabilityAction::rollback;
@@ -314,12 +314,22 @@ void check_stability(const Recipe& r, RuleChecker& c) {
            "checkpoint.memory_every_steps = 0 takes none; set it (e.g. "
            "checkpoint.memory_every_steps: 50: each snapshot holds the parameters and optimizer "
            "state in host memory), or stability.action: skip");
-  if (!rollback && r.checkpoint.memory_every_steps > 0)
-    c.fail({"stability.action", "checkpoint.memory_every_steps"},
-           fmt::format("checkpoint.memory_every_steps = {} takes in-memory snapshots, which only "
-                       "stability.action: rollback uses; set stability.action: rollback, or "
-                       "checkpoint.memory_every_steps: 0",
-                       r.checkpoint.memory_every_steps));
+}
+
+// The local-disk tier needs both its folder and its cadence.
+void check_tiers(const Recipe& r, RuleChecker& c) {
+  if (!c.usable({"checkpoint.local_dir", "checkpoint.local_every_steps"})) return;
+  const bool dir = !r.checkpoint.local_dir.empty();
+  if (dir != (r.checkpoint.local_every_steps > 0))
+    c.fail({"checkpoint.local_dir", "checkpoint.local_every_steps"},
+           dir ? fmt::format("checkpoint.local_dir: {} names the local-disk tier's folder, but "
+                             "checkpoint.local_every_steps = 0 never writes it; set "
+                             "checkpoint.local_every_steps (e.g. 100), or remove local_dir",
+                             r.checkpoint.local_dir)
+               : fmt::format("checkpoint.local_every_steps = {} writes the local-disk tier, but "
+                             "checkpoint.local_dir names no folder for it; set a node-local "
+                             "folder (e.g. checkpoint.local_dir: /local/scratch/ckpt)",
+                             r.checkpoint.local_every_steps));
 }
 
 }  // namespace
@@ -334,6 +344,7 @@ std::vector<RuleViolation> check_rules(const Recipe& recipe,
   check_precision(recipe, checker);
   check_cluster(recipe, checker);
   check_stability(recipe, checker);
+  check_tiers(recipe, checker);
   return std::move(checker.violations);
 }
 

@@ -325,7 +325,15 @@ std::vector<KeySpec> build_schema() {
       "auto: continue from the newest valid checkpoint in the run directory"));
   t.push_back(row<B(checkpoint, memory_every_steps)>(
       "checkpoint.memory_every_steps", 0, at_least(0),
-      "snapshot the state in host memory every N steps (stability.action: rollback); 0 = off"));
+      "snapshot each rank's state in host memory every N steps (kept for stability.action: "
+      "rollback, written to /dev/shm for a restart); 0 = off"));
+  t.push_back(row<B(checkpoint, local_dir)>(
+      "checkpoint.local_dir", "", none(),
+      "node-local folder of the local-disk tier (each rank's state, for a fast restart); "
+      "empty = none"));
+  t.push_back(row<B(checkpoint, local_every_steps)>(
+      "checkpoint.local_every_steps", 0, at_least(0),
+      "write the local-disk tier every N steps (needs checkpoint.local_dir); 0 = off"));
   // stability (train/stability.hpp)
   t.push_back(row<B(stability, loss_z)>(
       "stability.loss_z", 0.0, at_least(0),

@@ -271,6 +271,25 @@ Exit check_session_input(SessionInput& input, const std::string& command) {
     return bad_input(command, fmt::format("the run directory {} cannot hold the run's files: {}; "
                                           "choose another with --run-dir",
                                           dir.string(), why));
+  const recipe::CheckpointConfig& tiers = input.loaded.recipe.checkpoint;
+  if (!tiers.local_dir.empty())
+    if (std::string why = files::why_not_writable_directory(tiers.local_dir); !why.empty())
+      return report_problems(
+          {input.loaded.origins.problem(
+              "checkpoint.local_dir",
+              fmt::format("checkpoint.local_dir {} cannot hold the local-disk tier: {}; choose a "
+                          "writable node-local folder",
+                          tiers.local_dir, why))},
+          input.recipe_label);
+  if (tiers.memory_every_steps > 0)
+    if (std::string why = files::why_not_writable_directory("/dev/shm"); !why.empty())
+      return report_problems(
+          {input.loaded.origins.problem(
+              "checkpoint.memory_every_steps",
+              fmt::format("checkpoint.memory_every_steps writes the memory tier to /dev/shm, "
+                          "which cannot hold it here: {}; set checkpoint.memory_every_steps: 0",
+                          why))},
+          input.recipe_label);
   // The run's own files, where an earlier run left them, must be what trainctl writes there: a
   // FIFO in metrics.jsonl's place would block the first write forever.
   for (const char* name : {"logs", "checkpoints"}) {

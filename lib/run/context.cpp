@@ -195,8 +195,9 @@ std::vector<std::string> RunContext::describe(const SessionInput& input) const {
       telemetry::format_count(static_cast<uint64_t>(dataset.val_tokens()))));
   lines.push_back(fmt::format("run directory: {}", input.run_dir.string()));
   if (resumed) {
-    lines.push_back(fmt::format("resuming from {} (the newest valid checkpoint) at step {} of {}",
-                                resumed->name, start_step(), r.training.steps));
+    lines.push_back(fmt::format(
+        "resuming from {} (the newest valid checkpoint) at step {} of {}, read in {:.2f} s",
+        resumed->name, start_step(), r.training.steps, resume_seconds));
     if (checkpoint_recipe_hash != recipe_hash_)
       lines.push_back(
           fmt::format("note: the recipe (hash {}) differs from the checkpoint's (hash {}); the "

@@ -114,6 +114,7 @@ class RunContext {
 
   // What a resume loaded (resume.cpp sets it).
   std::optional<ckpt::ScanEntry> resumed;
+  double resume_seconds = 0;  // finding and reading it, every rank done
   std::string checkpoint_recipe_hash;
 
   // The lines that open the run's log: the notes, the rank's place, the device, model, data and

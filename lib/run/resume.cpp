@@ -1,6 +1,8 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -8,6 +10,7 @@
 
 #include "files/files.hpp"
 #include "run/context.hpp"
+#include "run/local_tier.hpp"
 #include "train/checkpointing.hpp"
 
 namespace fs = std::filesystem;
@@ -80,6 +83,93 @@ std::optional<ckpt::ScanEntry> load_newest_intact(const std::vector<ckpt::ScanEn
   return std::nullopt;
 }
 
+// The ranks whose `own` reason is not empty, with it (every rank gets all; 511 bytes each at most).
+std::vector<std::pair<int, std::string>> gather_reasons(comm::Mesh* mesh, const std::string& own) {
+  constexpr size_t kBytes = 512;
+  const int ranks = mesh ? mesh->world().size() : 1;
+  std::vector<char> mine(kBytes, '\0'), all(kBytes * static_cast<size_t>(ranks), '\0');
+  own.copy(mine.data(), kBytes - 1);
+  if (mesh)
+    mesh->world().all_gather(mine.data(), all.data(), kBytes);
+  else
+    all = mine;
+  std::vector<std::pair<int, std::string>> out;
+  for (int rank = 0; rank < ranks; ++rank) {
+    const char* text = all.data() + static_cast<size_t>(rank) * kBytes;
+    if (*text != '\0') out.emplace_back(rank, std::string(text, strnlen(text, kBytes)));
+  }
+  return out;
+}
+
+// The node-local tiers' newest step that every rank holds, is newer than `shared_step` (the shared
+// tier's newest valid checkpoint; -1: none) and loads on every rank: the trainer continues from it
+// and the entry says where it came from. Each step passed over is a note saying why.
+std::optional<ckpt::ScanEntry> load_from_tiers(SessionInput& input, RunContext& run,
+                                               int64_t shared_step) {
+  const std::vector<std::unique_ptr<LocalTier>> tiers =
+      open_tiers(input.loaded.recipe, input.run_dir, input.rank.rank);
+  comm::Mesh* mesh = run.mesh();
+  constexpr size_t kListed = 8;  // steps of a tier each rank offers (it keeps 2)
+  struct Candidate {
+    int64_t step;
+    LocalTier* tier;
+  };
+  std::vector<Candidate> candidates;
+  for (const std::unique_ptr<LocalTier>& tier : tiers) {
+    std::vector<int64_t> mine = tier->steps();
+    mine.resize(kListed, -1);
+    std::vector<int64_t> all = mine;
+    if (mesh) {
+      all.resize(kListed * static_cast<size_t>(mesh->world().size()));
+      mesh->world().all_gather(mine.data(), all.data(), kListed * sizeof(int64_t));
+    }
+    const int ranks = mesh ? mesh->world().size() : 1;
+    for (int64_t step : mine) {
+      if (step <= shared_step) continue;
+      int holders = 0;
+      for (int rank = 0; rank < ranks; ++rank) {
+        const auto first = all.begin() + static_cast<std::ptrdiff_t>(rank * kListed);
+        holders += std::find(first, first + kListed, step) != first + kListed;
+      }
+      if (holders == ranks)
+        candidates.push_back({step, tier.get()});
+      else
+        input.notes.push_back(fmt::format("the {}'s step {} was not used: {} of {} ranks hold it",
+                                          tier->name(), step, holders, ranks));
+    }
+  }
+  // Newest first; at one step the memory tier before the local one (the order of `tiers`).
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.step > b.step; });
+  for (const Candidate& c : candidates) {
+    train::TrainerState state;
+    std::string why = c.tier->load(c.step, run.trainer().snapshot_targets(), run.backend(), state);
+    if (why.empty()) try {
+        run.trainer().finish_restore(state);
+      } catch (const std::invalid_argument& e) {
+        why = e.what();
+      } catch (const data::DataError& e) {
+        why = e.what();
+      }
+    std::string reasons;  // every rank's, so rank 0's note names the rank and the cause
+    for (const auto& [rank, reason] : gather_reasons(mesh, why)) {
+      if (!reasons.empty()) reasons += "; ";
+      reasons += fmt::format("rank {}: {}", rank, reason);
+    }
+    if (reasons.empty()) {
+      ckpt::ScanEntry entry;
+      entry.name = fmt::format("step_{:08d} of the {}", c.step, c.tier->name());
+      entry.path = c.tier->dir() / fmt::format("step_{:08d}", c.step);
+      entry.step = c.step;
+      entry.status = ckpt::Status::valid;
+      return entry;
+    }
+    input.notes.push_back(
+        fmt::format("the {}'s step {} was not used: {}", c.tier->name(), c.step, reasons));
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 Exit resume_from_checkpoint(SessionInput& input, RunContext& run, RankLog& log) {
@@ -89,12 +179,35 @@ Exit resume_from_checkpoint(SessionInput& input, RunContext& run, RankLog& log) 
   comm::Mesh* mesh = run.mesh();
   std::optional<ckpt::ScanEntry>& resumed = run.resumed;
   std::vector<Skipped> skipped;
+  const auto started = std::chrono::steady_clock::now();
+  const auto read_time = [&] {
+    if (mesh) mesh->world().barrier();  // every rank has read its part
+    run.resume_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  };
+  // A node-local tier's step when it is newer than every valid shared checkpoint (rank 0's scan
+  // decides, as it decides the order below).
+  int64_t shared_step = -1;
+  for (const ckpt::ScanEntry& e : input.resume_candidates)
+    if (e.status == ckpt::Status::valid) shared_step = std::max(shared_step, e.step);
+  if (mesh) mesh->world().broadcast(&shared_step, sizeof shared_step, 0);
+  if (r.checkpoint.memory_every_steps > 0 || r.checkpoint.local_every_steps > 0) {
+    if ((resumed = load_from_tiers(input, run, shared_step))) {
+      read_time();
+      run.checkpoint_recipe_hash = run.recipe_hash();
+      if (shared_step >= 0)
+        input.notes.push_back(fmt::format("resumed from {}, newer than the shared tier's step {}",
+                                          resumed->name, shared_step));
+      return std::nullopt;
+    }
+  }
   try {
     resumed = load_newest_intact(input.resume_candidates, run.model(), run.trainer(), run.backend(),
                                  mesh, skipped, run.checkpoint_recipe_hash);
   } catch (const train::CheckpointMismatch& e) {
     return log.fail(e.what(), kExitBadInput);
   }
+  read_time();
   if (!resumed) {
     std::string found;
     for (const Skipped& k : skipped)
@@ -132,7 +245,12 @@ Exit resume_from_checkpoint(SessionInput& input, RunContext& run, RankLog& log) 
 Exit check_resume_input(const SessionInput& input, const std::string& command,
                         const ckpt::ScanReport& report) {
   const fs::path dir = input.run_dir / "checkpoints";
-  if (report.entries.empty())
+  // A run whose shared tier is empty may still have a node-local tier to resume from.
+  bool tiers_hold_steps = false;
+  for (const std::unique_ptr<LocalTier>& tier :
+       open_tiers(input.loaded.recipe, input.run_dir, input.rank.rank))
+    tiers_hold_steps = tiers_hold_steps || !tier->steps().empty();
+  if (report.entries.empty() && !tiers_hold_steps)
     return bad_input(command, fmt::format("{} holds no checkpoint to resume from", dir.string()));
   // training.steps below the checkpoint's step cannot be met.
   const int64_t steps = input.loaded.recipe.training.steps;

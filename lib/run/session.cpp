@@ -18,6 +18,7 @@
 #include "launch/signals.hpp"
 #include "launch/store_address.hpp"
 #include "run/context.hpp"
+#include "run/local_tier.hpp"
 #include "run/provenance.hpp"
 #include "run/report.hpp"
 #include "run/reporter.hpp"
@@ -236,6 +237,19 @@ int train_session(SessionInput input, const std::string& command) {
                                                   r.checkpoint.every_minutes, r.training.steps),
                           r.cluster.shared_fs, start);
     Saver saver(input, run, nlohmann::json::parse(provenance.json().dump()));
+    // The node-local tiers (local_tier.hpp), written after the steps of their cadences.
+    const std::vector<std::unique_ptr<LocalTier>> tiers =
+        open_tiers(r, input.run_dir, input.rank.rank);
+    const auto write_tiers = [&](int64_t step) {
+      for (const std::unique_ptr<LocalTier>& tier : tiers) {
+        const bool memory = tier->name() == kMemoryTier;
+        const int64_t every =
+            memory ? r.checkpoint.memory_every_steps : r.checkpoint.local_every_steps;
+        if (step % every != 0) continue;
+        run.trainer().take_snapshot();  // at a memory step the trainer has taken it already
+        tier->submit(*run.trainer().snapshot());
+      }
+    };
     comm::Communicator* world = run.mesh() ? &run.mesh()->world() : nullptr;
     StepVote job;  // agreed by every rank
     try {
@@ -245,6 +259,7 @@ int train_session(SessionInput input, const std::string& command) {
             schedule.vote(m.step, stop.requested(), Clock::now()), {m.step_ms, m.comm_ms}, world);
         job = exchanged.vote;
         report.step(m, run.trainer().loss_scaler().scale(), exchanged.ranks);
+        write_tiers(m.step);
         if (m.step == r.logging.timeline_step && run.leader())
           if (const Timeline* timeline = run.trainer().timeline())
             write_timeline(input.run_dir, run, m.step, *timeline);
@@ -305,6 +320,10 @@ int train_session(SessionInput input, const std::string& command) {
       write_report(input, run, report);
       return end_on_stop(input, report, stop, schedule.enabled());
     }
+    // Done: the shared tier holds the last step; the node-local copies are freed (the memory
+    // tier is host memory).
+    for (const std::unique_ptr<LocalTier>& tier : tiers)
+      tier->remove_own();
     write_summary(input, run, report, seconds);
     write_report(input, run, report);
     return kExitOk;

@@ -489,7 +489,7 @@ StepMetrics Trainer::step_leaving_gather() {
       m.blocks_prefetched = gather->prefetched() - prefetched_start;
     }
   }
-  if (config_.snapshot_every_steps > 0 && step_ % config_.snapshot_every_steps == 0 && rolls_back())
+  if (config_.snapshot_every_steps > 0 && step_ % config_.snapshot_every_steps == 0)
     take_snapshot();
   m.step_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -578,17 +578,41 @@ void Trainer::take_snapshot() {
   snapshot_->state = state();
 }
 
-void Trainer::roll_back() {
+void Trainer::load_buffers(const RankSnapshot& snapshot) {
   wait_parameters();
   const model::ParamStore& params = model_.params();
-  auto copy = [&](const tensor::Tensor& to, const std::vector<std::byte>& from) {
-    if (!from.empty()) be_.copy_from_host(to, from.data());
-  };
-  copy(params.values_sharded() ? params.value_part() : params.values(), snapshot_->values);
-  copy(params.master(), snapshot_->master);
-  copy(params.moment1(), snapshot_->moment1);
-  copy(params.moment2(), snapshot_->moment2);
+  const tensor::Tensor values = params.values_sharded() ? params.value_part() : params.values();
+  const auto bytes = [](const tensor::Tensor& t) { return t.data ? t.bytes() : size_t{0}; };
+  const std::pair<tensor::Tensor, const std::vector<std::byte>*> buffers[] = {
+      {values, &snapshot.values},
+      {params.master(), &snapshot.master},
+      {params.moment1(), &snapshot.moment1},
+      {params.moment2(), &snapshot.moment2}};
+  for (const auto& [to, from] : buffers)
+    if (bytes(to) != from->size())
+      throw std::invalid_argument("the snapshot holds " + std::to_string(from->size()) +
+                                  " bytes of a buffer this rank keeps in " +
+                                  std::to_string(bytes(to)) + " (another model or layout)");
+  for (const auto& [to, from] : buffers)
+    if (!from->empty()) be_.copy_from_host(to, from->data());
   refresh_parameters();
+}
+
+std::array<tensor::Tensor, 4> Trainer::snapshot_targets() const {
+  wait_parameters();
+  const model::ParamStore& params = model_.params();
+  return {params.values_sharded() ? params.value_part() : params.values(), params.master(),
+          params.moment1(), params.moment2()};
+}
+
+void Trainer::finish_restore(const TrainerState& state) {
+  refresh_parameters();
+  restore(state);
+  wait_parameters();
+}
+
+void Trainer::roll_back() {
+  load_buffers(*snapshot_);
   // Everything but the data position: the batches since the snapshot are skipped.
   const TrainerState& saved = snapshot_->state;
   step_ = saved.step;

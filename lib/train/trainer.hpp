@@ -3,6 +3,7 @@
 // (progress line, metrics.jsonl, TensorBoard) is the caller's business: it receives StepMetrics.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -122,6 +123,15 @@ struct TrainerState {
   StabilityGuard::State stability;
 };
 
+// A rank's whole state in host memory: its parameter buffers (values, or its part of sharded
+// values; master weights; AdamW moments) and the trainer state. The in-memory snapshot a rollback
+// returns to, and what the node-local checkpoint tiers write (lib/run/local_tier.hpp). It belongs
+// to one rank of one layout: another layout reads the shared tier, which reshards.
+struct RankSnapshot {
+  TrainerState state;
+  std::vector<std::byte> values, master, moment1, moment2;
+};
+
 class Trainer {
  public:
   // `val` may be null (no evaluation). All references must outlive the trainer. `mesh` null: one
@@ -157,12 +167,22 @@ class Trainer {
   int64_t steps_done() const { return step_; }
   const LossScaler& loss_scaler() const { return scaler_; }
   const StabilityGuard& stability() const { return guard_; }
-  // stability.action rollback: copies the parameters, optimizer state and trainer state into host
-  // memory (the newest snapshot replaces the one before). The trainer takes one at the start and
-  // every snapshot_every_steps; the run takes one whenever it saves a checkpoint, so a rollback
-  // never returns to before a saved step. Collective only in waiting for ZeRO-1's gather.
+  // Copies the parameters, optimizer state and trainer state into host memory (the newest
+  // snapshot replaces the one before). The trainer takes one every snapshot_every_steps (and, for
+  // stability.action rollback, at the start); the run takes one whenever it saves a checkpoint,
+  // so a rollback never returns to before a saved step. Collective only in waiting for ZeRO-1's
+  // gather.
   void take_snapshot();
   bool rolls_back() const { return config_.stability.action == StabilityAction::rollback; }
+  // The newest snapshot (null before the first).
+  const RankSnapshot* snapshot() const { return snapshot_ ? &*snapshot_ : nullptr; }
+  // Continuing from a snapshot of this rank that a reader fills in place (a node-local tier's:
+  // no second host copy): the buffers of a RankSnapshot, in its order (values, or the part of
+  // sharded values; master; moment1; moment2), empty where the rank keeps none; then
+  // finish_restore with the snapshot's trainer state (it throws data::DataError as restore()
+  // does).
+  std::array<tensor::Tensor, 4> snapshot_targets() const;
+  void finish_restore(const TrainerState& state);
   const comm::Mesh* mesh() const { return mesh_; }  // null on one rank
   // Whether gradient reductions (all-reduce, or ZeRO-1's reduce-scatter) overlap backward, and
   // ZeRO-1's parameter gather the next forward: asked for (overlap_grad_sync) and the mesh was
@@ -222,11 +242,9 @@ class Trainer {
   std::vector<int32_t> window_, inputs_, targets_;
   std::optional<Timeline> timeline_;
   StabilityGuard guard_;
-  struct Snapshot {
-    TrainerState state;
-    std::vector<std::byte> values, master, moment1, moment2;  // host copies
-  };
-  std::optional<Snapshot> snapshot_;
+  std::optional<RankSnapshot> snapshot_;
+  // Copies the snapshot's buffers into the parameter store and makes the parameters whole.
+  void load_buffers(const RankSnapshot& snapshot);
 };
 
 }  // namespace trainctl::train

@@ -54,8 +54,9 @@ struct TrainConfig : TrainingConfig {
   // Diagnostic (trainctl's --debug-slow-rank): sleep this long at the start of every step's
   // compute, making this rank a straggler. Zero (the default) is the production path.
   std::chrono::milliseconds debug_step_delay{0};
-  // The stability guard (train/stability.hpp), and for stability.action rollback an in-memory
-  // snapshot every snapshot_every_steps steps (checkpoint.memory_every_steps; 0: none).
+  // The stability guard (train/stability.hpp), and an in-memory snapshot every
+  // snapshot_every_steps steps (checkpoint.memory_every_steps; 0: none), which a rollback returns
+  // to and the run writes to its memory tier (lib/run/local_tier.hpp).
   StabilityConfig stability;
   int64_t snapshot_every_steps = 0;
   // Diagnostics (trainctl's --debug-nan-batch, --debug-spike-batch, --debug-drop-batch), by

@@ -101,6 +101,15 @@ def run_ok(binary, args, cwd, timeout=600):
     return result
 
 
+def check_refused(binary, args, root, words, run_dir):
+    """Runs trainctl with `args` (bad input): exit 2, `words` on stderr, nothing created at
+    `run_dir`."""
+    result = run(binary, args, root)
+    check(result.rc == 2 and words in result.stderr,
+          f"expected exit 2 and {words!r}\n{result.describe()}")
+    check(not os.path.exists(run_dir), f"bad input created {tree(run_dir)}")
+
+
 @contextlib.contextmanager
 def temp_dir(prefix):
     """A fresh temporary directory, removed afterwards (also when a check fails)."""

@@ -481,7 +481,10 @@ StepMetrics Trainer::step_leaving_gather() {
       m.comm_ms_by_group.emplace_back("bg_wait", 1000.0 * (sync_->wait_seconds() - wait_start));
     m.comm_background_ms = 1000.0 * (mesh_->background_comm_seconds() - background_start);
     m.cp_wait_ms = 1000.0 * (model_.ring_wait_seconds() - ring_start);
-    if (model_.parallel().cp_background) m.comm_ms += m.cp_wait_ms;  // waits on the ring's worker
+    if (model_.parallel().cp_background) {  // waits on the ring's worker
+      m.comm_ms += m.cp_wait_ms;
+      m.comm_ms_by_group.emplace_back("cp_ring_wait", m.cp_wait_ms);
+    }
     m.buckets_started_during_backward = sync_->started_during_backward();
     m.buckets_gathered_during_forward = sync_->gathered_during_forward();
     if (gather) {

@@ -93,8 +93,9 @@ struct StepMetrics {
   // background gradient reductions during the step.
   double comm_ms = 0;
   // comm_ms by where it was spent: each group's blocking calls ("tp", "pp", "dp", "dp_ep",
-  // "world", ...: the groups of more than one rank) and "bg_wait", the waits for the background
-  // reductions and gathers (overlap_grad_sync). Empty on one rank.
+  // "world", ...: the groups of more than one rank), "bg_wait", the waits for the background
+  // reductions and gathers (overlap_grad_sync), and "cp_ring_wait", the waits for the
+  // context-parallel ring's worker (cp_background). Empty on one rank.
   std::vector<std::pair<std::string, double>> comm_ms_by_group;
   // Busy time of the background reductions (overlap_grad_sync), which runs beside compute.
   double comm_background_ms = 0;

@@ -288,13 +288,10 @@ void LocalTier::remove_stale_temporaries() const {
   }
 }
 
-void LocalTier::remove_own() {
+void LocalTier::remove_all() {
   wait();
-  for (int64_t step : steps())
-    remove_step(step);
-  remove_stale_temporaries();
   std::error_code ignored;
-  fs::remove(dir_, ignored);  // the last rank's removal empties it
+  fs::remove_all(dir_, ignored);
 }
 
 std::vector<std::unique_ptr<LocalTier>> open_tiers(const recipe::Recipe& r, const fs::path& run_dir,

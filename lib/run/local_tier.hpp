@@ -80,8 +80,10 @@ class LocalTier {
   // of it.
   std::string load(int64_t step, const std::array<tensor::Tensor, 4>& targets,
                    backend::Backend& backend, train::TrainerState& state) const;
-  // The run is done: this rank's files go, and the folders once empty.
-  void remove_own();
+  // The run is done: the tier's folder goes with every file in it, every rank's and any earlier
+  // layout's (a resume onto another layout leaves the old one's). Call it on one rank of the node
+  // once every rank of the node has wait()ed for its last write.
+  void remove_all();
 
  private:
   fs::path file_of(int64_t step) const;

@@ -321,9 +321,15 @@ int train_session(SessionInput input, const std::string& command) {
       return end_on_stop(input, report, stop, schedule.enabled());
     }
     // Done: the shared tier holds the last step; the node-local copies are freed (the memory
-    // tier is host memory).
-    for (const std::unique_ptr<LocalTier>& tier : tiers)
-      tier->remove_own();
+    // tier is host memory), by one rank of each node once every rank's last write has ended.
+    if (!tiers.empty()) {
+      for (const std::unique_ptr<LocalTier>& tier : tiers)
+        tier->wait();
+      if (run.mesh()) run.mesh()->world().barrier();
+      if (input.rank.local_rank == 0)
+        for (const std::unique_ptr<LocalTier>& tier : tiers)
+          tier->remove_all();
+    }
     write_summary(input, run, report, seconds);
     write_report(input, run, report);
     return kExitOk;

@@ -144,6 +144,8 @@ def case_layout(binary, root, tmp):
           f"the tier's copies of another layout must be refused with the reason\n{output}")
     check("resuming from step_00000020 (the newest valid checkpoint)" in resumed_from(output),
           output)
+    check(not os.path.exists(memory_dir(run_dir)),
+          "the memory tier (the dp 2 copies included) outlived the run")
     # Another layout sums in another order: within the layout tolerance (docs/architecture.md).
     cli_layout_util.check_losses(straight(binary, root, tmp, extra), run_dir, "other layout")
 

@@ -89,7 +89,7 @@ TEST_CASE("local tier: a rank's state comes back exactly, the newest two steps k
   CHECK(state.step == 15);
   CHECK(state.optimizer_updates == 15);
   CHECK(targets.equal(snapshot(15, floats)));
-  tier.remove_own();
+  tier.remove_all();
   CHECK_FALSE(fs::exists(dir.path));
 }
 

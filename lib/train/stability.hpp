@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <deque>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -81,7 +80,6 @@ class StabilityGuard {
   // An event was acted on: counts it; throws StabilityError when it is the max_events-th in a
   // row (the error lists those events).
   void record(const StabilityEvent& event);
-  int64_t in_a_row() const { return state_.in_a_row + 1; }  // of the next event
   // A step's update was applied: its numbers join the windows.
   void applied(int64_t step, double loss, double grad_norm);
   // The learning-rate multiplier for the step with 0-based index `step`.

@@ -566,39 +566,16 @@ void Trainer::act_on(StabilityEvent& event) {
 }
 
 void Trainer::take_snapshot() {
-  wait_parameters();  // ZeRO-1: the other ranks' parts of the values
   if (snapshot_ && snapshot_->state.step == step_) return;
   if (!snapshot_) snapshot_.emplace();
-  const model::ParamStore& params = model_.params();
-  auto copy = [&](std::vector<std::byte>& to, const tensor::Tensor& from) {
-    to.resize(from.data ? from.bytes() : 0);
-    if (!to.empty()) be_.copy_to_host(to.data(), from);
-  };
-  copy(snapshot_->values, params.values_sharded() ? params.value_part() : params.values());
-  copy(snapshot_->master, params.master());
-  copy(snapshot_->moment1, params.moment1());
-  copy(snapshot_->moment2, params.moment2());
+  const std::array<tensor::Tensor, 4> from = snapshot_targets();  // waits for ZeRO-1's gather
+  std::vector<std::byte>* to[] = {&snapshot_->values, &snapshot_->master, &snapshot_->moment1,
+                                  &snapshot_->moment2};
+  for (size_t i = 0; i < from.size(); ++i) {
+    to[i]->resize(from[i].data ? from[i].bytes() : 0);
+    if (!to[i]->empty()) be_.copy_to_host(to[i]->data(), from[i]);
+  }
   snapshot_->state = state();
-}
-
-void Trainer::load_buffers(const RankSnapshot& snapshot) {
-  wait_parameters();
-  const model::ParamStore& params = model_.params();
-  const tensor::Tensor values = params.values_sharded() ? params.value_part() : params.values();
-  const auto bytes = [](const tensor::Tensor& t) { return t.data ? t.bytes() : size_t{0}; };
-  const std::pair<tensor::Tensor, const std::vector<std::byte>*> buffers[] = {
-      {values, &snapshot.values},
-      {params.master(), &snapshot.master},
-      {params.moment1(), &snapshot.moment1},
-      {params.moment2(), &snapshot.moment2}};
-  for (const auto& [to, from] : buffers)
-    if (bytes(to) != from->size())
-      throw std::invalid_argument("the snapshot holds " + std::to_string(from->size()) +
-                                  " bytes of a buffer this rank keeps in " +
-                                  std::to_string(bytes(to)) + " (another model or layout)");
-  for (const auto& [to, from] : buffers)
-    if (!from->empty()) be_.copy_from_host(to, from->data());
-  refresh_parameters();
 }
 
 std::array<tensor::Tensor, 4> Trainer::snapshot_targets() const {
@@ -615,7 +592,12 @@ void Trainer::finish_restore(const TrainerState& state) {
 }
 
 void Trainer::roll_back() {
-  load_buffers(*snapshot_);
+  const std::array<tensor::Tensor, 4> to = snapshot_targets();
+  const std::vector<std::byte>* from[] = {&snapshot_->values, &snapshot_->master,
+                                          &snapshot_->moment1, &snapshot_->moment2};
+  for (size_t i = 0; i < to.size(); ++i)
+    if (!from[i]->empty()) be_.copy_from_host(to[i], from[i]->data());
+  refresh_parameters();
   // Everything but the data position: the batches since the snapshot are skipped.
   const TrainerState& saved = snapshot_->state;
   step_ = saved.step;

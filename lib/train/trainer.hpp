@@ -245,8 +245,6 @@ class Trainer {
   std::optional<Timeline> timeline_;
   StabilityGuard guard_;
   std::optional<RankSnapshot> snapshot_;
-  // Copies the snapshot's buffers into the parameter store and makes the parameters whole.
-  void load_buffers(const RankSnapshot& snapshot);
 };
 
 }  // namespace trainctl::train

@@ -62,7 +62,7 @@ enum class OpFamily : int {
   embedding,    // embedding_forward/backward and their _shard forms
   loss,         // cross_entropy_forward/backward, cross_entropy_backward_shard
   moe,          // moe_router_*, moe_permute*, moe_unpermute*
-  optimizer,    // adamw
+  optimizer,    // adamw, momentum_update, apply_update
   elementwise,  // cast, fill, add, accumulate, scale
   reduction,    // sum, sum_squares, all_finite, amax
   fp8,          // gemm with GemmArgs fp8 operands (the fp8 flag of Capabilities)
@@ -403,6 +403,30 @@ class Backend : public BackendDevice {
   void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
              const Tensor& v, const AdamW& hyper);
 
+  // The momentum rules (train/optimizer.hpp), over `ranges` as adamw (decay selects
+  // hyper.weight_decay or 0 as wd). g = grad * grad_scale; w is the master when present
+  // (param = round(w)), else the param; m and out are G like grad.
+  //   sgd   PyTorch's SGD: g += wd w; m = beta1 m + g; d = nesterov ? g + beta1 m : m;
+  //         w -= lr d. m may be empty when beta1 (the momentum) is 0: d = g.
+  //   lion  Chen et al. 2023: c = beta1 m + (1 - beta1) g; w = w (1 - lr wd) - lr sign(c);
+  //         m = beta2 m + (1 - beta2) g.
+  //   muon  the momentum half of Muon (Moonlight's form): m = beta1 m + g;
+  //         out = nesterov ? g + beta1 m : m. The parameters are not touched (apply_update).
+  // `out` is used by muon only (empty otherwise).
+  enum class MomentumRule : uint8_t { sgd, lion, muon };
+  struct Momentum {
+    MomentumRule rule = MomentumRule::sgd;
+    double lr = 0, beta1 = 0, beta2 = 0, weight_decay = 0, grad_scale = 1;
+    bool nesterov = false;
+  };
+  void momentum_update(const Tensor& param, const Tensor& master, const Tensor& grad,
+                       const Tensor& m, const Tensor& out, std::span<const AdamWRange> ranges,
+                       const Momentum& hyper);
+  // w = w (1 - lr wd) - lr update over `ranges` (wd: weight_decay where decay is set), w the
+  // master when present (param = round(w)). update is G.
+  void apply_update(const Tensor& param, const Tensor& master, const Tensor& update,
+                    std::span<const AdamWRange> ranges, double lr, double weight_decay);
+
  protected:
   Backend() = default;
 
@@ -495,6 +519,12 @@ class Backend : public BackendDevice {
   virtual void do_adamw(const Tensor& param, const Tensor& master, const Tensor& grad,
                         const Tensor& m, const Tensor& v, std::span<const AdamWRange> ranges,
                         const AdamW& hyper) = 0;
+  virtual void do_momentum_update(const Tensor& param, const Tensor& master, const Tensor& grad,
+                                  const Tensor& m, const Tensor& out,
+                                  std::span<const AdamWRange> ranges, const Momentum& hyper) = 0;
+  virtual void do_apply_update(const Tensor& param, const Tensor& master, const Tensor& update,
+                               std::span<const AdamWRange> ranges, double lr,
+                               double weight_decay) = 0;
 };
 
 // The CPU backend (lib/backend/cpu): OpenBLAS GEMMs (its thread count: OPENBLAS_NUM_THREADS) and

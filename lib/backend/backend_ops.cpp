@@ -569,4 +569,52 @@ void Backend::adamw(const Tensor& param, const Tensor& master, const Tensor& gra
   adamw(param, master, grad, m, v, std::span<const AdamWRange>(&whole, 1), hyper);
 }
 
+void Backend::momentum_update(const Tensor& param, const Tensor& master, const Tensor& grad,
+                              const Tensor& m, const Tensor& out,
+                              std::span<const AdamWRange> ranges, const Momentum& hyper) {
+  constexpr std::string_view op = "momentum_update";
+  const ArgCheck check = begin(*this, OpFamily::optimizer, op);
+  check.present(op, "param", param);
+  const int64_t count = param.numel();
+  const DType g_type = grad_dtype(param.dtype);
+  check.present(op, "grad", grad);
+  check.dtype(op, "grad", grad, g_type);
+  check.numel(op, "grad", grad, count);
+  const bool needs_m = hyper.rule != MomentumRule::sgd || hyper.beta1 != 0;
+  if (needs_m || !m.empty()) {
+    check.present(op, "m", m);
+    check.dtype(op, "m", m, g_type);
+    check.numel(op, "m", m, count);
+  }
+  if (hyper.rule == MomentumRule::muon) {
+    check.present(op, "out", out);
+    check.dtype(op, "out", out, g_type);
+    check.numel(op, "out", out, count);
+  }
+  if (!master.empty()) {
+    check.dtype(op, "master", master, g_type);
+    check.numel(op, "master", master, count);
+  }
+  check.adamw_ranges(op, count, ranges);
+  do_momentum_update(param, master, grad, m, out, ranges, hyper);
+}
+
+void Backend::apply_update(const Tensor& param, const Tensor& master, const Tensor& update,
+                           std::span<const AdamWRange> ranges, double lr, double weight_decay) {
+  constexpr std::string_view op = "apply_update";
+  const ArgCheck check = begin(*this, OpFamily::optimizer, op);
+  check.present(op, "param", param);
+  const int64_t count = param.numel();
+  const DType g_type = grad_dtype(param.dtype);
+  check.present(op, "update", update);
+  check.dtype(op, "update", update, g_type);
+  check.numel(op, "update", update, count);
+  if (!master.empty()) {
+    check.dtype(op, "master", master, g_type);
+    check.numel(op, "master", master, count);
+  }
+  check.adamw_ranges(op, count, ranges);
+  do_apply_update(param, master, update, ranges, lr, weight_decay);
+}
+
 }  // namespace trainctl::backend

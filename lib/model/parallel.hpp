@@ -44,7 +44,9 @@
 // gradient the trainer sums with the first stage's, so both stay equal.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -52,6 +54,16 @@
 #include "layout/layout.hpp"
 
 namespace trainctl::model {
+
+// The optimizer's per-element state buffers beside each parameter (train::moment_names): how
+// many (0 to 2) and the name a checkpoint gives each. Trivially copyable (the names are literals).
+struct MomentNames {
+  int count = 2;
+  std::array<const char*, 2> names{"adam_m", "adam_v"};
+  std::vector<std::string> list() const {
+    return std::vector<std::string>(names.begin(), names.begin() + count);
+  }
+};
 
 struct ModelParallel {
   Layout layout;   // the job's degrees and ZeRO stage; default: one rank
@@ -98,6 +110,9 @@ struct ModelParallel {
     return layout.zero >= 1 ? group_rank(layout, at, {Axis::dp, Axis::cp}) : 0;
   }
   bool shard_grads() const { return layout.zero >= 2; }
+  // The optimizer's per-element state buffers beside each parameter, by their checkpoint names
+  // (train::moment_names: 2 for adamw and muon, 1 for lion and sgd with momentum, 0 for sgd).
+  MomentNames optimizer_moments;
   // ZeRO-3 keeps the values of that part only; each block's are gathered when it runs.
   bool shard_values() const { return layout.zero >= 3; }
 };

@@ -269,12 +269,16 @@ backend::Allocation allocate_at_least_one(Backend& be, size_t bytes) {
 }  // namespace
 
 ParamStore::ParamStore(Backend& be, ParamTable table, DType storage, int zero_parts, int zero_rank,
-                       bool shard_grads, bool shard_values)
+                       bool shard_grads, bool shard_values, MomentNames moments)
     : backend_(be),
       table_(std::move(table)),
       storage_(storage),
       shard_grads_(shard_grads),
+      moment_names_(moments.list()),
       shard_values_(shard_values) {
+  if (moments.count < 0 || moments.count > 2)
+    throw std::invalid_argument("ParamStore: " + std::to_string(moments.count) +
+                                " moment buffers; it keeps 0 to 2");
   if (shard_values && !shard_grads)
     throw std::invalid_argument(
         "ParamStore: sharded values (ZeRO-3) need sharded gradients (ZeRO-2's block slots)");
@@ -317,8 +321,10 @@ ParamStore::ParamStore(Backend& be, ParamTable table, DType storage, int zero_pa
     block_of_value_slot_.assign(kValueSlots, -1);
   }
   if (needs_master(storage)) master_ = allocate_at_least_one(be, part * sizeof(float));
-  m_ = allocate_at_least_one(be, part * tensor::dtype_size(moment_dtype(storage)));
-  v_ = allocate_at_least_one(be, part * tensor::dtype_size(moment_dtype(storage)));
+  if (moments.count >= 1)
+    m_ = allocate_at_least_one(be, part * tensor::dtype_size(moment_dtype(storage)));
+  if (moments.count >= 2)
+    v_ = allocate_at_least_one(be, part * tensor::dtype_size(moment_dtype(storage)));
 }
 
 Tensor ParamStore::values() const {
@@ -551,10 +557,10 @@ Tensor ParamStore::master() const {
   return master_.data() ? master_.view(DType::f32, {opt_end_ - opt_begin_}) : Tensor{};
 }
 Tensor ParamStore::moment1() const {
-  return m_.view(moment_dtype(storage_), {opt_end_ - opt_begin_});
+  return m_.data() ? m_.view(moment_dtype(storage_), {opt_end_ - opt_begin_}) : Tensor{};
 }
 Tensor ParamStore::moment2() const {
-  return v_.view(moment_dtype(storage_), {opt_end_ - opt_begin_});
+  return v_.data() ? v_.view(moment_dtype(storage_), {opt_end_ - opt_begin_}) : Tensor{};
 }
 
 Tensor ParamStore::slice(const Tensor& whole, const ParamSpec& spec) {
@@ -612,8 +618,8 @@ void ParamStore::initialize(uint64_t seed) {
   }
   if (shard_values_) release_block_values();
   zero_grads();
-  backend_.fill(moment1(), 0.0);
-  backend_.fill(moment2(), 0.0);
+  for (const Tensor& moment : {moment1(), moment2()})
+    if (!moment.empty()) backend_.fill(moment, 0.0);
 }
 
 void ParamStore::store_values(const ParamSpec& spec, const void* host) {
@@ -659,7 +665,7 @@ ParamStore::Bytes ParamStore::bytes() const {
     b.grads += static_cast<size_t>(kGradSlots * largest_block()) * item;
   }
   b.optimizer = (has_master() ? part * sizeof(float) : 0) +
-                2 * part * tensor::dtype_size(moment_dtype(storage_));
+                static_cast<size_t>(moments()) * part * tensor::dtype_size(moment_dtype(storage_));
   return b;
 }
 

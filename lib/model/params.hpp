@@ -177,8 +177,11 @@ class ParamStore {
   // zero_parts/zero_rank: the optimizer state (master, moments) covers only part zero_rank of
   // zero_partition(table, zero_parts); values cover the whole table unless shard_values, and
   // grads too unless shard_grads.
+  // moments: the optimizer's per-element state buffers (train::moment_names), each covering the
+  // optimizer part.
   ParamStore(Backend& backend, ParamTable table, DType storage, int zero_parts = 1,
-             int zero_rank = 0, bool shard_grads = false, bool shard_values = false);
+             int zero_rank = 0, bool shard_grads = false, bool shard_values = false,
+             MomentNames moments = {});
 
   // Fills every parameter from the counter RNG keyed by (seed, name, element index): identical
   // values whatever the layout or backend. Master weights get the f32 value, the storage copy its
@@ -247,8 +250,12 @@ class ParamStore {
   // The optimizer state: elements [optimizer_begin(), optimizer_end()) of the flat buffer (all of
   // it without ZeRO). Element i of these tensors is element optimizer_begin() + i of values().
   Tensor master() const;  // empty Tensor when S is f32/f64
+  // Empty Tensors beyond the moments the store was made with.
   Tensor moment1() const;
   Tensor moment2() const;
+  int moments() const { return static_cast<int>(moment_names_.size()); }
+  // Their checkpoint names, moment1's first.
+  const std::vector<std::string>& moment_names() const { return moment_names_; }
   int64_t optimizer_begin() const { return opt_begin_; }
   int64_t optimizer_end() const { return opt_end_; }
   // The range of one parameter inside one of the buffers above.
@@ -275,6 +282,7 @@ class ParamStore {
   DType storage_;
   bool shard_grads_ = false;
   int64_t opt_begin_ = 0, opt_end_ = 0;
+  std::vector<std::string> moment_names_;
   backend::Allocation values_, grads_, master_, m_, v_;
   // Sharded gradients: the part, the outer regions [0, front_end_) and [back_begin_, numel), the
   // block slots, and which slot each block of the stage is bound to (-1: none).

@@ -16,7 +16,8 @@ Transformer::Impl::Impl(const ModelConfig& config, Backend& backend, int64_t mic
       rows(N),
       chunks(checked_chunks(config, parallel)),
       store(backend, build_param_table(config, parallel), config.storage, parallel.zero_parts(),
-            parallel.zero_rank(), parallel.shard_grads(), parallel.shard_values()) {
+            parallel.zero_rank(), parallel.shard_grads(), parallel.shard_values(),
+            parallel.optimizer_moments) {
   if (B < 1) throw std::invalid_argument("micro_batch must be >= 1");
   if (par.activation_slots < 1)
     throw std::invalid_argument("activation_slots = " + std::to_string(par.activation_slots) +

@@ -90,7 +90,7 @@ struct EnumNames<Fp8> {
 };
 template <>
 struct EnumNames<OptimizerName> {
-  static constexpr std::array<std::string_view, 1> names{"adamw"};
+  static constexpr std::array<std::string_view, 4> names{"adamw", "sgd", "lion", "muon"};
 };
 template <>
 struct EnumNames<ReduceDtype> {

@@ -222,6 +222,16 @@ void check_moe(const Recipe& r, RuleChecker& c) {
                        r.parallel.ep));
 }
 
+void check_optimizer(const Recipe& r, RuleChecker& c) {
+  const OptimizerConfig& o = r.optimizer;
+  // PyTorch's SGD refuses it too: Nesterov's look-ahead is along a momentum there is none of.
+  if (c.usable({"optimizer.name", "optimizer.nesterov", "optimizer.momentum"}) &&
+      o.name == OptimizerName::sgd && o.nesterov && o.momentum == 0)
+    c.fail({"optimizer.nesterov", "optimizer.momentum"},
+           "optimizer.nesterov: true needs optimizer.momentum > 0 (sgd): set a momentum, or "
+           "nesterov: false for plain SGD");
+}
+
 void check_schedule_and_data(const Recipe& r, RuleChecker& c) {
   if (c.usable({"schedule.min_lr", "optimizer.lr"}) && r.schedule.min_lr > r.optimizer.lr)
     c.fail({"schedule.min_lr", "optimizer.lr"},
@@ -340,6 +350,7 @@ std::vector<RuleViolation> check_rules(const Recipe& recipe,
   check_model(recipe, checker);
   check_parallel(recipe, checker);
   check_moe(recipe, checker);
+  check_optimizer(recipe, checker);
   check_schedule_and_data(recipe, checker);
   check_precision(recipe, checker);
   check_cluster(recipe, checker);

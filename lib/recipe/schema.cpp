@@ -259,15 +259,25 @@ std::vector<KeySpec> build_schema() {
       "type the block gradients are summed in over data-parallel ranks (zero 2 and 3): bf16 "
       "halves the traffic"));
   // optimizer
-  t.push_back(row<B(optimizer, name)>("optimizer.name", OptimizerName::adamw, none(), "optimizer"));
+  t.push_back(row<B(optimizer, name)>(
+      "optimizer.name", OptimizerName::adamw, none(),
+      "update rule: adamw, sgd (PyTorch's), lion, or muon (orthogonalised momentum for the 2-D "
+      "hidden weights, adamw for the rest)"));
   t.push_back(row<B(optimizer, lr)>("optimizer.lr", 1.0e-3, above(0), "peak learning rate"));
   t.push_back(row<B(optimizer, betas)>("optimizer.betas", std::array<double, 2>{0.9, 0.95},
-                                       interval(0, 1, false, true), "AdamW beta1, beta2"));
+                                       interval(0, 1, false, true),
+                                       "adamw (and muon's adamw part) and lion: beta1, beta2"));
   t.push_back(row<B(optimizer, eps)>("optimizer.eps", 1.0e-8, above(0), "AdamW epsilon"));
   t.push_back(row<B(optimizer, weight_decay)>("optimizer.weight_decay", 0.1, at_least(0),
                                               "decoupled weight decay"));
   t.push_back(row<B(optimizer, grad_clip)>("optimizer.grad_clip", 1.0, at_least(0),
                                            "clip the global gradient norm to this; 0 = off"));
+  t.push_back(row<B(optimizer, momentum)>("optimizer.momentum", 0.95, interval(0, 1, false, true),
+                                          "sgd and muon: momentum; 0 = none (sgd)"));
+  t.push_back(row<B(optimizer, nesterov)>("optimizer.nesterov", true, none(),
+                                          "sgd and muon: Nesterov momentum"));
+  t.push_back(row<B(optimizer, ns_steps)>("optimizer.ns_steps", 5, closed(1, 20),
+                                          "muon: Newton-Schulz iterations"));
   // schedule
   t.push_back(row<B(schedule, warmup_steps)>("schedule.warmup_steps", 20, at_least(0),
                                              "linear warm-up steps from 0 to optimizer.lr"));

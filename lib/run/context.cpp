@@ -148,6 +148,7 @@ RunContext::RunContext(const SessionInput& input, RankLog& log)
                         r.parallel.pp_schedule, r.parallel.pp_virtual},
                        parallel_.pp_rank());
   }
+  parallel_.optimizer_moments = train::moment_names(r.optimizer);
   model_ =
       std::make_unique<model::Transformer>(r.model, *backend_, r.training.micro_batch, parallel_);
   model_->params().initialize(static_cast<uint64_t>(r.determinism.seed));

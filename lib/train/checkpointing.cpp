@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "data/data.hpp"
+#include "train/optimizer.hpp"
 #include "train/state_json.hpp"
 
 namespace trainctl::train {
@@ -55,8 +56,10 @@ std::vector<Buffer> buffers(const model::ParamStore& p) {
       out.push_back({"model/", p.outer_values(r), regions[r].begin, false, false});
   }
   if (p.has_master()) out.push_back({"master/", p.master(), b, true});
-  out.push_back({"adam_m/", p.moment1(), b, true});
-  out.push_back({"adam_v/", p.moment2(), b, true});
+  // The optimizer's state, by the names it gives its buffers (train::moment_names).
+  const tensor::Tensor moments[] = {p.moment1(), p.moment2()};
+  for (size_t i = 0; i < p.moment_names().size(); ++i)
+    out.push_back({p.moment_names()[i] + "/", moments[i], b, true});
   return out;
 }
 
@@ -432,15 +435,24 @@ void restore_checkpoint(const ckpt::CheckpointReader& reader, model::Transformer
           "{}: saved for another model: model {} is {} there but {} in this recipe",
           reader.dir().string(), key, it == saved.end() ? "missing" : it->dump(), value.dump()));
   }
-  read_param_tensors(reader, model.params(), be);
-  // ZeRO-3: a block slot would hold the values from before.
-  if (model.params().values_sharded()) model.params().release_block_values();
   TrainerState state;
   try {
     state = trainer_state_from_json(reader.manifest().header.state);
   } catch (const std::runtime_error& e) {
     throw ckpt::CheckpointError(reader.dir().string() + "/manifest.json: " + e.what());
   }
+  // Another optimizer's state holds other quantities (Adam's v is not Lion's momentum).
+  if (state.optimizer != trainer.optimizer_name())
+    throw CheckpointMismatch(fmt::format(
+        "{}: saved by optimizer {}, but this recipe's optimizer.name is {}: its state ({}) "
+        "cannot continue as {}'s; resume with optimizer.name: {}, or start a new run from the "
+        "weights (trainctl ckpt export)",
+        reader.dir().string(), state.optimizer, trainer.optimizer_name(),
+        fmt::join(moment_names({.name = *optimizer_of(state.optimizer)}).list(), ", "),
+        trainer.optimizer_name(), state.optimizer));
+  read_param_tensors(reader, model.params(), be);
+  // ZeRO-3: a block slot would hold the values from before.
+  if (model.params().values_sharded()) model.params().release_block_values();
   if (state.step != reader.step())
     throw ckpt::CheckpointError(fmt::format("{}: state step {} does not match manifest step {}",
                                             reader.dir().string(), state.step, reader.step()));

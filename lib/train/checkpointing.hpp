@@ -3,7 +3,8 @@
 // any layout can load a checkpoint saved on any other:
 //   model/<param>    parameter values in the storage type
 //   master/<param>   fp32 master weights (bf16/fp16 runs only)
-//   adam_m/<param>, adam_v/<param>   AdamW moments
+//   <moment>/<param> the optimizer's state, by its names (train::moment_names): adam_m and
+//                    adam_v (adamw), momentum (sgd), lion_m (lion), muon_m and adam_v (muon)
 // The manifest's "state" is the TrainerState (train/state_json.hpp), identical on every rank (the
 // sampler position is global); "model" describes the whole model (no layout in it) so a
 // checkpoint of another model is refused with a message that says what differs; "layout" records

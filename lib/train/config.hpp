@@ -17,16 +17,25 @@ struct TrainingConfig {
   bool operator==(const TrainingConfig&) const = default;
 };
 
-enum class OptimizerName { adamw };
+// optimizer.name (train/optimizer.hpp has each one's update):
+//   adamw  Loshchilov & Hutter, decoupled weight decay
+//   sgd    PyTorch's SGD: momentum, optional Nesterov, weight decay added to the gradient
+//   lion   Chen et al. 2023: the sign of an interpolated momentum, decoupled weight decay
+//   muon   Jordan et al. 2024 in Moonlight's form (Liu et al. 2025): Newton-Schulz-orthogonalised
+//          momentum for the 2-D hidden weights, AdamW for embeddings, head, norms, biases, router
+enum class OptimizerName { adamw, sgd, lion, muon };
 
-// optimizer.*: AdamW (decoupled weight decay) and the global gradient-norm clip.
+// optimizer.*: the update rule and the global gradient-norm clip.
 struct OptimizerConfig {
   OptimizerName name = OptimizerName::adamw;
-  double lr = 1e-3;  // the peak learning rate of the schedule
-  std::array<double, 2> betas{0.9, 0.95};
+  double lr = 1e-3;                        // the peak learning rate of the schedule
+  std::array<double, 2> betas{0.9, 0.95};  // adamw (and muon's adamw group); lion's beta1, beta2
   double eps = 1e-8;
   double weight_decay = 0.1;
   double grad_clip = 1.0;  // 0: off
+  double momentum = 0.95;  // sgd and muon
+  bool nesterov = true;    // sgd and muon
+  int ns_steps = 5;        // muon: Newton-Schulz iterations
   bool operator==(const OptimizerConfig&) const = default;
 };
 

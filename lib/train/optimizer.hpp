@@ -1,32 +1,100 @@
-// AdamW over a ParamStore: decoupled weight decay on matrices and embeddings, none on norms and
-// biases (ParamSpec::weight_decay). Moments live in the store's m/v buffers; for bf16/fp16
-// storage the update runs on the fp32 master weights and the storage copy is their rounding.
+// The optimizers over a ParamStore (optimizer.name). Each keeps its state in the store's
+// per-element moment buffers (moment_names: what a checkpoint calls them), over the store's
+// optimizer part [optimizer_begin(), optimizer_end()) (its ZeRO part; all of it without ZeRO); for
+// bf16/fp16 storage the update runs on the fp32 master weights and the storage copy is their
+// rounding. Weight decay applies to matrices and embeddings, not to norms and biases
+// (ParamSpec::weight_decay). g below is the gradient times grad_scale (un-scaling and clipping).
+//
+//   adamw  Loshchilov & Hutter (PyTorch's AdamW): m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+//          w = w (1 - lr wd) - lr mhat / (sqrt(vhat) + eps). State m, v (8 bytes per parameter).
+//   sgd    PyTorch's SGD: g += wd w; m = mu m + g; w -= lr (nesterov ? g + mu m : m); without
+//          momentum w -= lr g. State m (none without momentum).
+//   lion   Chen et al. 2023 ("Symbolic Discovery of Optimization Algorithms"):
+//          w = w (1 - lr wd) - lr sign(b1 m + (1 - b1) g); m = b2 m + (1 - b2) g. State m.
+//   muon   Jordan et al. 2024 in Moonlight's form (Liu et al. 2025, "Muon is Scalable for LLM
+//          Training"), for the 2-D weights of the blocks (attention qkv and projection, MLP and
+//          expert fc1/fc2; q, k and v orthogonalised as separate matrices, each expert as its own):
+//            m = mu m + g;  u = nesterov ? g + mu m : m
+//            O = NewtonSchulz_k(u / (|u|_F + 1e-7))  (quintic, a, b, c = 3.4445, -4.7750, 2.0315)
+//            w = w (1 - lr wd) - lr 0.2 sqrt(max(rows, cols)) O
+//          The 0.2 sqrt(max) factor gives O the RMS of an AdamW update, so both groups share the
+//          schedule's lr and weight decay. Embeddings, head, norms, biases and the router take
+//          AdamW (betas, eps). State m for all, v (AdamW's) kept for the whole part.
+//
+// Muon and the layouts: the orthogonalisation needs each whole matrix. Every rank rebuilds the
+// global matrices of its stage from their pieces (an all-gather of u over the ZeRO group, then a
+// sum over tp of each tp-split matrix placed at its global rows and columns, whose other entries
+// are zero, so the sum is exact), orthogonalises them all (the same GEMMs on the same values as
+// one rank), and applies the rows of its own part. The result is that of one rank bit for bit;
+// the cost is the extra communication of one gradient-sized gather and the Newton-Schulz GEMMs
+// repeated on every rank of a tp and ZeRO group (Moonlight's "distributed Muon" does the gather
+// and keeps only its part in the same way).
 #pragma once
 
-#include <array>
 #include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "backend/backend.hpp"
+#include "comm/mesh.hpp"
+#include "model/config.hpp"
 #include "model/params.hpp"
 #include "train/config.hpp"
 
 namespace trainctl::train {
 
-class AdamW {
+// optimizer.name's spelling ("adamw", ...), and the name back (nullopt: no such optimizer).
+std::string optimizer_name(OptimizerName name);
+std::optional<OptimizerName> optimizer_of(std::string_view name);
+
+// The optimizer's per-element state buffers by their checkpoint names, moment1's first: what the
+// ParamStore must keep (model::ModelParallel::optimizer_moments).
+model::MomentNames moment_names(const OptimizerConfig& config);
+
+// Muon orthogonalises this parameter (a 2-D weight of a block) rather than AdamW updating it.
+bool muon_matrix(const model::ParamSpec& spec);
+
+// Newton-Schulz orthogonalisation of x ([rows, cols], G dtype) in place: x / (|x|_F + 1e-7),
+// then `steps` of Muon's quintic iteration X = a X + (b A + c A^2) X with A = X X^T (X^T X on
+// the right when rows > cols, so A is the smaller Gram matrix), through the backend's GEMMs.
+struct NewtonSchulzScratch {
+  tensor::Tensor next;  // rows * cols elements at least, G
+  tensor::Tensor gram;  // min(rows, cols)^2 at least, G
+  tensor::Tensor poly;  // min(rows, cols)^2 at least, G
+};
+void newton_schulz(backend::Backend& be, const tensor::Tensor& x, int steps,
+                   const NewtonSchulzScratch& scratch);
+
+class Optimizer {
  public:
-  // Takes betas, eps and weight_decay from `config`; the learning rate comes with each step.
-  explicit AdamW(const OptimizerConfig& config) : config_(config) {}
-  // One update with learning rate `lr`; every gradient is first multiplied by `grad_scale`
-  // (1 / loss scale times the clipping coefficient). Updates only the elements the store's
-  // optimizer state covers, [optimizer_begin(), optimizer_end()) (its ZeRO-1 part; all of them
-  // without ZeRO); a parameter cut by that range is updated on the part inside it.
-  void step(backend::Backend& be, model::ParamStore& params, double lr, double grad_scale);
-  int64_t updates() const { return updates_; }  // Adam's t (bias correction)
+  // model: the shapes Muon splits qkv by. zero_sharded: the store holds one ZeRO part of several
+  // (over mesh->dp_cp()). mesh: the rank's groups (null on one rank).
+  Optimizer(const OptimizerConfig& config, backend::Backend& be, const model::ParamStore& params,
+            const model::ModelConfig& model, bool zero_sharded, const comm::Mesh* mesh);
+  ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update with learning rate `lr`; every gradient is first multiplied by `grad_scale`.
+  // Updates only the elements of the store's optimizer part; a parameter cut by it is updated on
+  // the part inside it (Muon: with the whole matrix's orthogonalisation).
+  void step(model::ParamStore& params, double lr, double grad_scale);
+  int64_t updates() const { return updates_; }  // completed steps (Adam's t)
   void restore(int64_t updates) { updates_ = updates; }
 
  private:
+  struct Muon;
+  void adamw(model::ParamStore& params, double lr, double grad_scale,
+             const std::vector<backend::Backend::AdamWRange>& ranges) const;
+
   OptimizerConfig config_;
+  backend::Backend& be_;
   int64_t updates_ = 0;
+  std::vector<backend::Backend::AdamWRange> all_;  // every parameter of the part
+  std::unique_ptr<Muon> muon_;
 };
 
 }  // namespace trainctl::train

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "train/optimizer.hpp"
+
 namespace trainctl::train {
 
 namespace {
@@ -77,6 +79,8 @@ nlohmann::json to_json(const TrainerState& s) {
                         {"seq_len", s.sampler.seq_len},
                         {"shuffle", s.sampler.shuffle},
                         {"fingerprint", hex64(s.sampler.fingerprint)}}}};
+  // Optimizers other than AdamW only: checkpoints of AdamW runs read as before.
+  if (s.optimizer != "adamw") j["optimizer"] = s.optimizer;
   // The guard's state only once it has one: checkpoints of runs without events or spike tests
   // read as before.
   const StabilityGuard::State& g = s.stability;
@@ -92,6 +96,13 @@ TrainerState trainer_state_from_json(const nlohmann::json& j) {
   s.step = get_int(j, "", "step", 0);
   s.tokens = get_int(j, "", "tokens", 0);
   s.optimizer_updates = get_int(j, "", "optimizer_updates", 0);
+  if (j.contains("optimizer")) {
+    const nlohmann::json& name = j["optimizer"];
+    if (!name.is_string() || !optimizer_of(name.get<std::string>()))
+      throw std::runtime_error(
+          "checkpoint state: optimizer must be adamw, sgd, lion or muon, got " + name.dump());
+    s.optimizer = name.get<std::string>();
+  }
   const nlohmann::json& scaler = field(j, "", "loss_scaler");
   s.loss_scaler.scale = get_positive(scaler, "loss_scaler.", "scale");
   s.loss_scaler.good_steps = get_int(scaler, "loss_scaler.", "good_steps", 0);

@@ -100,7 +100,8 @@ Trainer::Trainer(const TrainConfig& config, model::Transformer& model, backend::
       mesh_(mesh),
       lr_(LrSchedule::of(config.optimizer, config.schedule, config.steps)),
       scaler_(config.loss_scaling, model.config().storage == tensor::DType::f16),
-      optimizer_(config.optimizer),
+      optimizer_(config.optimizer, backend, model.params(), model.config(),
+                 model.parallel().zero_parts() > 1, mesh),
       guard_(config.stability) {
   if (config.micro_batch != model.micro_batch())
     throw std::invalid_argument("trainer micro_batch " + std::to_string(config.micro_batch) +
@@ -457,7 +458,7 @@ StepMetrics Trainer::step_leaving_gather() {
           config_.optimizer.grad_clip > 0 && m.grad_norm > config_.optimizer.grad_clip
               ? config_.optimizer.grad_clip / (m.grad_norm + 1e-6)
               : 1.0;
-      optimizer_.step(be_, model_.params(), m.lr, clip / scale);
+      optimizer_.step(model_.params(), m.lr, clip / scale);
       refresh_parameters();
     }
     break;
@@ -669,7 +670,7 @@ void Trainer::run(const std::function<bool(const StepMetrics&)>& on_step) {
 }
 
 TrainerState Trainer::state() const {
-  return TrainerState{step_,           tokens_,        optimizer_.updates(),
+  return TrainerState{step_,           tokens_,        optimizer_.updates(), optimizer_name(),
                       scaler_.state(), train_.state(), guard_.state()};
 }
 
@@ -677,6 +678,9 @@ void Trainer::restore(const TrainerState& state) {
   if (state.step < 0 || state.step > config_.steps)
     throw std::invalid_argument("cannot resume at step " + std::to_string(state.step) +
                                 ": the run has " + std::to_string(config_.steps) + " steps");
+  if (state.optimizer != optimizer_name())
+    throw std::invalid_argument("cannot resume a state of optimizer " + state.optimizer +
+                                " with optimizer " + optimizer_name());
   wait_parameters();
   train_.restore(state.sampler);
   step_ = state.step;

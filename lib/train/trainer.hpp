@@ -117,9 +117,11 @@ struct StepMetrics {
 // ParamStore) that a resumed run needs to continue bit for bit. The LR schedule is a pure
 // function of `step`, so it needs no state of its own.
 struct TrainerState {
-  int64_t step = 0;               // optimizer steps done
-  int64_t tokens = 0;             // tokens processed so far
-  int64_t optimizer_updates = 0;  // AdamW's t (skipped fp16 steps do not count)
+  int64_t step = 0;    // optimizer steps done
+  int64_t tokens = 0;  // tokens processed so far
+  int64_t optimizer_updates =
+      0;  // the optimizer's steps, Adam's t (skipped fp16 steps do not count)
+  std::string optimizer = "adamw";  // optimizer.name of the run (its moments are in the store)
   LossScaler::State loss_scaler;
   data::SamplerState sampler;  // the global position in the sample order
   StabilityGuard::State stability;
@@ -144,6 +146,8 @@ class Trainer {
   Trainer(const TrainConfig& config, model::Transformer& model, backend::Backend& backend,
           data::Sampler& train_data, const data::ValidationSet* val,
           const comm::Mesh* mesh = nullptr);
+  // optimizer.name, as the state records it.
+  std::string optimizer_name() const { return train::optimizer_name(config_.optimizer.name); }
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -230,7 +234,7 @@ class Trainer {
   const comm::Mesh* mesh_;
   LrSchedule lr_;
   LossScaler scaler_;
-  AdamW optimizer_;
+  Optimizer optimizer_;
   std::unique_ptr<GradSync> sync_;  // null on one rank
   int data_rank_ = 0, data_ranks_ = 1;
   PipelineShape pipeline_;            // the step's pipeline (1F1B, or interleaved with chunks)

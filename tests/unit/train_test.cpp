@@ -157,8 +157,10 @@ TEST_CASE("adamw: decoupled decay on matrices only, never on norms and biases", 
   for (int64_t i = 0; i < values.numel(); ++i)
     before[static_cast<size_t>(i)] = tensor::get_element(values, i);
   // AdamW takes betas, eps and weight decay from the config; the step's lr is its argument.
-  train::AdamW adamw({train::OptimizerName::adamw, 1e-3, {0.9, 0.95}, 1e-8, 0.5, 1.0});
-  adamw.step(cpu(), m.params(), 0.1, 1.0);  // zero gradients: only weight decay acts
+  train::OptimizerConfig config;
+  config.weight_decay = 0.5;
+  train::Optimizer adamw(config, cpu(), m.params(), m.config(), false, nullptr);
+  adamw.step(m.params(), 0.1, 1.0);  // zero gradients: only weight decay acts
   int64_t decayed = 0, kept = 0;
   for (const model::ParamSpec& spec : m.params().table().specs()) {
     const bool matrix = spec.shape.rank >= 2;

@@ -215,6 +215,11 @@ class CpuBackend : public Backend {
 
   void do_adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
                 const Tensor& v, std::span<const AdamWRange> ranges, const AdamW& hyper) override;
+  void do_momentum_update(const Tensor& param, const Tensor& master, const Tensor& grad,
+                          const Tensor& m, const Tensor& out, std::span<const AdamWRange> ranges,
+                          const Momentum& hyper) override;
+  void do_apply_update(const Tensor& param, const Tensor& master, const Tensor& update,
+                       std::span<const AdamWRange> ranges, double lr, double weight_decay) override;
 
   ScratchPool scratch_;
   OpTimer timer_;

@@ -23,7 +23,8 @@ function(trainctl_backend_add_cuda target)
       ${here}/embedding.cpp
       ${here}/loss.cpp
       ${here}/moe.cpp
-      ${here}/adamw.cpp)
+      ${here}/adamw.cpp
+      ${here}/momentum.cpp)
     target_link_libraries(${target} PUBLIC trainctl_kernels CUDA::cublasLt)
   else()
     target_sources(${target} PRIVATE ${here}/device_stub.cpp)

@@ -150,6 +150,11 @@ class CudaBackend final : public Backend {
                                  const Tensor& slot) override;
   void do_adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
                 const Tensor& v, std::span<const AdamWRange> ranges, const AdamW& hyper) override;
+  void do_momentum_update(const Tensor& param, const Tensor& master, const Tensor& grad,
+                          const Tensor& m, const Tensor& out, std::span<const AdamWRange> ranges,
+                          const Momentum& hyper) override;
+  void do_apply_update(const Tensor& param, const Tensor& master, const Tensor& update,
+                       std::span<const AdamWRange> ranges, double lr, double weight_decay) override;
 
   void gemm_fp8(const GemmArgs& g);
   void gemm_gelu(const GemmArgs& g);

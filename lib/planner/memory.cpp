@@ -9,7 +9,8 @@
 //                 the same way (its sharded values);
 //   optimizer     its part of the ZeRO partition (model::zero_partition, the engine's own
 //                 function: dp parts cut at row boundaries of the flat buffer), all of it
-//                 without ZeRO;
+//                 without ZeRO, times the optimizer's moments (train::optimizer_moments); Muon's
+//                 working buffers (train::Optimizer::bytes);
 //   activations   Transformer::assign(): every tensor of every activation slot (the
 //                 schedule's micro-batches in flight on the stage; with ZB-H1 each slot also
 //                 keeps the output gradients its weight-gradient pass W needs) rounded to 64 bytes
@@ -311,6 +312,41 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
     const int64_t back = blocks.empty() ? 0 : elements - blocks.back().second;
     largest_region = std::max<int64_t>({1, front, back});
   }
+  // The optimizer's per-element state (train::optimizer_moments), and Muon's working buffers
+  // (train::Optimizer::bytes): u of the part, the table gathered over the ZeRO group, the global
+  // tensor of the largest weight split over tp or ep, and Newton-Schulz's iterate and two Gram
+  // matrices for the largest matrix (q, k and v apart).
+  const int moments = train::optimizer_moments(r.optimizer);
+  double muon_fixed = 0;
+  if (r.optimizer.name == recipe::OptimizerName::muon) {
+    int64_t largest_global = 1, largest_matrix = 1, largest_gram = 1;
+    auto matrix = [&](int64_t rows, int64_t cols) {
+      largest_matrix = std::max(largest_matrix, rows * cols);
+      largest_gram = std::max(largest_gram, std::min(rows, cols) * std::min(rows, cols));
+    };
+    for (const int i : st.layer_list) {
+      matrix(s.H * s.D, s.C);
+      matrix(s.KV * s.D, s.C);
+      matrix(s.C, s.H * s.D);
+      if (lay.tp > 1) largest_global = std::max({largest_global, s.W * s.C, s.C * s.H * s.D});
+      if (r.model.is_moe_layer(i)) {
+        matrix(s.EF1, s.C);
+        matrix(s.C, s.EF);
+        if (lay.tp > 1 || lay.ep > 1)
+          largest_global = std::max({largest_global, s.E * s.EF1 * s.C, s.E * s.C * s.EF});
+      } else {
+        matrix(s.F1, s.C);
+        matrix(s.C, s.F);
+        if (lay.tp > 1) largest_global = std::max({largest_global, s.F1 * s.C, s.C * s.F});
+      }
+    }
+    muon_fixed = static_cast<double>((zero ? elements : 0) + largest_global + largest_matrix +
+                                     2 * largest_gram) *
+                 z.grad;
+  }
+  auto muon_bytes = [&](int64_t p) {
+    return muon_fixed > 0 ? muon_fixed + static_cast<double>(p) * z.grad : 0.0;
+  };
   // What depends on the rank's dp coordinate: its part `p` of the ZeRO partition and, for
   // ZeRO-2 and 3, the largest share `b` of one block and `o` of an outer region (embedding before
   // the blocks, final norm and head after them) that falls in that part.
@@ -325,7 +361,8 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   auto sharded = [&](int64_t p, int64_t b, int64_t o) {
     Sharded x;
     x.params = (zero3 ? sharded_buffer(p, kValueSlots) : static_cast<double>(elements)) * z.storage;
-    x.optimizer = static_cast<double>(p) * (z.master + 2 * z.moment);
+    x.optimizer = static_cast<double>(p) * (z.master + moments * z.moment) +
+                  muon_bytes(std::max<int64_t>(p, 1));
     x.grads = (zero2 ? sharded_buffer(p, kGradSlots) : static_cast<double>(elements)) * z.grad;
     if (zero) {
       // GradSync's buffer of the part it reduces into and gathers from (ZeRO-1 and 2; ZeRO-3

@@ -78,7 +78,7 @@ telemetry::MemoryReport memory_report(RunContext& run) {
   telemetry::MemoryReport memory;
   memory.params = pb.params;
   memory.grads = pb.grads;
-  memory.optimizer = pb.optimizer;
+  memory.optimizer = pb.optimizer + run.trainer().optimizer_bytes();
   memory.activations = run.model().activation_bytes().total();
   memory.comm = run.trainer().comm_buffer_bytes() + (run.mesh() ? run.mesh()->buffer_bytes() : 0);
   return memory;

@@ -445,8 +445,8 @@ void restore_checkpoint(const ckpt::CheckpointReader& reader, model::Transformer
   if (state.optimizer != trainer.optimizer_name())
     throw CheckpointMismatch(fmt::format(
         "{}: saved by optimizer {}, but this recipe's optimizer.name is {}: its state ({}) "
-        "cannot continue as {}'s; resume with optimizer.name: {}, or start a new run from the "
-        "weights (trainctl ckpt export)",
+        "cannot continue as {}'s; resume with optimizer.name: {} (another optimizer needs a new "
+        "run)",
         reader.dir().string(), state.optimizer, trainer.optimizer_name(),
         fmt::join(moment_names({.name = *optimizer_of(state.optimizer)}).list(), ", "),
         trainer.optimizer_name(), state.optimizer));

@@ -39,6 +39,22 @@ struct OptimizerConfig {
   bool operator==(const OptimizerConfig&) const = default;
 };
 
+// The per-element state buffers the optimizer keeps beside each parameter (m, v): adamw and muon
+// (m for all, Adam's v kept for the whole part) 2, lion 1, sgd 1 with momentum and 0 without.
+// train::moment_names names them; the planner counts them.
+inline int optimizer_moments(const OptimizerConfig& config) {
+  switch (config.name) {
+    case OptimizerName::adamw:
+    case OptimizerName::muon:
+      return 2;
+    case OptimizerName::lion:
+      return 1;
+    case OptimizerName::sgd:
+      return config.momentum == 0 ? 0 : 1;
+  }
+  return 2;
+}
+
 // schedule.decay: what the learning rate does after warm-up (train/schedule.hpp).
 enum class DecayKind { cosine, linear, constant, wsd };
 

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -39,18 +40,23 @@ std::optional<OptimizerName> optimizer_of(std::string_view name) {
 }
 
 model::MomentNames moment_names(const OptimizerConfig& config) {
+  // How many: optimizer_moments (train/config.hpp, which the planner counts by); their names:
+  std::array<const char*, 2> names{};
   switch (config.name) {
     case OptimizerName::adamw:
-      return {2, {"adam_m", "adam_v"}};
+      names = {"adam_m", "adam_v"};
+      break;
     case OptimizerName::sgd:
-      if (config.momentum == 0) return {0, {}};
-      return {1, {"momentum"}};
+      names = {"momentum", nullptr};
+      break;
     case OptimizerName::lion:
-      return {1, {"lion_m"}};
-    case OptimizerName::muon:
-      return {2, {"muon_m", "adam_v"}};  // muon_m: Muon's momentum, and Adam's m for the rest
+      names = {"lion_m", nullptr};
+      break;
+    case OptimizerName::muon:  // muon_m: Muon's momentum, and Adam's m for the AdamW group
+      names = {"muon_m", "adam_v"};
+      break;
   }
-  return {};
+  return {optimizer_moments(config), names};
 }
 
 bool muon_matrix(const model::ParamSpec& spec) {
@@ -60,9 +66,10 @@ bool muon_matrix(const model::ParamSpec& spec) {
     case ParamRole::attn_proj:
     case ParamRole::fc1:
     case ParamRole::fc2:
+      return spec.shape.rank == 2;  // the weight, not the bias
     case ParamRole::expert_fc1:
     case ParamRole::expert_fc2:
-      return spec.shape.rank >= 2;  // the weights, not the biases
+      return spec.shape.rank == 3;  // the stacked weights [E, rows, cols], not the biases [E, n]
     default:
       return false;
   }
@@ -255,6 +262,13 @@ Optimizer::Optimizer(const OptimizerConfig& config, Backend& be, const model::Pa
 }
 
 Optimizer::~Optimizer() = default;
+
+size_t Optimizer::bytes() const {
+  if (!muon_) return 0;
+  const Muon& mu = *muon_;
+  return mu.update.bytes() + mu.whole.bytes() + mu.global.bytes() + mu.next.bytes() +
+         mu.gram.bytes() + mu.poly.bytes();
+}
 
 void Optimizer::adamw(model::ParamStore& params, double lr, double grad_scale,
                       const std::vector<Range>& ranges) const {

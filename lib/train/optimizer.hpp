@@ -83,6 +83,9 @@ class Optimizer {
   // the part inside it (Muon: with the whole matrix's orthogonalisation).
   void step(model::ParamStore& params, double lr, double grad_scale);
   int64_t updates() const { return updates_; }  // completed steps (Adam's t)
+  // Device bytes of the optimizer's own buffers beside the store's moments (Muon's working
+  // buffers; 0 for the others). planner/memory.cpp models them.
+  size_t bytes() const;
   void restore(int64_t updates) { updates_ = updates; }
 
  private:

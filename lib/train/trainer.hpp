@@ -146,6 +146,8 @@ class Trainer {
   Trainer(const TrainConfig& config, model::Transformer& model, backend::Backend& backend,
           data::Sampler& train_data, const data::ValidationSet* val,
           const comm::Mesh* mesh = nullptr);
+  // The optimizer's own device buffers (Optimizer::bytes), beside the store's moments.
+  size_t optimizer_bytes() const { return optimizer_.bytes(); }
   // optimizer.name, as the state records it.
   std::string optimizer_name() const { return train::optimizer_name(config_.optimizer.name); }
   ~Trainer();

@@ -217,3 +217,17 @@ def check_weights(want, got, label, exact=False):
           f"(L2 norm over all parameters; tolerance {TOLERANCE}); worst tensor {worst_name} "
           f"{worst:.3g}")
     return whole, f"{worst_name} {worst:.2g}"
+
+
+def check_memory_planned(run_dir, layout, label):
+    """The run's memory per category (rank 0, summary.json) is what trainctl plan's model planned
+    for the same rank, to the byte; only `comm` under tp may be planned higher, by at most 64 KiB
+    (the planner counts the vocab-parallel loss's host vectors, N * (8 * (4 + tp) + 8) bytes: an
+    upper bound the run does not hold as a buffer)."""
+    summary = cli_util.read_summary(run_dir)
+    used, planned = summary.get("memory_bytes", {}), summary.get("memory_planned_bytes") or {}
+    for category in ("params", "grads", "optimizer", "activations", "comm"):
+        u, p = used.get(category), planned.get(category)
+        ok = u == p or (category == "comm" and "tp" in layout and u is not None and p is not None
+                        and u <= p <= u + 65536)
+        check(ok, f"{label}: memory {category}: the run used {u} bytes, the planner planned {p}")

@@ -110,20 +110,6 @@ def check_comm_fields(records, layout, label):
         check(min(waits) >= 0 and sum(waits) > 0, f"{label}: cp_wait_ms {waits}")
 
 
-def check_memory_planned(run_dir, layout, label):
-    """The run's memory per category (rank 0, summary.json) is what trainctl plan's model planned
-    for the same rank, to the byte; only `comm` under tp may be planned higher, by at most 64 KiB
-    (the planner counts the vocab-parallel loss's host vectors, N * (8 * (4 + tp) + 8) bytes: an
-    upper bound the run does not hold as a buffer)."""
-    summary = cli_util.read_summary(run_dir)
-    used, planned = summary.get("memory_bytes", {}), summary.get("memory_planned_bytes") or {}
-    for category in ("params", "grads", "optimizer", "activations", "comm"):
-        u, p = used.get(category), planned.get(category)
-        ok = u == p or (category == "comm" and "tp" in layout and u is not None and p is not None
-                        and u <= p <= u + 65536)
-        check(ok, f"{label}: memory {category}: the run used {u} bytes, the planner planned {p}")
-
-
 def body(binary, root):
     with cli_util.temp_dir("layouts") as tmp:
         reference = {}
@@ -151,7 +137,7 @@ def body(binary, root):
                 check(want == got, f"{label}: dropped tokens per step {got} differ from the "
                                    f"single rank's {want}")
             check_comm_fields(lu.losses(run_dir), layout, label)
-            check_memory_planned(run_dir, layout, label)
+            lu.check_memory_planned(run_dir, layout, label)
             report.append(f"{label}: loss {loss_error:.2g}, weights {weight_error:.2g} "
                           f"(worst tensor {worst})")
 
@@ -179,7 +165,7 @@ def body(binary, root):
         check(any(r["loss"] != fp32_reduce[step]["loss"]
                   for step, r in lu.losses(run_dir).items()),
               f"{label}: every loss equals the fp32 reduction's: the bf16 sums were not used")
-        check_memory_planned(run_dir, layout, label)
+        lu.check_memory_planned(run_dir, layout, label)
         report.append(f"{label}: loss {loss_error:.2g}")
 
         for family, layout in ODD_LAYOUTS:
@@ -195,7 +181,7 @@ def body(binary, root):
             weight_error, worst = lu.check_weights(reference[family][1],
                                                    lu.final_weights(binary, root, run_dir), label)
             check_comm_fields(lu.losses(run_dir), layout, label)
-            check_memory_planned(run_dir, layout, label)
+            lu.check_memory_planned(run_dir, layout, label)
             report.append(f"{label}: loss {loss_error:.2g}, weights {weight_error:.2g} "
                           f"(worst tensor {worst})")
 

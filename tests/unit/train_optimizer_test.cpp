@@ -230,11 +230,30 @@ TEST_CASE("train: Newton-Schulz against a float64 reference, wide and tall") {
 TEST_CASE("train: muon steps of a model against a float64 reference") {
   Backend& be = backend_test::cpu();
   model::ModelConfig config = small_models::gpt(2);
-  config.kv_heads = 2;  // q, k and v of different heights
+  config.kv_heads = 2;              // q, k and v of different heights
+  const int want_matrices = 2 * 4;  // qkv, proj, fc1, fc2 of each block (dense or experts)
+  SECTION("gpt") {}
+  SECTION("moe: each expert a matrix, the expert biases AdamW's") {
+    config.moe.experts = 4;
+    config.moe.top_k = 2;
+    config.moe.every = 2;  // layer 1: experts; layer 0 dense
+  }
+  REQUIRE(config.bias);
   model::ModelParallel parallel;
   parallel.optimizer_moments = {2, {"muon_m", "adam_v"}};
   model::Transformer transformer(config, be, 1, parallel);
   transformer.params().initialize(3);
+  // Muon's group by name, independently of muon_matrix: the weights of qkv, proj, fc1 and fc2
+  // (dense or experts); not their biases (1-D, or [E, n] for experts), norms, router, embedding.
+  for (const model::ParamSpec& spec : transformer.params().table().specs()) {
+    const bool weight = spec.name.ends_with(".weight");
+    const bool linear = spec.name.find(".qkv.") != std::string::npos ||
+                        spec.name.find(".proj.") != std::string::npos ||
+                        spec.name.find(".fc1.") != std::string::npos ||
+                        spec.name.find(".fc2.") != std::string::npos;
+    INFO(spec.name);
+    CHECK(train::muon_matrix(spec) == (weight && linear));
+  }
   train::OptimizerConfig oc;
   oc.name = train::OptimizerName::muon;
   oc.weight_decay = 0.1;
@@ -276,8 +295,16 @@ TEST_CASE("train: muon steps of a model against a float64 reference") {
         m[off + i] = oc.momentum * m[off + i] + gi;
         u[i] = gi + oc.momentum * m[off + i];
       }
-      const int64_t rows = spec.shape[0], cols = spec.shape[1];
-      std::vector<std::pair<int64_t, int64_t>> blocks{{0, rows}};  // row ranges
+      // Row ranges of [rows, cols] matrices; stacked experts [E, r, c] are E matrices of r rows.
+      const bool stacked = spec.shape.rank == 3;
+      const int64_t cols = spec.shape[spec.shape.rank - 1];
+      const int64_t rows = spec.shape.numel() / cols;
+      std::vector<std::pair<int64_t, int64_t>> blocks{{0, rows}};
+      if (stacked) {
+        blocks.clear();
+        for (int64_t e = 0; e < spec.shape[0]; ++e)
+          blocks.emplace_back(e * spec.shape[1], (e + 1) * spec.shape[1]);
+      }
       if (spec.role == model::ParamRole::qkv) {
         const int64_t q = config.heads * D, kv = config.kv_heads * D;
         blocks = {{0, q}, {q, q + kv}, {q + kv, q + 2 * kv}};
@@ -304,5 +331,5 @@ TEST_CASE("train: muon steps of a model against a float64 reference") {
     CHECK(norm_relative(moved, moved_want) <= 2e-6);
     w = got;  // the next step starts from the same f32 values
   }
-  CHECK(muon_tensors == 2 * 4);  // qkv, proj, fc1, fc2 of each block
+  CHECK(muon_tensors == want_matrices);
 }

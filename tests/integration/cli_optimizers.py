@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""cli:optimizers_*: sgd, lion and muon (optimizer.name) through the binary.
+
+layouts:   each optimizer trains the small fp32 model of cli_layout_util under dp2 with ZeRO-1 and
+           under tp2 to the single rank's loss, gradient norm and final weights (the layout
+           tolerance of cli:layouts); muon also under dp2 with ZeRO-3, tp2 x pp2, cp2, a Llama
+           model with grouped-query attention at tp2 (q, k and v orthogonalised apart, each split
+           over the tp ranks) and a MoE model at ep2 x tp2 and ep2 x dp2 with ZeRO-2 (each expert
+           its own matrix, split over tp, its rows cut by ZeRO). Every run's memory per category
+           is what the planner planned for its rank 0, to the byte (the optimizer's moments and
+           Muon's working buffers included).
+resume:    for each optimizer, N steps, then `trainctl resume` to 2N, equals the straight run bit
+           for bit; the checkpoint holds the optimizer's own state tensors (momentum/, lion_m/,
+           muon_m/ and adam_v/) and no other's. A muon checkpoint saved at dp2 with ZeRO-1
+           resumes at tp2 and continues the single-rank run within the layout tolerance.
+bad_input: resuming a lion run as adamw, sgd's Nesterov without momentum, ns_steps 0 and an
+           unknown optimizer: exit 2 naming the key (and, for the resume, both optimizers), the
+           run directory untouched or never created.
+"""
+import json
+import os
+import shutil
+
+import cli_layout_util as lu
+import cli_resume_util as ru
+import cli_util
+from cli_util import check
+
+STEPS = 10
+# Each optimizer at a learning rate of its own scale (BASE's 3e-4 suits adamw and muon, whose
+# update has AdamW's RMS): SGD's steps are lr times the gradient, Lion's lr per element.
+SETTINGS = {
+    "sgd": ["optimizer.name=sgd", "optimizer.lr=0.05", "schedule.min_lr=0.005"],
+    "lion": ["optimizer.name=lion", "optimizer.lr=1e-4", "schedule.min_lr=1e-5",
+             "optimizer.betas=[0.9,0.99]"],
+    "muon": ["optimizer.name=muon"],
+}
+LAYOUTS = {
+    "sgd": [("gpt", "dp2-zero1"), ("gpt", "tp2")],
+    "lion": [("gpt", "dp2-zero1"), ("gpt", "tp2")],
+    "muon": [("gpt", "dp2-zero1"), ("gpt", "tp2"), ("gpt", "dp2-zero3"), ("gpt", "tp2-pp2"),
+             ("gpt", "cp2"), ("llama", "tp2"), ("moe", "ep2-tp2"), ("moe", "ep2-dp2-zero2")],
+}
+# The checkpoint's state tensors of each optimizer (the prefix before the parameter's name).
+STATE = {"sgd": {"momentum"}, "lion": {"lion_m"}, "muon": {"muon_m", "adam_v"}}
+
+
+def case_layouts(binary, root, tmp):
+    for optimizer, layouts in LAYOUTS.items():
+        sets = [*SETTINGS[optimizer], f"schedule.decay_steps={STEPS}"]
+        references = {}
+        for family in sorted({f for f, _ in layouts}):
+            run_dir = os.path.join(tmp, f"{optimizer}-{family}-1")
+            lu.train(binary, root, run_dir, family, "1", STEPS, sets)
+            lu.check_memory_planned(run_dir, "1", f"{optimizer} {family} one rank")
+            references[family] = (run_dir, lu.final_weights(binary, root, run_dir))
+        for family, layout in layouts:
+            label = f"{optimizer} {family} {layout}"
+            run_dir = os.path.join(tmp, f"{optimizer}-{family}-{layout}")
+            lu.train(binary, root, run_dir, family, layout, STEPS, sets)
+            want_dir, want_weights = references[family]
+            lu.check_losses(want_dir, run_dir, label, grad_norm=True)
+            lu.check_weights(want_weights, lu.final_weights(binary, root, run_dir), label)
+            lu.check_memory_planned(run_dir, layout, label)
+
+
+def state_prefixes(run_dir):
+    """The tensor-name prefixes (model, master, the optimizer's) of run_dir's newest checkpoint."""
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    newest = sorted(d for d in os.listdir(checkpoints) if d.startswith("step_"))[-1]
+    with open(os.path.join(checkpoints, newest, "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    return {t["name"].split("/")[0] for t in manifest["tensors"]}
+
+
+def case_resume(binary, root, tmp):
+    half = STEPS // 2
+    for optimizer in SETTINGS:
+        sets = [*SETTINGS[optimizer], f"schedule.decay_steps={STEPS}"]
+        straight = os.path.join(tmp, f"{optimizer}-straight")
+        lu.train(binary, root, straight, "gpt", "1", STEPS, sets)
+        prefixes = state_prefixes(straight) - {"model", "master"}
+        check(prefixes == STATE[optimizer],
+              f"{optimizer}: the checkpoint holds the state tensors {sorted(prefixes)}, expected "
+              f"{sorted(STATE[optimizer])}")
+        resumed = os.path.join(tmp, f"{optimizer}-resumed")
+        lu.train(binary, root, resumed, "gpt", "1", half, sets)
+        cli_util.run_ok(binary, ["resume", resumed, "--set", f"training.steps={STEPS}"], root)
+        ru.check_same_run(straight, resumed, STEPS, f"{optimizer} resume")
+
+    # Muon's state saved at dp2 with ZeRO-1 (each rank's part of the momentum) resumes at tp2
+    # (each rank's columns or rows of every matrix).
+    sets = [*SETTINGS["muon"], f"schedule.decay_steps={STEPS}"]
+    straight = os.path.join(tmp, "muon-straight")
+    saved = os.path.join(tmp, "muon-dp2-zero1")
+    lu.train(binary, root, saved, "gpt", "dp2-zero1", half, sets)
+    run_dir = os.path.join(tmp, "muon-to-tp2")
+    shutil.copytree(saved, run_dir)
+    moves = ["parallel.dp=1", "parallel.zero=0", "parallel.tp=2", f"training.steps={STEPS}"]
+    cli_util.run_ok(binary, ["resume", run_dir, *[a for s in moves for a in ("--set", s)]], root)
+    label = "muon dp2-zero1 -> tp2"
+    lu.check_losses(straight, run_dir, label, 1, STEPS, grad_norm=True)
+    lu.check_weights(lu.final_weights(binary, root, straight),
+                     lu.final_weights(binary, root, run_dir), label)
+
+
+def case_bad_input(binary, root, tmp):
+    # A lion run resumed as adamw: its checkpoint holds lion_m, not Adam's moments.
+    run_dir = os.path.join(tmp, "lion")
+    lu.train(binary, root, run_dir, "gpt", "1", 2, [*SETTINGS["lion"], "schedule.warmup_steps=1"])
+    before = {name: os.path.getmtime(os.path.join(run_dir, name))
+              for name in cli_util.tree(run_dir)}
+    result = cli_util.run(binary, ["resume", run_dir, "--set", "optimizer.name=adamw", "--set",
+                                   "training.steps=4"], root)
+    check(result.rc == 2 and "saved by optimizer lion" in result.stderr and
+          "optimizer.name is adamw" in result.stderr,
+          f"resuming a lion run as adamw: expected exit 2 naming both optimizers\n"
+          f"{result.describe()}")
+    after = {name: os.path.getmtime(os.path.join(run_dir, name))
+             for name in cli_util.tree(run_dir)}
+    check(set(before) <= set(after), f"the refused resume lost {sorted(set(before) - set(after))}")
+    changed = sorted(n for n in before if after[n] != before[n] and not n.endswith((".log", ".lock")))
+    check(not changed, f"the refused resume rewrote {changed}")
+    for sets, words in (
+            (["optimizer.name=sgd", "optimizer.momentum=0"], "optimizer.nesterov"),
+            (["optimizer.name=muon", "optimizer.ns_steps=0"], "optimizer.ns_steps"),
+            (["optimizer.name=adam"], "optimizer.name")):
+        target = os.path.join(tmp, "refused")
+        args = ["run", "recipes/tiny.yaml", *[a for s in sets for a in ("--set", s)],
+                "--run-dir", target]
+        cli_util.check_refused(binary, args, root, words, target)
+
+
+if __name__ == "__main__":
+    cli_util.cases_main({"layouts": case_layouts, "resume": case_resume,
+                         "bad_input": case_bad_input}, "optimizers")

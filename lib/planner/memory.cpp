@@ -312,7 +312,8 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
     const int64_t back = blocks.empty() ? 0 : elements - blocks.back().second;
     largest_region = std::max<int64_t>({1, front, back});
   }
-  // The optimizer's per-element state (train::optimizer_moments), and Muon's working buffers
+  // The optimizer's per-element state (train::optimizer_moments), and Muon's (or, below,
+  // Adafactor's) own buffers
   // (train::Optimizer::bytes): u of the part, the table gathered over the ZeRO group, the global
   // tensor of the largest weight split over tp or ep, and Newton-Schulz's iterate and two Gram
   // matrices for the largest matrix (q, k and v apart).
@@ -342,6 +343,56 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
     }
     muon_fixed = static_cast<double>((zero ? elements : 0) + largest_global + largest_matrix +
                                      2 * largest_gram) *
+                 z.grad;
+  }
+  // Adafactor (train::Optimizer::bytes): its statistics, R + C numbers per matrix (each expert's
+  // apart) and n per vector, whole on every rank holding part of the parameter; the update of the
+  // part; the table gathered over the ZeRO group; the global tensor of the largest parameter
+  // split over tp or ep.
+  if (r.optimizer.name == recipe::OptimizerName::adafactor) {
+    const int64_t t = lay.tp, local_experts = s.E / lay.ep;
+    int64_t stats = 0, largest_global = 1;
+    // A parameter of global shape [rows, cols] (rows 0: a vector of cols), `subs` of them on this
+    // rank (experts), split over tp or ep when `split`.
+    auto add = [&](int64_t rows, int64_t cols, int64_t subs, bool split, int64_t experts = 1) {
+      stats += subs * (rows > 0 ? rows + cols : cols);
+      if (split) largest_global = std::max(largest_global, experts * std::max<int64_t>(rows, 1) * cols);
+    };
+    auto norm = [&] {
+      add(0, s.C, 1, false);
+      if (s.norm_bias) add(0, s.C, 1, false);
+    };
+    if (st.first) {
+      add(s.V, s.C, 1, t > 1);
+      if (s.learned_positions) add(s.T, s.C, 1, false);
+    }
+    for (const int i : st.layer_list) {
+      norm();
+      add(s.W, s.C, 1, t > 1);
+      if (s.bias) add(0, s.W, 1, t > 1);
+      add(s.C, s.H * s.D, 1, t > 1);
+      if (s.bias) add(0, s.C, 1, false);
+      norm();
+      if (r.model.is_moe_layer(i)) {
+        const bool split = t > 1 || lay.ep > 1;
+        add(s.E, s.C, 1, false);
+        add(s.EF1, s.C, local_experts, split, s.E);
+        if (s.bias) add(0, s.EF1, local_experts, split, s.E);
+        add(s.C, s.EF, local_experts, split, s.E);
+        if (s.bias) add(0, s.C, local_experts, lay.ep > 1, s.E);
+      } else {
+        add(s.F1, s.C, 1, t > 1);
+        if (s.bias) add(0, s.F1, 1, t > 1);
+        add(s.C, s.F, 1, t > 1);
+        if (s.bias) add(0, s.C, 1, false);
+      }
+    }
+    if (st.last) {
+      norm();
+      if (!s.tied || lay.pp > 1) add(s.V, s.C, 1, t > 1);
+    }
+    muon_fixed = static_cast<double>(std::max<int64_t>(stats, 1) + (zero ? elements : 0) +
+                                     largest_global) *
                  z.grad;
   }
   auto muon_bytes = [&](int64_t p) {

@@ -90,7 +90,8 @@ struct EnumNames<Fp8> {
 };
 template <>
 struct EnumNames<OptimizerName> {
-  static constexpr std::array<std::string_view, 4> names{"adamw", "sgd", "lion", "muon"};
+  static constexpr std::array<std::string_view, 5> names{"adamw", "sgd", "lion", "muon",
+                                                         "adafactor"};
 };
 template <>
 struct EnumNames<ReduceDtype> {

@@ -261,8 +261,8 @@ std::vector<KeySpec> build_schema() {
   // optimizer
   t.push_back(row<B(optimizer, name)>(
       "optimizer.name", OptimizerName::adamw, none(),
-      "update rule: adamw, sgd (PyTorch's), lion, or muon (orthogonalised momentum for the 2-D "
-      "hidden weights, adamw for the rest)"));
+      "update rule: adamw, sgd (PyTorch's), lion, muon (orthogonalised momentum for the 2-D "
+      "hidden weights, adamw for the rest), or adafactor (factored second moments)"));
   t.push_back(row<B(optimizer, lr)>("optimizer.lr", 1.0e-3, above(0), "peak learning rate"));
   t.push_back(row<B(optimizer, betas)>("optimizer.betas", std::array<double, 2>{0.9, 0.95},
                                        interval(0, 1, false, true),
@@ -278,6 +278,12 @@ std::vector<KeySpec> build_schema() {
                                           "sgd and muon: Nesterov momentum"));
   t.push_back(row<B(optimizer, ns_steps)>("optimizer.ns_steps", 5, closed(1, 20),
                                           "muon: Newton-Schulz iterations"));
+  t.push_back(row<B(optimizer, beta2_decay)>(
+      "optimizer.beta2_decay", -0.8, closed(-1, 0),
+      "adafactor: the second-moment decay, 1 - beta2 = step^beta2_decay"));
+  t.push_back(row<B(optimizer, clip_threshold)>(
+      "optimizer.clip_threshold", 1.0, above(0),
+      "adafactor: the update's RMS is clipped to this (d)"));
   // schedule
   t.push_back(row<B(schedule, warmup_steps)>("schedule.warmup_steps", 20, at_least(0),
                                              "linear warm-up steps from 0 to optimizer.lr"));

@@ -22,7 +22,7 @@ namespace trainctl::run {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'C', 'S', 'N', 'A', 'P', '0', '1'};
-constexpr const char* kFormat = "trainctl.rank_snapshot/1";
+constexpr const char* kFormat = "trainctl.rank_snapshot/2";  // 2: the optimizer's own state
 constexpr uint64_t kMaxHeaderBytes = uint64_t{16} << 20;  // a trainer state and four buffers
 constexpr size_t kChunkBytes = size_t{8} << 20;           // read and checksummed at a time
 
@@ -38,7 +38,8 @@ struct Buffer {
 constexpr Buffer kBuffers[] = {{"values", &train::RankSnapshot::values},
                                {"master", &train::RankSnapshot::master},
                                {"moment1", &train::RankSnapshot::moment1},
-                               {"moment2", &train::RankSnapshot::moment2}};
+                               {"moment2", &train::RankSnapshot::moment2},
+                               {"optimizer", &train::RankSnapshot::optimizer}};
 
 uint64_t checksum(const std::vector<std::byte>& bytes) {
   return XXH3_64bits(bytes.data(), bytes.size());
@@ -171,7 +172,7 @@ std::vector<int64_t> LocalTier::steps() const {
   return out;
 }
 
-std::string LocalTier::load(int64_t step, const std::array<tensor::Tensor, 4>& targets,
+std::string LocalTier::load(int64_t step, const train::SnapshotTargets& targets,
                             backend::Backend& backend, train::TrainerState& state) const {
   const fs::path path = file_of(step);
   try {

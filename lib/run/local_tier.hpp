@@ -78,7 +78,7 @@ class LocalTier {
   // 8 MiB at a time through one staging buffer, checksummed as it goes) and its trainer state
   // into `state`. Returns why it cannot be used ("" when it can); the targets may then hold part
   // of it.
-  std::string load(int64_t step, const std::array<tensor::Tensor, 4>& targets,
+  std::string load(int64_t step, const train::SnapshotTargets& targets,
                    backend::Backend& backend, train::TrainerState& state) const;
   // The run is done: the tier's folder goes with every file in it, every rank's and any earlier
   // layout's (a resume onto another layout leaves the old one's). Call it on one rank of the node

@@ -200,6 +200,40 @@ void capture_params(CaptureTarget& target, const model::ParamStore& params, cons
   }
 }
 
+// Whether this rank writes the optimizer's state tensor `t` (Optimizer::state_tensors): every
+// rank holding the parameter keeps the same whole statistics, so the dp, tp (and, but for an
+// expert's, ep) coordinate 0 writes them; the last stage's tied copy never does.
+bool writes_state(const Optimizer::StateTensor& t, const SaveRole& role) {
+  return role.dp == 0 && role.tp == 0 && (t.spec->expert || role.ep == 0) && !t.spec->tied_copy;
+}
+
+std::vector<Range> box_of(const Optimizer::StateTensor& t) {
+  std::vector<Range> box;
+  for (const auto& [begin, end] : t.box)
+    box.push_back({begin, end});
+  return box;
+}
+
+// The optimizer's own state (Adafactor's statistics) into the request, as capture_params does
+// for the store's buffers. `be` may be null while counting.
+void capture_optimizer_state(CaptureTarget& target, const Optimizer& optimizer,
+                             const SaveRole& role, backend::Backend* be) {
+  const tensor::Tensor state = optimizer.state();
+  const std::vector<Optimizer::StateTensor>& tensors = optimizer.state_tensors();
+  if (state.empty() ||
+      std::none_of(tensors.begin(), tensors.end(),
+                   [&](const Optimizer::StateTensor& t) { return writes_state(t, role); }))
+    return;
+  std::byte* host = target.allocate(state.bytes());
+  if (target.counting()) return;
+  be->copy_to_host(host, state);
+  const size_t item = tensor::dtype_size(state.dtype);
+  for (const Optimizer::StateTensor& t : tensors)
+    if (writes_state(t, role))
+      target.request().add_view(t.name, state.dtype, t.global_shape, box_of(t),
+                                host + static_cast<size_t>(t.offset) * item);
+}
+
 }  // namespace
 
 void read_param_tensors(const ckpt::CheckpointReader& reader, const model::ParamStore& params,
@@ -401,13 +435,18 @@ ckpt::SaveRequest capture_checkpoint(ckpt::SaveRequest request, const model::Tra
   request.header.layout = layout;
   request.header.model = describe_model(model.config());
   request.header.state = to_json(state);
-  add_param_tensors(request, model.params(), save_role(model, trainer), be);
+  const SaveRole role = save_role(model, trainer);
+  add_param_tensors(request, model.params(), role, be);
+  CaptureTarget target(&request);
+  capture_optimizer_state(target, trainer.optimizer(), role, &be);
   return request;
 }
 
 size_t capture_bytes(const model::Transformer& model, const Trainer& trainer) {
   CaptureTarget target(nullptr);
-  capture_params(target, model.params(), save_role(model, trainer), nullptr);
+  const SaveRole role = save_role(model, trainer);
+  capture_params(target, model.params(), role, nullptr);
+  capture_optimizer_state(target, trainer.optimizer(), role, nullptr);
   return target.bytes();
 }
 
@@ -451,6 +490,22 @@ void restore_checkpoint(const ckpt::CheckpointReader& reader, model::Transformer
         fmt::join(moment_names({.name = *optimizer_of(state.optimizer)}).list(), ", "),
         trainer.optimizer_name(), state.optimizer));
   read_param_tensors(reader, model.params(), be);
+  // The optimizer's own state: each rank reads the boxes it holds (whole statistics).
+  if (const tensor::Tensor own = trainer.optimizer().state(); !own.empty()) {
+    std::vector<std::byte> host(own.bytes());
+    const size_t item = tensor::dtype_size(own.dtype);
+    for (const Optimizer::StateTensor& t : trainer.optimizer().state_tensors()) {
+      const ckpt::TensorEntry& entry = reader.tensor(t.name);
+      if (entry.dtype != own.dtype || entry.shape != t.global_shape)
+        throw CheckpointMismatch(fmt::format(
+            "{}: tensor {} is {} [{}] in the checkpoint but {} [{}] in this run",
+            reader.dir().string(), t.name, tensor::dtype_name(entry.dtype),
+            fmt::join(entry.shape, ", "), tensor::dtype_name(own.dtype),
+            fmt::join(t.global_shape, ", ")));
+      reader.read(t.name, box_of(t), own.dtype, host.data() + static_cast<size_t>(t.offset) * item);
+    }
+    be.copy_from_host(own, host.data());
+  }
   // ZeRO-3: a block slot would hold the values from before.
   if (model.params().values_sharded()) model.params().release_block_values();
   if (state.step != reader.step())

@@ -23,7 +23,9 @@ struct TrainingConfig {
 //   lion   Chen et al. 2023: the sign of an interpolated momentum, decoupled weight decay
 //   muon   Jordan et al. 2024 in Moonlight's form (Liu et al. 2025): Newton-Schulz-orthogonalised
 //          momentum for the 2-D hidden weights, AdamW for embeddings, head, norms, biases, router
-enum class OptimizerName { adamw, sgd, lion, muon };
+//   adafactor  Shazeer & Stern 2018 as PyTorch's Adafactor: factored second moments (a row and a
+//          column vector per matrix), relative step size, update clipping, no momentum
+enum class OptimizerName { adamw, sgd, lion, muon, adafactor };
 
 // optimizer.*: the update rule and the global gradient-norm clip.
 struct OptimizerConfig {
@@ -36,11 +38,14 @@ struct OptimizerConfig {
   double momentum = 0.95;  // sgd and muon
   bool nesterov = true;    // sgd and muon
   int ns_steps = 5;        // muon: Newton-Schulz iterations
+  double beta2_decay = -0.8;    // adafactor: 1 - beta2 at step t is t^beta2_decay
+  double clip_threshold = 1.0;  // adafactor: d, the update's RMS is clipped to it
   bool operator==(const OptimizerConfig&) const = default;
 };
 
 // The per-element state buffers the optimizer keeps beside each parameter (m, v): adamw and muon
-// (m for all, Adam's v kept for the whole part) 2, lion 1, sgd 1 with momentum and 0 without.
+// (m for all, Adam's v kept for the whole part) 2, lion 1, sgd 1 with momentum and 0 without,
+// adafactor 0.
 // train::moment_names names them; the planner counts them.
 inline int optimizer_moments(const OptimizerConfig& config) {
   switch (config.name) {
@@ -49,6 +54,8 @@ inline int optimizer_moments(const OptimizerConfig& config) {
       return 2;
     case OptimizerName::lion:
       return 1;
+    case OptimizerName::adafactor:  // its factored state is its own (Optimizer::state)
+      return 0;
     case OptimizerName::sgd:
       return config.momentum == 0 ? 0 : 1;
   }

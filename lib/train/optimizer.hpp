@@ -21,6 +21,20 @@
 //          schedule's lr and weight decay. Embeddings, head, norms, biases and the router take
 //          AdamW (betas, eps). State m for all, v (AdamW's) kept for the whole part.
 //
+//   adafactor  Shazeer & Stern 2018 ("Adafactor: Adaptive Learning Rates with Sublinear Memory
+//          Cost") as PyTorch's torch.optim.Adafactor, for every parameter, each expert of a stacked
+//          expert weight or bias as a parameter of its own; t counts steps from 1:
+//            1 - beta2_t = t^beta2_decay;  rho = min(lr, 1 / sqrt(t))
+//            alpha = max(eps2, RMS(w)) rho   (eps2 = 1e-3; RMS over the whole parameter)
+//            matrices [R, C]: r = lerp(r, mean_j g^2, 1 - beta2_t) (R), c = lerp(c, mean_i g^2, ..)
+//                             (C); V = r c^T / max(mean(r), eps1)
+//            vectors:         V = v = lerp(v, g^2, 1 - beta2_t)
+//            U = g / sqrt(max(V, eps1^2));  U /= max(1, RMS(U) / clip_threshold)
+//            w = w (1 - lr wd) - alpha U     (eps1: f32's machine epsilon, PyTorch's default)
+//          State: R + C numbers per matrix, n per vector, kept whole on every rank holding part of
+//          the parameter (they are computed from the whole gradient, gathered as Muon's is), saved
+//          as adafactor_row/, adafactor_col/ and adafactor_v/ tensors of the global shape.
+//
 // Muon and the layouts: the orthogonalisation needs each whole matrix. Every rank rebuilds the
 // global matrices of its stage from their pieces (an all-gather of u over the ZeRO group, then a
 // sum over tp of each tp-split matrix placed at its global rows and columns, whose other entries
@@ -36,6 +50,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.hpp"
@@ -84,20 +99,38 @@ class Optimizer {
   void step(model::ParamStore& params, double lr, double grad_scale);
   int64_t updates() const { return updates_; }  // completed steps (Adam's t)
   // Device bytes of the optimizer's own buffers beside the store's moments (Muon's working
-  // buffers; 0 for the others). planner/memory.cpp models them.
+  // buffers, Adafactor's state and working buffers; 0 for the others). planner/memory.cpp models
+  // them.
   size_t bytes() const;
+
+  // The optimizer's own state beyond the store's moments (Adafactor's factored statistics): one
+  // device buffer (G dtype; empty Tensor for the other optimizers), saved by checkpoints as the
+  // tensors below, each a box of a global tensor at an element offset of the buffer.
+  struct StateTensor {
+    std::string name;                  // "adafactor_row/layers.0.attn.qkv.weight"
+    std::vector<int64_t> global_shape;  // of the whole model
+    std::vector<std::pair<int64_t, int64_t>> box;  // [begin, end) per dimension: what this rank holds
+    int64_t offset = 0;                           // in state()
+    const model::ParamSpec* spec = nullptr;       // the parameter it belongs to
+  };
+  tensor::Tensor state() const;
+  const std::vector<StateTensor>& state_tensors() const;
   void restore(int64_t updates) { updates_ = updates; }
 
  private:
   struct Muon;
+  struct Adafactor;
+  void adafactor_step(model::ParamStore& params, double lr, double grad_scale);
   void adamw(model::ParamStore& params, double lr, double grad_scale,
              const std::vector<backend::Backend::AdamWRange>& ranges) const;
 
   OptimizerConfig config_;
   backend::Backend& be_;
+  tensor::DType grad_dtype_;
   int64_t updates_ = 0;
   std::vector<backend::Backend::AdamWRange> all_;  // every parameter of the part
   std::unique_ptr<Muon> muon_;
+  std::unique_ptr<Adafactor> adafactor_;
 };
 
 }  // namespace trainctl::train

@@ -569,9 +569,9 @@ void Trainer::act_on(StabilityEvent& event) {
 void Trainer::take_snapshot() {
   if (snapshot_ && snapshot_->state.step == step_) return;
   if (!snapshot_) snapshot_.emplace();
-  const std::array<tensor::Tensor, 4> from = snapshot_targets();  // waits for ZeRO-1's gather
+  const SnapshotTargets from = snapshot_targets();  // waits for ZeRO-1's gather
   std::vector<std::byte>* to[] = {&snapshot_->values, &snapshot_->master, &snapshot_->moment1,
-                                  &snapshot_->moment2};
+                                  &snapshot_->moment2, &snapshot_->optimizer};
   for (size_t i = 0; i < from.size(); ++i) {
     to[i]->resize(from[i].data ? from[i].bytes() : 0);
     if (!to[i]->empty()) be_.copy_to_host(to[i]->data(), from[i]);
@@ -579,11 +579,11 @@ void Trainer::take_snapshot() {
   snapshot_->state = state();
 }
 
-std::array<tensor::Tensor, 4> Trainer::snapshot_targets() const {
+SnapshotTargets Trainer::snapshot_targets() const {
   wait_parameters();
   const model::ParamStore& params = model_.params();
   return {params.values_sharded() ? params.value_part() : params.values(), params.master(),
-          params.moment1(), params.moment2()};
+          params.moment1(), params.moment2(), optimizer_.state()};
 }
 
 void Trainer::finish_restore(const TrainerState& state) {
@@ -593,9 +593,10 @@ void Trainer::finish_restore(const TrainerState& state) {
 }
 
 void Trainer::roll_back() {
-  const std::array<tensor::Tensor, 4> to = snapshot_targets();
+  const SnapshotTargets to = snapshot_targets();
   const std::vector<std::byte>* from[] = {&snapshot_->values, &snapshot_->master,
-                                          &snapshot_->moment1, &snapshot_->moment2};
+                                          &snapshot_->moment1, &snapshot_->moment2,
+                                          &snapshot_->optimizer};
   for (size_t i = 0; i < to.size(); ++i)
     if (!from[i]->empty()) be_.copy_from_host(to[i], from[i]->data());
   refresh_parameters();

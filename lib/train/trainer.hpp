@@ -134,7 +134,11 @@ struct TrainerState {
 struct RankSnapshot {
   TrainerState state;
   std::vector<std::byte> values, master, moment1, moment2;
+  std::vector<std::byte> optimizer;  // the optimizer's own state (Optimizer::state), if any
 };
+
+// The device tensors a RankSnapshot's buffers come from and go back to, in its order.
+using SnapshotTargets = std::array<tensor::Tensor, 5>;
 
 class Trainer {
  public:
@@ -148,6 +152,7 @@ class Trainer {
           const comm::Mesh* mesh = nullptr);
   // The optimizer's own device buffers (Optimizer::bytes), beside the store's moments.
   size_t optimizer_bytes() const { return optimizer_.bytes(); }
+  const Optimizer& optimizer() const { return optimizer_; }
   // optimizer.name, as the state records it.
   std::string optimizer_name() const { return train::optimizer_name(config_.optimizer.name); }
   ~Trainer();
@@ -189,7 +194,7 @@ class Trainer {
   // sharded values; master; moment1; moment2), empty where the rank keeps none; then
   // finish_restore with the snapshot's trainer state (it throws data::DataError as restore()
   // does).
-  std::array<tensor::Tensor, 4> snapshot_targets() const;
+  SnapshotTargets snapshot_targets() const;
   void finish_restore(const TrainerState& state);
   const comm::Mesh* mesh() const { return mesh_; }  // null on one rank
   // Whether gradient reductions (all-reduce, or ZeRO-1's reduce-scatter) overlap backward, and

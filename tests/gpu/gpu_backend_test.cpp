@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -248,6 +249,55 @@ TEST_CASE("cuda adamw matches the CPU bit for bit, with and without master weigh
           GPU_EXPECT_IDENTICAL(h, v, "v");
           if (with_master) GPU_EXPECT_IDENTICAL(h, master, "master");
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda momentum rules (sgd, lion, muon) and apply_update match the CPU bit for bit") {
+  Harness h;
+  using Rule = Backend::MomentumRule;
+  for (const auto& [rule, beta1, nesterov] :
+       {std::tuple{Rule::sgd, 0.9, true}, std::tuple{Rule::sgd, 0.9, false},
+        std::tuple{Rule::sgd, 0.0, false}, std::tuple{Rule::lion, 0.9, false},
+        std::tuple{Rule::muon, 0.95, true}, std::tuple{Rule::muon, 0.95, false}}) {
+    for (const DType dtype : kGpuFloatTypes) {
+      for (const bool with_master : {false, true}) {
+        const int64_t n = 100003;
+        Twin param = h.random(dtype, {n}, 1);
+        Twin master = h.output(DType::f32, {n}, 1);
+        if (with_master) {
+          h.cpu().cast(master.cpu, param.cpu);
+          h.gpu().cast(master.gpu, param.gpu);
+        }
+        Twin grad = h.random(DType::f32, {n}, 1, 1e-4, 3.0);
+        Twin m = h.output(DType::f32, {n}, 1);
+        Twin out = h.output(DType::f32, {n}, 1);
+        const trainctl::tensor::Tensor none;
+        const bool keeps_m = !(rule == Rule::sgd && beta1 == 0);
+        // Two ranges, the second without weight decay (a norm or bias).
+        const std::vector<Backend::AdamWRange> ranges{{0, 60000, true}, {60000, n, false}};
+        const Backend::Momentum hyper{rule, 3e-3, beta1, 0.99, 0.1, 0.37, nesterov};
+        for (int step = 0; step < 3; ++step) {
+          h.fill_random(grad, 1e-4, 3.0);
+          for (const bool gpu : {false, true}) {
+            Backend& be = gpu ? h.gpu() : h.cpu();
+            auto pick = [&](const Twin& t) { return gpu ? t.gpu : t.cpu; };
+            be.momentum_update(pick(param), with_master ? pick(master) : none, pick(grad),
+                               keeps_m ? pick(m) : none, rule == Rule::muon ? pick(out) : none,
+                               ranges, hyper);
+            if (rule == Rule::muon)
+              be.apply_update(pick(param), with_master ? pick(master) : none, pick(out), ranges,
+                              hyper.lr, hyper.weight_decay);
+          }
+        }
+        INFO("rule " << static_cast<int>(rule) << ", beta1 " << beta1 << ", nesterov "
+                     << nesterov << ", " << name_of(dtype) << (with_master ? " with" : " without")
+                     << " master, 3 steps");
+        GPU_EXPECT_IDENTICAL(h, param, "param");
+        if (keeps_m) GPU_EXPECT_IDENTICAL(h, m, "m");
+        if (rule == Rule::muon) GPU_EXPECT_IDENTICAL(h, out, "out");
+        if (with_master) GPU_EXPECT_IDENTICAL(h, master, "master");
       }
     }
   }

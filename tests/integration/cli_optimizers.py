@@ -1,18 +1,24 @@
 #!/usr/bin/env python3
-"""cli:optimizers_*: sgd, lion and muon (optimizer.name) through the binary.
+"""cli:optimizers_*: sgd, lion, muon and adafactor (optimizer.name) through the binary.
 
 layouts:   each optimizer trains the small fp32 model of cli_layout_util under dp2 with ZeRO-1 and
            under tp2 to the single rank's loss, gradient norm and final weights (the layout
            tolerance of cli:layouts); muon also under dp2 with ZeRO-3, tp2 x pp2, cp2, a Llama
            model with grouped-query attention at tp2 (q, k and v orthogonalised apart, each split
            over the tp ranks) and a MoE model at ep2 x tp2 and ep2 x dp2 with ZeRO-2 (each expert
-           its own matrix, split over tp, its rows cut by ZeRO). Every run's memory per category
+           its own matrix, split over tp, its rows cut by ZeRO); adafactor under the same but cp2
+           and GQA (its statistics built from the whole gradient). Every run's memory per category
            is what the planner planned for its rank 0, to the byte (the optimizer's moments and
            Muon's working buffers included).
 resume:    for each optimizer, N steps, then `trainctl resume` to 2N, equals the straight run bit
            for bit; the checkpoint holds the optimizer's own state tensors (momentum/, lion_m/,
-           muon_m/ and adam_v/) and no other's. A muon checkpoint saved at dp2 with ZeRO-1
-           resumes at tp2 and continues the single-rank run within the layout tolerance.
+           muon_m/ and adam_v/, adafactor_row/, _col/ and _v/) and no other's. Muon and adafactor
+           checkpoints saved at dp2 with ZeRO-1 resume at tp2 and continue the single-rank run
+           within the layout tolerance.
+snapshots: adafactor's statistics (the optimizer's own state, beside the parameter buffers) in
+           the in-memory snapshot and the node-local tiers: a stability rollback to it equals the
+           run that never saw the skipped batches, and a dp2 run with rank 1 SIGKILLed resumes
+           from the memory tier bit for bit.
 bad_input: resuming a lion run as adamw, sgd's Nesterov without momentum, ns_steps 0 and an
            unknown optimizer: exit 2 naming the key (and, for the resume, both optimizers), the
            run directory untouched or never created.
@@ -23,6 +29,8 @@ import shutil
 
 import cli_layout_util as lu
 import cli_resume_util as ru
+import cli_stability
+import cli_tiers
 import cli_util
 from cli_util import check
 
@@ -34,15 +42,19 @@ SETTINGS = {
     "lion": ["optimizer.name=lion", "optimizer.lr=1e-4", "schedule.min_lr=1e-5",
              "optimizer.betas=[0.9,0.99]"],
     "muon": ["optimizer.name=muon"],
+    "adafactor": ["optimizer.name=adafactor", "optimizer.lr=0.01", "schedule.min_lr=0.001"],
 }
 LAYOUTS = {
     "sgd": [("gpt", "dp2-zero1"), ("gpt", "tp2")],
     "lion": [("gpt", "dp2-zero1"), ("gpt", "tp2")],
     "muon": [("gpt", "dp2-zero1"), ("gpt", "tp2"), ("gpt", "dp2-zero3"), ("gpt", "tp2-pp2"),
              ("gpt", "cp2"), ("llama", "tp2"), ("moe", "ep2-tp2"), ("moe", "ep2-dp2-zero2")],
+    "adafactor": [("gpt", "dp2-zero1"), ("gpt", "tp2"), ("gpt", "dp2-zero3"), ("gpt", "tp2-pp2"),
+                  ("moe", "ep2-tp2"), ("moe", "ep2-dp2-zero2")],
 }
 # The checkpoint's state tensors of each optimizer (the prefix before the parameter's name).
-STATE = {"sgd": {"momentum"}, "lion": {"lion_m"}, "muon": {"muon_m", "adam_v"}}
+STATE = {"sgd": {"momentum"}, "lion": {"lion_m"}, "muon": {"muon_m", "adam_v"},
+         "adafactor": {"adafactor_row", "adafactor_col", "adafactor_v"}}
 
 
 def case_layouts(binary, root, tmp):
@@ -88,20 +100,45 @@ def case_resume(binary, root, tmp):
         cli_util.run_ok(binary, ["resume", resumed, "--set", f"training.steps={STEPS}"], root)
         ru.check_same_run(straight, resumed, STEPS, f"{optimizer} resume")
 
-    # Muon's state saved at dp2 with ZeRO-1 (each rank's part of the momentum) resumes at tp2
-    # (each rank's columns or rows of every matrix).
-    sets = [*SETTINGS["muon"], f"schedule.decay_steps={STEPS}"]
-    straight = os.path.join(tmp, "muon-straight")
-    saved = os.path.join(tmp, "muon-dp2-zero1")
-    lu.train(binary, root, saved, "gpt", "dp2-zero1", half, sets)
-    run_dir = os.path.join(tmp, "muon-to-tp2")
-    shutil.copytree(saved, run_dir)
-    moves = ["parallel.dp=1", "parallel.zero=0", "parallel.tp=2", f"training.steps={STEPS}"]
-    cli_util.run_ok(binary, ["resume", run_dir, *[a for s in moves for a in ("--set", s)]], root)
-    label = "muon dp2-zero1 -> tp2"
-    lu.check_losses(straight, run_dir, label, 1, STEPS, grad_norm=True)
-    lu.check_weights(lu.final_weights(binary, root, straight),
-                     lu.final_weights(binary, root, run_dir), label)
+    # Muon's momentum and Adafactor's statistics saved at dp2 with ZeRO-1 (each rank's part of
+    # the momentum; the statistics whole on both) resume at tp2 (each rank's columns or rows).
+    for optimizer in ("muon", "adafactor"):
+        sets = [*SETTINGS[optimizer], f"schedule.decay_steps={STEPS}"]
+        straight = os.path.join(tmp, f"{optimizer}-straight")
+        saved = os.path.join(tmp, f"{optimizer}-dp2-zero1")
+        lu.train(binary, root, saved, "gpt", "dp2-zero1", half, sets)
+        run_dir = os.path.join(tmp, f"{optimizer}-to-tp2")
+        shutil.copytree(saved, run_dir)
+        moves = ["parallel.dp=1", "parallel.zero=0", "parallel.tp=2", f"training.steps={STEPS}"]
+        cli_util.run_ok(binary, ["resume", run_dir, *[a for s in moves for a in ("--set", s)]],
+                        root)
+        label = f"{optimizer} dp2-zero1 -> tp2"
+        lu.check_losses(straight, run_dir, label, 1, STEPS, grad_norm=True)
+        lu.check_weights(lu.final_weights(binary, root, straight),
+                         lu.final_weights(binary, root, run_dir), label)
+
+
+def case_snapshots(binary, root, tmp):
+    adafactor = SETTINGS["adafactor"]
+    # A NaN at batch 8 with a snapshot every 3 steps: back to step 6, batches 7 and 8 skipped.
+    guarded = os.path.join(tmp, "rollback")
+    cli_stability.train(binary, root, guarded,
+                        [*adafactor, "stability.action=rollback", "checkpoint.memory_every_steps=3"],
+                        ["--debug-nan-batch", "8"])
+    reference = os.path.join(tmp, "dropped")
+    cli_stability.train(binary, root, reference, adafactor, ["--debug-drop-batch", "7,8"])
+    _, events = cli_stability.steps_of(guarded)
+    check([e["action"] for e in events] == ["rollback"], f"adafactor rollback: events {events}")
+    cli_stability.check_equal("adafactor rollback", guarded, reference)
+
+    # The memory tier: rank 1 of a dp2 run killed after step 30, the resume from the tier.
+    sets = [*cli_tiers.MEMORY, *adafactor, "schedule.min_lr=0.0001"]
+    run_dir = os.path.join(tmp, "tier")
+    cli_tiers.killed_run(binary, root, run_dir, sets)
+    output = cli_tiers.resume(binary, root, run_dir)
+    check("of the memory tier" in cli_tiers.resumed_from(output), output)
+    ru.check_same_run(cli_tiers.straight(binary, root, tmp, sets), run_dir, cli_tiers.STEPS,
+                      "adafactor memory tier")
 
 
 def case_bad_input(binary, root, tmp):
@@ -133,4 +170,4 @@ def case_bad_input(binary, root, tmp):
 
 if __name__ == "__main__":
     cli_util.cases_main({"layouts": case_layouts, "resume": case_resume,
-                         "bad_input": case_bad_input}, "optimizers")
+                         "snapshots": case_snapshots, "bad_input": case_bad_input}, "optimizers")

@@ -56,10 +56,11 @@ struct Targets {
       : values(be->allocate(floats * 4)),
         m1(be->allocate(floats * 4)),
         m2(be->allocate(floats * 4)) {}
-  std::array<tensor::Tensor, 4> tensors(size_t floats) const {
+  train::SnapshotTargets tensors(size_t floats) const {
     const tensor::Shape shape{static_cast<int64_t>(floats)};
     return {values.view(tensor::DType::f32, shape), tensor::Tensor{},
-            m1.view(tensor::DType::f32, shape), m2.view(tensor::DType::f32, shape)};
+            m1.view(tensor::DType::f32, shape), m2.view(tensor::DType::f32, shape),
+            tensor::Tensor{}};
   }
   bool equal(const train::RankSnapshot& s) const {
     return std::memcmp(values.data(), s.values.data(), s.values.size()) == 0 &&

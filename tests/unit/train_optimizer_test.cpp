@@ -1,12 +1,14 @@
 // The optimizers beside AdamW (train/optimizer.hpp) against float64 references written from their
 // papers, on random tensors: the backend's momentum rules (SGD, Lion, Muon's momentum, the update
 // Muon applies), Newton-Schulz, and whole Muon steps of a model (the orthogonalised 2-D weights,
-// q, k and v apart, and AdamW for the rest). fp32 against float64: within 1e-6 of each value.
+// q, k and v apart, and AdamW for the rest) and Adafactor steps (PyTorch's algorithm). fp32 against float64: within 1e-6 of each value.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend_test_util.hpp"
@@ -332,4 +334,122 @@ TEST_CASE("train: muon steps of a model against a float64 reference") {
     w = got;  // the next step starts from the same f32 values
   }
   CHECK(muon_tensors == want_matrices);
+}
+
+TEST_CASE("train: adafactor steps of a model against a float64 reference") {
+  // PyTorch's torch.optim.Adafactor (Shazeer & Stern 2018), each expert of a stacked weight or
+  // bias a parameter of its own, weight decay on matrices and embeddings only.
+  Backend& be = backend_test::cpu();
+  model::ModelConfig config = small_models::gpt(2);
+  SECTION("gpt") {}
+  SECTION("moe") {
+    config.moe.experts = 4;
+    config.moe.top_k = 2;
+    config.moe.every = 2;
+  }
+  model::ModelParallel parallel;
+  parallel.optimizer_moments = {0, {}};
+  model::Transformer transformer(config, be, 1, parallel);
+  transformer.params().initialize(5);
+  train::OptimizerConfig oc;
+  oc.name = train::OptimizerName::adafactor;
+  oc.weight_decay = 0.1;
+  train::Optimizer optimizer(oc, be, transformer.params(), config, false, nullptr);
+  CHECK(transformer.params().moments() == 0);
+  const model::ParamStore& params = transformer.params();
+  const size_t n = static_cast<size_t>(params.table().numel());
+  std::vector<double> w = read(params.values());
+  // Per parameter (and expert): the row and column statistics, or the full one of a vector.
+  std::map<std::string, std::vector<std::vector<double>>> row_stats, col_stats, full_stats;
+  const double lr = 0.05, gs = 0.5, eps1 = 1.1920928955078125e-07, eps2 = 1e-3;
+  size_t state_numbers = 0;
+  for (int step = 1; step <= 3; ++step) {
+    const std::vector<double> g = random_values(n, 200 + static_cast<uint32_t>(step), 0.02);
+    fill(params.grads(), g);
+    const std::vector<double> before = w;
+    optimizer.step(transformer.params(), lr, gs);
+    const double one_minus_beta2 = std::pow(step, oc.beta2_decay);
+    const double rho = std::min(lr, 1.0 / std::sqrt(step));
+    state_numbers = 0;
+    for (const model::ParamSpec& spec : params.table().specs()) {
+      const bool stacked = spec.expert;
+      const int64_t subs = stacked ? spec.shape[0] : 1;
+      const int64_t numel = spec.shape.numel() / subs;
+      const int64_t cols = spec.shape[spec.shape.rank - 1];
+      const bool factored = spec.shape.rank - (stacked ? 1 : 0) >= 2;
+      const int64_t R = factored ? numel / cols : 1;
+      auto& row_of = row_stats[spec.name];
+      auto& col_of = col_stats[spec.name];
+      auto& full_of = full_stats[spec.name];
+      row_of.resize(static_cast<size_t>(subs), std::vector<double>(static_cast<size_t>(R), 0.0));
+      col_of.resize(static_cast<size_t>(subs), std::vector<double>(static_cast<size_t>(cols), 0.0));
+      full_of.resize(static_cast<size_t>(subs),
+                     std::vector<double>(static_cast<size_t>(numel), 0.0));
+      state_numbers += static_cast<size_t>(subs * (factored ? R + cols : numel));
+      for (int64_t s = 0; s < subs; ++s) {
+        const size_t off = static_cast<size_t>(spec.offset + s * numel);
+        std::vector<double> gg(static_cast<size_t>(numel)), u(static_cast<size_t>(numel));
+        double w_squares = 0;
+        for (size_t i = 0; i < gg.size(); ++i) {
+          gg[i] = g[off + i] * gs;
+          w_squares += before[off + i] * before[off + i];
+        }
+        const double alpha =
+            std::max(eps2, std::sqrt(w_squares / static_cast<double>(numel))) * rho;
+        if (factored) {
+          std::vector<double>& r = row_of[static_cast<size_t>(s)];
+          std::vector<double>& c = col_of[static_cast<size_t>(s)];
+          for (int64_t i = 0; i < R; ++i) {
+            double mean = 0;
+            for (int64_t j = 0; j < cols; ++j)
+              mean += gg[static_cast<size_t>(i * cols + j)] * gg[static_cast<size_t>(i * cols + j)];
+            r[static_cast<size_t>(i)] += (mean / cols - r[static_cast<size_t>(i)]) * one_minus_beta2;
+          }
+          for (int64_t j = 0; j < cols; ++j) {
+            double mean = 0;
+            for (int64_t i = 0; i < R; ++i)
+              mean += gg[static_cast<size_t>(i * cols + j)] * gg[static_cast<size_t>(i * cols + j)];
+            c[static_cast<size_t>(j)] += (mean / R - c[static_cast<size_t>(j)]) * one_minus_beta2;
+          }
+          double r_mean = 0;
+          for (double x : r)
+            r_mean += x;
+          r_mean = std::max(r_mean / R, eps1);
+          for (int64_t i = 0; i < R; ++i)
+            for (int64_t j = 0; j < cols; ++j) {
+              const size_t at = static_cast<size_t>(i * cols + j);
+              const double v = r[static_cast<size_t>(i)] * c[static_cast<size_t>(j)] / r_mean;
+              u[at] = gg[at] / std::sqrt(std::max(v, eps1 * eps1));
+            }
+        } else {
+          std::vector<double>& v = full_of[static_cast<size_t>(s)];
+          for (size_t i = 0; i < v.size(); ++i) {
+            v[i] += (gg[i] * gg[i] - v[i]) * one_minus_beta2;
+            u[i] = gg[i] / std::sqrt(std::max(v[i], eps1 * eps1));
+          }
+        }
+        double u_squares = 0;
+        for (double x : u)
+          u_squares += x * x;
+        const double denom =
+            std::max(1.0, std::sqrt(u_squares / static_cast<double>(numel)) / oc.clip_threshold);
+        const double decay = spec.weight_decay ? oc.weight_decay : 0.0;
+        for (size_t i = 0; i < u.size(); ++i)
+          w[off + i] = before[off + i] * (1 - lr * decay) - alpha / denom * u[i];
+      }
+    }
+    const std::vector<double> got = read(params.values());
+    INFO("step " << step);
+    CHECK(worst_relative(got, w) <= 1e-6);
+    std::vector<double> moved(n), moved_want(n);
+    for (size_t i = 0; i < n; ++i) {
+      moved[i] = got[i] - before[i];
+      moved_want[i] = w[i] - before[i];
+    }
+    CHECK(norm_relative(moved, moved_want) <= 1e-6);
+    w = got;
+  }
+  // The state is the statistics alone: R + C numbers per matrix, n per vector.
+  CHECK(static_cast<size_t>(optimizer.state().numel()) == state_numbers);
+  CHECK(state_numbers < n / 10);
 }

@@ -1,6 +1,6 @@
-// The optimizers over a ParamStore (optimizer.name). Each keeps its state in the store's
-// per-element moment buffers (moment_names: what a checkpoint calls them), over the store's
-// optimizer part [optimizer_begin(), optimizer_end()) (its ZeRO part; all of it without ZeRO); for
+// The optimizers over a ParamStore (optimizer.name). Each keeps its per-element state in the
+// store's moment buffers (moment_names: what a checkpoint calls them; Adafactor's factored
+// statistics are its own, state()), over the store's optimizer part [optimizer_begin(), optimizer_end()) (its ZeRO part; all of it without ZeRO); for
 // bf16/fp16 storage the update runs on the fp32 master weights and the storage copy is their
 // rounding. Weight decay applies to matrices and embeddings, not to norms and biases
 // (ParamSpec::weight_decay). g below is the gradient times grad_scale (un-scaling and clipping).
@@ -20,7 +20,6 @@
 //          The 0.2 sqrt(max) factor gives O the RMS of an AdamW update, so both groups share the
 //          schedule's lr and weight decay. Embeddings, head, norms, biases and the router take
 //          AdamW (betas, eps). State m for all, v (AdamW's) kept for the whole part.
-//
 //   adafactor  Shazeer & Stern 2018 ("Adafactor: Adaptive Learning Rates with Sublinear Memory
 //          Cost") as PyTorch's torch.optim.Adafactor, for every parameter, each expert of a stacked
 //          expert weight or bias as a parameter of its own; t counts steps from 1:
@@ -33,14 +32,15 @@
 //            w = w (1 - lr wd) - alpha U     (eps1: f32's machine epsilon, PyTorch's default)
 //          State: R + C numbers per matrix, n per vector, kept whole on every rank holding part of
 //          the parameter (they are computed from the whole gradient, gathered as Muon's is), saved
-//          as adafactor_row/, adafactor_col/ and adafactor_v/ tensors of the global shape.
+//          as adafactor_row/, adafactor_col/ and adafactor_v/ tensors of the global shape. The
+//          statistics and the update are computed on the host in float64 (a CUDA run copies the
+//          gradients over each step: there is no Adafactor kernel yet).
 //
 // Muon and the layouts: the orthogonalisation needs each whole matrix. Every rank rebuilds the
 // global matrices of its stage from their pieces (an all-gather of u over the ZeRO group, then a
 // sum over tp of each tp-split matrix placed at its global rows and columns, whose other entries
-// are zero, so the sum is exact), orthogonalises them all (the same GEMMs on the same values as
-// one rank), and applies the rows of its own part. The result is that of one rank bit for bit;
-// the cost is the extra communication of one gradient-sized gather and the Newton-Schulz GEMMs
+// are zero, so the sum is exact), orthogonalises them all (the GEMMs one rank would run, on the
+// same matrix), and applies the rows of its own part. The cost is the extra communication of one gradient-sized gather and the Newton-Schulz GEMMs
 // repeated on every rank of a tp and ZeRO group (Moonlight's "distributed Muon" does the gather
 // and keeps only its part in the same way).
 #pragma once

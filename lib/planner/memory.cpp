@@ -356,7 +356,8 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
     // rank (experts), split over tp or ep when `split`.
     auto add = [&](int64_t rows, int64_t cols, int64_t subs, bool split, int64_t experts = 1) {
       stats += subs * (rows > 0 ? rows + cols : cols);
-      if (split) largest_global = std::max(largest_global, experts * std::max<int64_t>(rows, 1) * cols);
+      if (split)
+        largest_global = std::max(largest_global, experts * std::max<int64_t>(rows, 1) * cols);
     };
     auto norm = [&] {
       add(0, s.C, 1, false);
@@ -391,9 +392,9 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
       norm();
       if (!s.tied || lay.pp > 1) add(s.V, s.C, 1, t > 1);
     }
-    muon_fixed = static_cast<double>(std::max<int64_t>(stats, 1) + (zero ? elements : 0) +
-                                     largest_global) *
-                 z.grad;
+    muon_fixed =
+        static_cast<double>(std::max<int64_t>(stats, 1) + (zero ? elements : 0) + largest_global) *
+        z.grad;
   }
   auto muon_bytes = [&](int64_t p) {
     return muon_fixed > 0 ? muon_fixed + static_cast<double>(p) * z.grad : 0.0;

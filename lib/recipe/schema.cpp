@@ -281,9 +281,9 @@ std::vector<KeySpec> build_schema() {
   t.push_back(row<B(optimizer, beta2_decay)>(
       "optimizer.beta2_decay", -0.8, closed(-1, 0),
       "adafactor: the second-moment decay, 1 - beta2 = step^beta2_decay"));
-  t.push_back(row<B(optimizer, clip_threshold)>(
-      "optimizer.clip_threshold", 1.0, above(0),
-      "adafactor: the update's RMS is clipped to this (d)"));
+  t.push_back(
+      row<B(optimizer, clip_threshold)>("optimizer.clip_threshold", 1.0, above(0),
+                                        "adafactor: the update's RMS is clipped to this (d)"));
   // schedule
   t.push_back(row<B(schedule, warmup_steps)>("schedule.warmup_steps", 20, at_least(0),
                                              "linear warm-up steps from 0 to optimizer.lr"));

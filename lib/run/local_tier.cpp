@@ -23,8 +23,8 @@ namespace {
 
 constexpr char kMagic[8] = {'T', 'C', 'S', 'N', 'A', 'P', '0', '1'};
 constexpr const char* kFormat = "trainctl.rank_snapshot/2";  // 2: the optimizer's own state
-constexpr uint64_t kMaxHeaderBytes = uint64_t{16} << 20;  // a trainer state and four buffers
-constexpr size_t kChunkBytes = size_t{8} << 20;           // read and checksummed at a time
+constexpr uint64_t kMaxHeaderBytes = uint64_t{16} << 20;     // a trainer state and five buffers
+constexpr size_t kChunkBytes = size_t{8} << 20;              // read and checksummed at a time
 
 std::string run_key(const fs::path& run_dir) {
   const std::string path = fs::absolute(run_dir).lexically_normal().string();

@@ -78,8 +78,8 @@ class LocalTier {
   // 8 MiB at a time through one staging buffer, checksummed as it goes) and its trainer state
   // into `state`. Returns why it cannot be used ("" when it can); the targets may then hold part
   // of it.
-  std::string load(int64_t step, const train::SnapshotTargets& targets,
-                   backend::Backend& backend, train::TrainerState& state) const;
+  std::string load(int64_t step, const train::SnapshotTargets& targets, backend::Backend& backend,
+                   train::TrainerState& state) const;
   // The run is done: the tier's folder goes with every file in it, every rank's and any earlier
   // layout's (a resume onto another layout leaves the old one's). Call it on one rank of the node
   // once every rank of the node has wait()ed for its last write.

@@ -497,11 +497,11 @@ void restore_checkpoint(const ckpt::CheckpointReader& reader, model::Transformer
     for (const Optimizer::StateTensor& t : trainer.optimizer().state_tensors()) {
       const ckpt::TensorEntry& entry = reader.tensor(t.name);
       if (entry.dtype != own.dtype || entry.shape != t.global_shape)
-        throw CheckpointMismatch(fmt::format(
-            "{}: tensor {} is {} [{}] in the checkpoint but {} [{}] in this run",
-            reader.dir().string(), t.name, tensor::dtype_name(entry.dtype),
-            fmt::join(entry.shape, ", "), tensor::dtype_name(own.dtype),
-            fmt::join(t.global_shape, ", ")));
+        throw CheckpointMismatch(
+            fmt::format("{}: tensor {} is {} [{}] in the checkpoint but {} [{}] in this run",
+                        reader.dir().string(), t.name, tensor::dtype_name(entry.dtype),
+                        fmt::join(entry.shape, ", "), tensor::dtype_name(own.dtype),
+                        fmt::join(t.global_shape, ", ")));
       reader.read(t.name, box_of(t), own.dtype, host.data() + static_cast<size_t>(t.offset) * item);
     }
     be.copy_from_host(own, host.data());

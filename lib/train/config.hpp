@@ -34,10 +34,10 @@ struct OptimizerConfig {
   std::array<double, 2> betas{0.9, 0.95};  // adamw (and muon's adamw group); lion's beta1, beta2
   double eps = 1e-8;
   double weight_decay = 0.1;
-  double grad_clip = 1.0;  // 0: off
-  double momentum = 0.95;  // sgd and muon
-  bool nesterov = true;    // sgd and muon
-  int ns_steps = 5;        // muon: Newton-Schulz iterations
+  double grad_clip = 1.0;       // 0: off
+  double momentum = 0.95;       // sgd and muon
+  bool nesterov = true;         // sgd and muon
+  int ns_steps = 5;             // muon: Newton-Schulz iterations
   double beta2_decay = -0.8;    // adafactor: 1 - beta2 at step t is t^beta2_decay
   double clip_threshold = 1.0;  // adafactor: d, the update's RMS is clipped to it
   bool operator==(const OptimizerConfig&) const = default;

@@ -21,12 +21,12 @@ using tensor::DType;
 using tensor::Tensor;
 
 namespace {
-constexpr std::pair<OptimizerName, std::string_view> kNames[] = {{OptimizerName::adamw, "adamw"},
-                                                                 {OptimizerName::sgd, "sgd"},
-                                                                 {OptimizerName::lion, "lion"},
-                                                                 {OptimizerName::muon, "muon"},
-                                                                 {OptimizerName::adafactor,
-                                                                  "adafactor"}};
+constexpr std::pair<OptimizerName, std::string_view> kNames[] = {
+    {OptimizerName::adamw, "adamw"},
+    {OptimizerName::sgd, "sgd"},
+    {OptimizerName::lion, "lion"},
+    {OptimizerName::muon, "muon"},
+    {OptimizerName::adafactor, "adafactor"}};
 }  // namespace
 
 std::string optimizer_name(OptimizerName name) {
@@ -349,14 +349,14 @@ Optimizer::Optimizer(const OptimizerConfig& config, Backend& be, const model::Pa
         return box;
       };
       if (e.factored) {
-        af.tensors.push_back({"adafactor_row/" + spec.name, shape_of(e.rows), box_of(e.rows),
-                              e.offset, &spec});
+        af.tensors.push_back(
+            {"adafactor_row/" + spec.name, shape_of(e.rows), box_of(e.rows), e.offset, &spec});
         af.tensors.push_back({"adafactor_col/" + spec.name, shape_of(e.cols), box_of(e.cols),
                               e.offset + e.subs * e.rows, &spec});
         af.state_numel += e.subs * (e.rows + e.cols);
       } else {
-        af.tensors.push_back({"adafactor_v/" + spec.name, shape_of(e.numel()),
-                              box_of(e.numel()), e.offset, &spec});
+        af.tensors.push_back(
+            {"adafactor_v/" + spec.name, shape_of(e.numel()), box_of(e.numel()), e.offset, &spec});
         af.state_numel += e.subs * e.numel();
       }
       af.entries.push_back(e);
@@ -507,9 +507,8 @@ void Optimizer::adafactor_step(model::ParamStore& params, double lr, double grad
     const Adafactor::Entry& e = af.entries[k];
     const model::ParamSpec& spec = specs[e.spec];
     const int64_t n = spec.shape.numel();
-    const Tensor global =
-        global_tensor(be_, af.mesh, spec, flat_view(table, spec.offset - base, n),
-                      e.local_is_global, af.global, local_host, global_host);
+    const Tensor global = global_tensor(be_, af.mesh, spec, flat_view(table, spec.offset - base, n),
+                                        e.local_is_global, af.global, local_host, global_host);
     std::vector<std::byte> grad_bytes(static_cast<size_t>(global.numel()) * item);
     be_.copy_to_host(grad_bytes.data(), global);
     std::vector<double> g = to_doubles(grad_bytes, G);
@@ -558,8 +557,8 @@ void Optimizer::adafactor_step(model::ParamStore& params, double lr, double grad
       const double rms_update = std::sqrt(sum / static_cast<double>(N));
       const double rms_weight =
           std::sqrt(squares[first_square[k] + static_cast<size_t>(s)] / static_cast<double>(N));
-      const double step = std::max(eps2, rms_weight) * rho /
-                          std::max(1.0, rms_update / config_.clip_threshold);
+      const double step =
+          std::max(eps2, rms_weight) * rho / std::max(1.0, rms_update / config_.clip_threshold);
       for (int64_t i = 0; i < N; ++i)
         us[i] *= step;
     }

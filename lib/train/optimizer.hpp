@@ -1,9 +1,10 @@
 // The optimizers over a ParamStore (optimizer.name). Each keeps its per-element state in the
 // store's moment buffers (moment_names: what a checkpoint calls them; Adafactor's factored
-// statistics are its own, state()), over the store's optimizer part [optimizer_begin(), optimizer_end()) (its ZeRO part; all of it without ZeRO); for
-// bf16/fp16 storage the update runs on the fp32 master weights and the storage copy is their
-// rounding. Weight decay applies to matrices and embeddings, not to norms and biases
-// (ParamSpec::weight_decay). g below is the gradient times grad_scale (un-scaling and clipping).
+// statistics are its own, state()), over the store's optimizer part [optimizer_begin(),
+// optimizer_end()) (its ZeRO part; all of it without ZeRO); for bf16/fp16 storage the update runs
+// on the fp32 master weights and the storage copy is their rounding. Weight decay applies to
+// matrices and embeddings, not to norms and biases (ParamSpec::weight_decay). g below is the
+// gradient times grad_scale (un-scaling and clipping).
 //
 //   adamw  Loshchilov & Hutter (PyTorch's AdamW): m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 //          w = w (1 - lr wd) - lr mhat / (sqrt(vhat) + eps). State m, v (8 bytes per parameter).
@@ -40,9 +41,9 @@
 // global matrices of its stage from their pieces (an all-gather of u over the ZeRO group, then a
 // sum over tp of each tp-split matrix placed at its global rows and columns, whose other entries
 // are zero, so the sum is exact), orthogonalises them all (the GEMMs one rank would run, on the
-// same matrix), and applies the rows of its own part. The cost is the extra communication of one gradient-sized gather and the Newton-Schulz GEMMs
-// repeated on every rank of a tp and ZeRO group (Moonlight's "distributed Muon" does the gather
-// and keeps only its part in the same way).
+// same matrix), and applies the rows of its own part. The cost is the extra communication of one
+// gradient-sized gather and the Newton-Schulz GEMMs repeated on every rank of a tp and ZeRO group
+// (Moonlight's "distributed Muon" does the gather and keeps only its part in the same way).
 #pragma once
 
 #include <cstdint>
@@ -107,11 +108,12 @@ class Optimizer {
   // device buffer (G dtype; empty Tensor for the other optimizers), saved by checkpoints as the
   // tensors below, each a box of a global tensor at an element offset of the buffer.
   struct StateTensor {
-    std::string name;                  // "adafactor_row/layers.0.attn.qkv.weight"
+    std::string name;                   // "adafactor_row/layers.0.attn.qkv.weight"
     std::vector<int64_t> global_shape;  // of the whole model
-    std::vector<std::pair<int64_t, int64_t>> box;  // [begin, end) per dimension: what this rank holds
-    int64_t offset = 0;                           // in state()
-    const model::ParamSpec* spec = nullptr;       // the parameter it belongs to
+    std::vector<std::pair<int64_t, int64_t>>
+        box;                                 // [begin, end) per dimension: what this rank holds
+    int64_t offset = 0;                      // in state()
+    const model::ParamSpec* spec = nullptr;  // the parameter it belongs to
   };
   tensor::Tensor state() const;
   const std::vector<StateTensor>& state_tensors() const;

@@ -100,7 +100,8 @@ TrainerState trainer_state_from_json(const nlohmann::json& j) {
     const nlohmann::json& name = j["optimizer"];
     if (!name.is_string() || !optimizer_of(name.get<std::string>()))
       throw std::runtime_error(
-          "checkpoint state: optimizer must be adamw, sgd, lion, muon or adafactor, got " + name.dump());
+          "checkpoint state: optimizer must be adamw, sgd, lion, muon or adafactor, got " +
+          name.dump());
     s.optimizer = name.get<std::string>();
   }
   const nlohmann::json& scaler = field(j, "", "loss_scaler");

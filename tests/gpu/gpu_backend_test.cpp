@@ -291,8 +291,8 @@ TEST_CASE("cuda momentum rules (sgd, lion, muon) and apply_update match the CPU 
                               hyper.lr, hyper.weight_decay);
           }
         }
-        INFO("rule " << static_cast<int>(rule) << ", beta1 " << beta1 << ", nesterov "
-                     << nesterov << ", " << name_of(dtype) << (with_master ? " with" : " without")
+        INFO("rule " << static_cast<int>(rule) << ", beta1 " << beta1 << ", nesterov " << nesterov
+                     << ", " << name_of(dtype) << (with_master ? " with" : " without")
                      << " master, 3 steps");
         GPU_EXPECT_IDENTICAL(h, param, "param");
         if (keeps_m) GPU_EXPECT_IDENTICAL(h, m, "m");

@@ -1,7 +1,8 @@
 // The optimizers beside AdamW (train/optimizer.hpp) against float64 references written from their
 // papers, on random tensors: the backend's momentum rules (SGD, Lion, Muon's momentum, the update
 // Muon applies), Newton-Schulz, and whole Muon steps of a model (the orthogonalised 2-D weights,
-// q, k and v apart, and AdamW for the rest) and Adafactor steps (PyTorch's algorithm). fp32 against float64: within 1e-6 of each value.
+// q, k and v apart, and AdamW for the rest) and Adafactor steps (PyTorch's algorithm). fp32 against
+// float64: within 1e-6 of each value.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -403,7 +404,8 @@ TEST_CASE("train: adafactor steps of a model against a float64 reference") {
             double mean = 0;
             for (int64_t j = 0; j < cols; ++j)
               mean += gg[static_cast<size_t>(i * cols + j)] * gg[static_cast<size_t>(i * cols + j)];
-            r[static_cast<size_t>(i)] += (mean / cols - r[static_cast<size_t>(i)]) * one_minus_beta2;
+            r[static_cast<size_t>(i)] +=
+                (mean / cols - r[static_cast<size_t>(i)]) * one_minus_beta2;
           }
           for (int64_t j = 0; j < cols; ++j) {
             double mean = 0;

@@ -188,8 +188,8 @@ Tensor flat_view(const Tensor& t, int64_t begin, int64_t count) {
   return v;
 }
 
-// Host element copies between a parameter's local tensor and its global one, in elements of
-// `item` bytes: whole innermost runs where the last dimension is not split.
+// Host copies of local elements [first, last) of a parameter to their places in its global tensor
+// (to_global) or back, element by element (ParamSpec::global_index), in elements of `item` bytes.
 void map_elements(const model::ParamSpec& spec, size_t item, int64_t first, int64_t last,
                   const std::byte* from, std::byte* to, bool to_global) {
   for (int64_t i = first; i < last; ++i) {

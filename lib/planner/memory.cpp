@@ -10,7 +10,7 @@
 //   optimizer     its part of the ZeRO partition (model::zero_partition, the engine's own
 //                 function: dp parts cut at row boundaries of the flat buffer), all of it
 //                 without ZeRO, times the optimizer's moments (train::optimizer_moments); Muon's
-//                 working buffers (train::Optimizer::bytes);
+//                 and Adafactor's own buffers (train::Optimizer::bytes);
 //   activations   Transformer::assign(): every tensor of every activation slot (the
 //                 schedule's micro-batches in flight on the stage; with ZB-H1 each slot also
 //                 keeps the output gradients its weight-gradient pass W needs) rounded to 64 bytes
@@ -312,13 +312,12 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
     const int64_t back = blocks.empty() ? 0 : elements - blocks.back().second;
     largest_region = std::max<int64_t>({1, front, back});
   }
-  // The optimizer's per-element state (train::optimizer_moments), and Muon's (or, below,
-  // Adafactor's) own buffers
-  // (train::Optimizer::bytes): u of the part, the table gathered over the ZeRO group, the global
-  // tensor of the largest weight split over tp or ep, and Newton-Schulz's iterate and two Gram
-  // matrices for the largest matrix (q, k and v apart).
+  // The optimizer's per-element state (train::optimizer_moments), and its own buffers
+  // (train::Optimizer::bytes). Muon's: u of the part, the table gathered over the ZeRO group, the
+  // global tensor of the largest weight split over tp or ep, and Newton-Schulz's iterate and two
+  // Gram matrices for the largest matrix (q, k and v apart).
   const int moments = train::optimizer_moments(r.optimizer);
-  double muon_fixed = 0;
+  double own_fixed = 0;
   if (r.optimizer.name == recipe::OptimizerName::muon) {
     int64_t largest_global = 1, largest_matrix = 1, largest_gram = 1;
     auto matrix = [&](int64_t rows, int64_t cols) {
@@ -341,9 +340,9 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
         if (lay.tp > 1) largest_global = std::max({largest_global, s.F1 * s.C, s.C * s.F});
       }
     }
-    muon_fixed = static_cast<double>((zero ? elements : 0) + largest_global + largest_matrix +
-                                     2 * largest_gram) *
-                 z.grad;
+    own_fixed = static_cast<double>((zero ? elements : 0) + largest_global + largest_matrix +
+                                    2 * largest_gram) *
+                z.grad;
   }
   // Adafactor (train::Optimizer::bytes): its statistics, R + C numbers per matrix (each expert's
   // apart) and n per vector, whole on every rank holding part of the parameter; the update of the
@@ -392,12 +391,12 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
       norm();
       if (!s.tied || lay.pp > 1) add(s.V, s.C, 1, t > 1);
     }
-    muon_fixed =
+    own_fixed =
         static_cast<double>(std::max<int64_t>(stats, 1) + (zero ? elements : 0) + largest_global) *
         z.grad;
   }
-  auto muon_bytes = [&](int64_t p) {
-    return muon_fixed > 0 ? muon_fixed + static_cast<double>(p) * z.grad : 0.0;
+  auto own_bytes = [&](int64_t p) {
+    return own_fixed > 0 ? own_fixed + static_cast<double>(p) * z.grad : 0.0;
   };
   // What depends on the rank's dp coordinate: its part `p` of the ZeRO partition and, for
   // ZeRO-2 and 3, the largest share `b` of one block and `o` of an outer region (embedding before
@@ -414,7 +413,7 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
     Sharded x;
     x.params = (zero3 ? sharded_buffer(p, kValueSlots) : static_cast<double>(elements)) * z.storage;
     x.optimizer = static_cast<double>(p) * (z.master + moments * z.moment) +
-                  muon_bytes(std::max<int64_t>(p, 1));
+                  own_bytes(std::max<int64_t>(p, 1));
     x.grads = (zero2 ? sharded_buffer(p, kGradSlots) : static_cast<double>(elements)) * z.grad;
     if (zero) {
       // GradSync's buffer of the part it reduces into and gathers from (ZeRO-1 and 2; ZeRO-3

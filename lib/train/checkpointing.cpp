@@ -483,12 +483,10 @@ void restore_checkpoint(const ckpt::CheckpointReader& reader, model::Transformer
   // Another optimizer's state holds other quantities (Adam's v is not Lion's momentum).
   if (state.optimizer != trainer.optimizer_name())
     throw CheckpointMismatch(fmt::format(
-        "{}: saved by optimizer {}, but this recipe's optimizer.name is {}: its state ({}) "
-        "cannot continue as {}'s; resume with optimizer.name: {} (another optimizer needs a new "
-        "run)",
-        reader.dir().string(), state.optimizer, trainer.optimizer_name(),
-        fmt::join(moment_names({.name = *optimizer_of(state.optimizer)}).list(), ", "),
-        trainer.optimizer_name(), state.optimizer));
+        "{}: saved by optimizer {}, but this recipe's optimizer.name is {}: one optimizer's "
+        "state cannot continue as another's; resume with optimizer.name: {} (another optimizer "
+        "needs a new run)",
+        reader.dir().string(), state.optimizer, trainer.optimizer_name(), state.optimizer));
   read_param_tensors(reader, model.params(), be);
   // The optimizer's own state: each rank reads the boxes it holds (whole statistics).
   if (const tensor::Tensor own = trainer.optimizer().state(); !own.empty()) {

@@ -12,7 +12,7 @@
 //   muon   g = grad * grad_scale; m = beta1 * m + g; out = nesterov ? g + beta1 * m : m
 //   apply  w = w * decay - lr * update
 // w is master[i] when master is not null (and param[i] = round(w)), else param[i] itself.
-// param is f32, bf16 or f16; everything else f32. Asynchronous on `stream`; returns
+// param is f32, bf16 or f16; m f32 or bf16; everything else f32. Asynchronous on `stream`; returns
 // cudaErrorInvalidValue for bad arguments (a span with end < begin, a null pointer the rule
 // needs), else the launch status.
 #pragma once
@@ -35,18 +35,24 @@ struct MomentumConstants {
   float weight_decay = 0;  // sgd: added to the gradient in decayed ranges
   float grad_scale = 1;
   bool nesterov = false;
+  uint64_t step = 1;  // bf16 m: the stochastic rounding's step
 };
 
 struct MomentumSpan {
   int64_t begin = 0, end = 0;  // element indices into every buffer
   bool decayed = true;         // sgd: wd * w added to the gradient
   float decay = 1;             // lion, apply: 1 - lr * weight_decay (f32 of the double), or 1
+  // bf16 m: the range's rounding key and global placement (Backend::AdamWRange).
+  uint64_t key = 0;
+  int64_t global_begin = 0, local_width = 1, global_width = 1;
 };
 
 // grad: the gradient (sgd, lion, muon) or the update (apply). m: null for sgd without momentum
-// and for apply. out: muon only.
+// and for apply; f32, or bf16 bits when bf16_state (widened, updated, stored stochastically
+// rounded with the bits of the element's global index, as the CPU backend does). out: muon only.
 cudaError_t launch_momentum(void* param, Storage param_type, float* master, const float* grad,
-                            float* m, float* out, const MomentumSpan* spans, int64_t num_spans,
-                            const MomentumConstants& constants, cudaStream_t stream);
+                            void* m, bool bf16_state, float* out, const MomentumSpan* spans,
+                            int64_t num_spans, const MomentumConstants& constants,
+                            cudaStream_t stream);
 
 }  // namespace trainctl::kernels

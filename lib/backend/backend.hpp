@@ -385,7 +385,7 @@ class Backend : public BackendDevice {
   // AdamW with decoupled weight decay on one contiguous parameter range. grad (G) is multiplied
   // by grad_scale first (un-scaling and clipping). master (f32) is updated when present and the
   // storage param (S) is set to round(master); without master the param itself is updated.
-  // m, v: f32 (f64 when S is f64). step counts from 1 (bias correction).
+  // m, v: f32 (f64 when S is f64), or both bf16 (below). step counts from 1 (bias correction).
   struct AdamW {
     double lr, beta1, beta2, eps, weight_decay, grad_scale;
     int64_t step;
@@ -393,9 +393,18 @@ class Backend : public BackendDevice {
   // Multi-tensor form: one call (one launch on a GPU) over many parameters. Every tensor is 1-D
   // over the same elements; `ranges` (disjoint, element indices into them) select what is
   // updated, each with or without weight decay (hyper.weight_decay applies where decay is set).
+  //
+  // Moments in bf16 (optimizer.state_dtype: bf16; f32 G only) are loaded to f32, updated as
+  // above, and stored back stochastically rounded (tensor/stochastic_round.hpp) with the bits of
+  // each element's global index in its parameter: a range then also says which parameter it
+  // lies in (key: tensor::rounding_key of the seed and the name) and where its elements sit in
+  // it (local element begin + r * local_width + c is global element global_begin +
+  // r * global_width + c). step is the rounding's step. With G moments these fields are unused.
   struct AdamWRange {
     int64_t begin = 0, end = 0;
     bool decay = true;
+    uint64_t key = 0;
+    int64_t global_begin = 0, local_width = 1, global_width = 1;
   };
   void adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
              const Tensor& v, std::span<const AdamWRange> ranges, const AdamW& hyper);
@@ -405,7 +414,7 @@ class Backend : public BackendDevice {
 
   // The momentum rules (train/optimizer.hpp), over `ranges` as adamw (decay selects
   // hyper.weight_decay or 0 as wd). g = grad * grad_scale; w is the master when present
-  // (param = round(w)), else the param; m and out are G like grad.
+  // (param = round(w)), else the param; out is G like grad, m too or bf16 (as adamw's).
   //   sgd   PyTorch's SGD: g += wd w; m = beta1 m + g; d = nesterov ? g + beta1 m : m;
   //         w -= lr d. m may be empty when beta1 (the momentum) is 0: d = g.
   //   lion  Chen et al. 2023: c = beta1 m + (1 - beta1) g; w = w (1 - lr wd) - lr sign(c);
@@ -418,6 +427,7 @@ class Backend : public BackendDevice {
     MomentumRule rule = MomentumRule::sgd;
     double lr = 0, beta1 = 0, beta2 = 0, weight_decay = 0, grad_scale = 1;
     bool nesterov = false;
+    int64_t step = 1;  // bf16 moments: the stochastic rounding's step
   };
   void momentum_update(const Tensor& param, const Tensor& master, const Tensor& grad,
                        const Tensor& m, const Tensor& out, std::span<const AdamWRange> ranges,

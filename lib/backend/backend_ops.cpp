@@ -541,6 +541,17 @@ void Backend::moe_unpermute_backward(const Tensor& dexpert_out, const Tensor& dg
 
 // ---- optimizer ---------------------------------------------------------------------------------
 
+namespace {
+
+// The optimizer state's type: G, or bf16 beside f32 G (optimizer.state_dtype: bf16).
+DType moment_dtype(const ArgCheck& check, std::string_view op, DType g_type, const Tensor& m) {
+  if (m.dtype == DType::bf16 && g_type == DType::f32) return DType::bf16;
+  check.dtype(op, "m", m, g_type);
+  return g_type;
+}
+
+}  // namespace
+
 void Backend::adamw(const Tensor& param, const Tensor& master, const Tensor& grad, const Tensor& m,
                     const Tensor& v, std::span<const AdamWRange> ranges, const AdamW& hyper) {
   constexpr std::string_view op = "adamw";
@@ -548,10 +559,12 @@ void Backend::adamw(const Tensor& param, const Tensor& master, const Tensor& gra
   check.present(op, "param", param);
   const int64_t count = param.numel();
   const DType g_type = grad_dtype(param.dtype);
-  for (const auto& [name, t] : {std::pair<std::string_view, const Tensor*>{"grad", &grad},
-                                std::pair<std::string_view, const Tensor*>{"m", &m},
+  check.dtype(op, "grad", grad, g_type);
+  check.numel(op, "grad", grad, count);
+  const DType m_type = moment_dtype(check, op, g_type, m);
+  for (const auto& [name, t] : {std::pair<std::string_view, const Tensor*>{"m", &m},
                                 std::pair<std::string_view, const Tensor*>{"v", &v}}) {
-    check.dtype(op, name, *t, g_type);
+    check.dtype(op, name, *t, m_type);
     check.numel(op, name, *t, count);
   }
   if (!master.empty()) {
@@ -583,7 +596,7 @@ void Backend::momentum_update(const Tensor& param, const Tensor& master, const T
   const bool needs_m = hyper.rule != MomentumRule::sgd || hyper.beta1 != 0;
   if (needs_m || !m.empty()) {
     check.present(op, "m", m);
-    check.dtype(op, "m", m, g_type);
+    moment_dtype(check, op, g_type, m);
     check.numel(op, "m", m, count);
   }
   if (hyper.rule == MomentumRule::muon) {

@@ -56,10 +56,12 @@
 namespace trainctl::model {
 
 // The optimizer's per-element state buffers beside each parameter (train::moment_names): how
-// many (0 to 2) and the name a checkpoint gives each. Trivially copyable (the names are literals).
+// many (0 to 2), the name a checkpoint gives each, and whether they are bf16
+// (optimizer.state_dtype; else the gradient type). Trivially copyable (the names are literals).
 struct MomentNames {
   int count = 2;
   std::array<const char*, 2> names{"adam_m", "adam_v"};
+  bool bf16 = false;
   std::vector<std::string> list() const {
     return std::vector<std::string>(names.begin(), names.begin() + count);
   }

@@ -256,7 +256,8 @@ ParamTable build_param_table(const ModelConfig& c, const ModelParallel& par) {
 }
 
 namespace {
-DType moment_dtype(DType storage) {
+DType moment_type(DType storage, bool bf16) {
+  if (bf16) return DType::bf16;
   return storage == DType::f64 ? DType::f64 : DType::f32;
 }
 bool needs_master(DType storage) {
@@ -275,10 +276,13 @@ ParamStore::ParamStore(Backend& be, ParamTable table, DType storage, int zero_pa
       storage_(storage),
       shard_grads_(shard_grads),
       moment_names_(moments.list()),
+      moment_dtype_(moment_type(storage, moments.bf16)),
       shard_values_(shard_values) {
   if (moments.count < 0 || moments.count > 2)
     throw std::invalid_argument("ParamStore: " + std::to_string(moments.count) +
                                 " moment buffers; it keeps 0 to 2");
+  if (moments.bf16 && storage == DType::f64)
+    throw std::invalid_argument("ParamStore: bf16 moments beside f64 storage (its G is f64)");
   if (shard_values && !shard_grads)
     throw std::invalid_argument(
         "ParamStore: sharded values (ZeRO-3) need sharded gradients (ZeRO-2's block slots)");
@@ -321,10 +325,8 @@ ParamStore::ParamStore(Backend& be, ParamTable table, DType storage, int zero_pa
     block_of_value_slot_.assign(kValueSlots, -1);
   }
   if (needs_master(storage)) master_ = allocate_at_least_one(be, part * sizeof(float));
-  if (moments.count >= 1)
-    m_ = allocate_at_least_one(be, part * tensor::dtype_size(moment_dtype(storage)));
-  if (moments.count >= 2)
-    v_ = allocate_at_least_one(be, part * tensor::dtype_size(moment_dtype(storage)));
+  if (moments.count >= 1) m_ = allocate_at_least_one(be, part * tensor::dtype_size(moment_dtype_));
+  if (moments.count >= 2) v_ = allocate_at_least_one(be, part * tensor::dtype_size(moment_dtype_));
 }
 
 Tensor ParamStore::values() const {
@@ -557,10 +559,10 @@ Tensor ParamStore::master() const {
   return master_.data() ? master_.view(DType::f32, {opt_end_ - opt_begin_}) : Tensor{};
 }
 Tensor ParamStore::moment1() const {
-  return m_.data() ? m_.view(moment_dtype(storage_), {opt_end_ - opt_begin_}) : Tensor{};
+  return m_.data() ? m_.view(moment_dtype_, {opt_end_ - opt_begin_}) : Tensor{};
 }
 Tensor ParamStore::moment2() const {
-  return v_.data() ? v_.view(moment_dtype(storage_), {opt_end_ - opt_begin_}) : Tensor{};
+  return v_.data() ? v_.view(moment_dtype_, {opt_end_ - opt_begin_}) : Tensor{};
 }
 
 Tensor ParamStore::slice(const Tensor& whole, const ParamSpec& spec) {
@@ -665,7 +667,7 @@ ParamStore::Bytes ParamStore::bytes() const {
     b.grads += static_cast<size_t>(kGradSlots * largest_block()) * item;
   }
   b.optimizer = (has_master() ? part * sizeof(float) : 0) +
-                static_cast<size_t>(moments()) * part * tensor::dtype_size(moment_dtype(storage_));
+                static_cast<size_t>(moments()) * part * tensor::dtype_size(moment_dtype_);
   return b;
 }
 

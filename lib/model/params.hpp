@@ -254,6 +254,8 @@ class ParamStore {
   Tensor moment1() const;
   Tensor moment2() const;
   int moments() const { return static_cast<int>(moment_names_.size()); }
+  // Their type: the gradient type G, or bf16 (MomentNames::bf16).
+  DType moment_dtype() const { return moment_dtype_; }
   // Their checkpoint names, moment1's first.
   const std::vector<std::string>& moment_names() const { return moment_names_; }
   int64_t optimizer_begin() const { return opt_begin_; }
@@ -283,6 +285,7 @@ class ParamStore {
   bool shard_grads_ = false;
   int64_t opt_begin_ = 0, opt_end_ = 0;
   std::vector<std::string> moment_names_;
+  DType moment_dtype_;
   backend::Allocation values_, grads_, master_, m_, v_;
   // Sharded gradients: the part, the outer regions [0, front_end_) and [back_begin_, numel), the
   // block slots, and which slot each block of the stage is bound to (-1: none).

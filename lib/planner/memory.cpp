@@ -9,8 +9,9 @@
 //                 the same way (its sharded values);
 //   optimizer     its part of the ZeRO partition (model::zero_partition, the engine's own
 //                 function: dp parts cut at row boundaries of the flat buffer), all of it
-//                 without ZeRO, times the optimizer's moments (train::optimizer_moments); Muon's
-//                 and Adafactor's own buffers (train::Optimizer::bytes);
+//                 without ZeRO, times the optimizer's moments (train::optimizer_moments; 2 bytes
+//                 each with state_dtype bf16); Muon's and Adafactor's own buffers
+//                 (train::Optimizer::bytes);
 //   activations   Transformer::assign(): every tensor of every activation slot (the
 //                 schedule's micro-batches in flight on the stage; with ZB-H1 each slot also
 //                 keeps the output gradients its weight-gradient pass W needs) rounded to 64 bytes
@@ -317,6 +318,8 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   // global tensor of the largest weight split over tp or ep, and Newton-Schulz's iterate and two
   // Gram matrices for the largest matrix (q, k and v apart).
   const int moments = train::optimizer_moments(r.optimizer);
+  // Their element size: G's, or 2 bytes with optimizer.state_dtype bf16.
+  const double moment_item = r.optimizer.state_dtype == train::StateDtype::bf16 ? 2.0 : z.moment;
   double own_fixed = 0;
   if (r.optimizer.name == recipe::OptimizerName::muon) {
     int64_t largest_global = 1, largest_matrix = 1, largest_gram = 1;
@@ -412,7 +415,7 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   auto sharded = [&](int64_t p, int64_t b, int64_t o) {
     Sharded x;
     x.params = (zero3 ? sharded_buffer(p, kValueSlots) : static_cast<double>(elements)) * z.storage;
-    x.optimizer = static_cast<double>(p) * (z.master + moments * z.moment) +
+    x.optimizer = static_cast<double>(p) * (z.master + moments * moment_item) +
                   own_bytes(std::max<int64_t>(p, 1));
     x.grads = (zero2 ? sharded_buffer(p, kGradSlots) : static_cast<double>(elements)) * z.grad;
     if (zero) {

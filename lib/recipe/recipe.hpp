@@ -45,6 +45,7 @@ using Fp8 = model::Fp8Mode;                      // precision.fp8
 using LossScaleMode = train::LossScaleKind;      // precision.loss_scale
 using Decay = train::DecayKind;                  // schedule.decay
 using ReduceDtype = train::ReduceDtype;          // precision.reduce_dtype
+using StateDtype = train::StateDtype;            // optimizer.state_dtype
 using DataSource = data::SourceKind;             // data.source
 using Progress = telemetry::ProgressMode;        // logging.progress
 using OptimizerName = train::OptimizerName;      // optimizer.name
@@ -92,6 +93,10 @@ template <>
 struct EnumNames<OptimizerName> {
   static constexpr std::array<std::string_view, 5> names{"adamw", "sgd", "lion", "muon",
                                                          "adafactor"};
+};
+template <>
+struct EnumNames<StateDtype> {
+  static constexpr std::array<std::string_view, 2> names{"fp32", "bf16"};
 };
 template <>
 struct EnumNames<ReduceDtype> {

@@ -230,6 +230,21 @@ void check_optimizer(const Recipe& r, RuleChecker& c) {
     c.fail({"optimizer.nesterov", "optimizer.momentum"},
            "optimizer.nesterov: true needs optimizer.momentum > 0 (sgd): set a momentum, or "
            "nesterov: false for plain SGD");
+  // bf16 moments need per-element moments to halve, and f32 arithmetic beside them.
+  if (c.usable({"optimizer.state_dtype", "optimizer.name", "optimizer.momentum"}) &&
+      o.state_dtype == StateDtype::bf16 && train::optimizer_moments(o) == 0)
+    c.fail({"optimizer.state_dtype", "optimizer.name"},
+           fmt::format("optimizer.state_dtype: bf16 needs an optimizer with per-element moments, "
+                       "but {} keeps none{}: remove state_dtype (or use fp32)",
+                       o.name == OptimizerName::adafactor ? "adafactor" : "sgd without momentum",
+                       o.name == OptimizerName::adafactor
+                           ? " (its factored statistics are a row and a column per matrix)"
+                           : ""));
+  if (c.usable({"optimizer.state_dtype", "precision.compute"}) &&
+      o.state_dtype == StateDtype::bf16 && r.model.storage == DType::f64)
+    c.fail({"optimizer.state_dtype", "precision.compute"},
+           "optimizer.state_dtype: bf16 does not go with precision.compute: fp64 (the float64 "
+           "reference keeps float64 moments): use state_dtype fp32, or compute bf16 or fp32");
 }
 
 void check_schedule_and_data(const Recipe& r, RuleChecker& c) {

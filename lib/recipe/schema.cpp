@@ -284,6 +284,10 @@ std::vector<KeySpec> build_schema() {
   t.push_back(
       row<B(optimizer, clip_threshold)>("optimizer.clip_threshold", 1.0, above(0),
                                         "adafactor: the update's RMS is clipped to this (d)"));
+  t.push_back(row<B(optimizer, state_dtype)>(
+      "optimizer.state_dtype", StateDtype::fp32, none(),
+      "type of the optimizer's moments: bf16 halves them, stochastically rounded (seeded by "
+      "determinism.seed)"));
   // schedule
   t.push_back(row<B(schedule, warmup_steps)>("schedule.warmup_steps", 20, at_least(0),
                                              "linear warm-up steps from 0 to optimizer.lr"));

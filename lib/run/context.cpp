@@ -78,6 +78,7 @@ RunContext::RunContext(const SessionInput& input, RankLog& log)
   train_config.timeline_step = r.logging.timeline_step;
   train_config.zero = r.parallel.zero;
   train_config.reduce_dtype = r.precision.reduce_dtype;
+  train_config.seed = static_cast<uint64_t>(r.determinism.seed);
   train_config.overlap_grad_sync = r.parallel.overlap_grad_sync;
   if (input.debug_slow_rank.rank == input.rank.rank)
     train_config.debug_step_delay = input.debug_slow_rank.delay;

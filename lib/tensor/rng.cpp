@@ -3,19 +3,12 @@
 #include <cmath>
 #include <numbers>
 
+#include "tensor/stochastic_round.hpp"
+
 namespace trainctl::tensor {
 
 std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
-  constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
-  constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = uint64_t{kMul0} * c[0];
-    const uint64_t p1 = uint64_t{kMul1} * c[2];
-    c = {static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k[0], static_cast<uint32_t>(p1),
-         static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ k[1], static_cast<uint32_t>(p0)};
-    k[0] += kWeyl0;
-    k[1] += kWeyl1;
-  }
+  philox4x32_10(c.data(), k[0], k[1]);
   return c;
 }
 

@@ -42,6 +42,7 @@ struct Buffer {
   int64_t begin = 0;         // flat element index of whole's first element
   bool partitioned = false;  // the ZeRO part: written by every dp rank (SaveRole::writes_part)
   bool written = true;
+  bool moment = false;  // the optimizer's moments: read from f32 or bf16 (state_dtype changed)
 };
 
 std::vector<Buffer> buffers(const model::ParamStore& p) {
@@ -59,7 +60,7 @@ std::vector<Buffer> buffers(const model::ParamStore& p) {
   // The optimizer's state, by the names it gives its buffers (train::moment_names).
   const tensor::Tensor moments[] = {p.moment1(), p.moment2()};
   for (size_t i = 0; i < p.moment_names().size(); ++i)
-    out.push_back({p.moment_names()[i] + "/", moments[i], b, true});
+    out.push_back({p.moment_names()[i] + "/", moments[i], b, true, true, true});
   return out;
 }
 
@@ -234,11 +235,36 @@ void capture_optimizer_state(CaptureTarget& target, const Optimizer& optimizer,
                                 host + static_cast<size_t>(t.offset) * item);
 }
 
+bool float_state(tensor::DType t) {
+  return t == tensor::DType::f32 || t == tensor::DType::bf16;
+}
+
+// `count` moments of type `from` (f32 or bf16) at `src` as `to` at `dst`.
+void convert_state(tensor::DType from, const char* src, tensor::DType to, char* dst,
+                   int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    float x = 0;
+    if (from == tensor::DType::f32) {
+      std::memcpy(&x, src + i * 4, 4);
+    } else {
+      tensor::bf16 b;
+      std::memcpy(&b.bits, src + i * 2, 2);
+      x = tensor::to_float(b);
+    }
+    if (to == tensor::DType::f32) {
+      std::memcpy(dst + i * 4, &x, 4);
+    } else {
+      const tensor::bf16 b = tensor::to_bf16(x);
+      std::memcpy(dst + i * 2, &b.bits, 2);
+    }
+  }
+}
+
 }  // namespace
 
 void read_param_tensors(const ckpt::CheckpointReader& reader, const model::ParamStore& params,
                         backend::Backend& be) {
-  std::vector<char> staging, scratch;
+  std::vector<char> staging, scratch, stored;
   for (const Buffer& buffer : buffers(params)) {
     if (buffer.whole.numel() == 0) continue;
     const size_t element = tensor::dtype_size(buffer.whole.dtype);
@@ -253,7 +279,11 @@ void read_param_tensors(const ckpt::CheckpointReader& reader, const model::Param
       const std::string name = buffer.prefix + spec.name;
       const ckpt::TensorEntry& entry = reader.tensor(name);
       const std::vector<int64_t> local_shape = dims(spec.shape), global_shape = global_dims(spec);
-      if (entry.dtype != buffer.whole.dtype || entry.shape != global_shape)
+      // Moments saved under another optimizer.state_dtype are converted: bf16 to f32 exactly,
+      // f32 to bf16 rounded to nearest.
+      const bool converted = buffer.moment && entry.dtype != buffer.whole.dtype &&
+                             float_state(entry.dtype) && float_state(buffer.whole.dtype);
+      if ((entry.dtype != buffer.whole.dtype && !converted) || entry.shape != global_shape)
         throw CheckpointMismatch(
             fmt::format("{}: tensor {} is {} [{}] in the checkpoint but {} [{}] in this model",
                         reader.dir().string(), name, tensor::dtype_name(entry.dtype),
@@ -262,6 +292,21 @@ void read_param_tensors(const ckpt::CheckpointReader& reader, const model::Param
       char* local = base + static_cast<size_t>(spec.offset - buffer.begin) * element;
       for (const ParamBox& box : param_boxes(spec, first, last)) {
         const int64_t offset = contiguous_offset(local_shape, box.local);
+        if (converted) {
+          int64_t count = 1;
+          for (const Range& r : box.local)
+            count *= r.size();
+          stored.resize(static_cast<size_t>(count) * tensor::dtype_size(entry.dtype));
+          reader.read(name, box.global, entry.dtype, stored.data());
+          scratch.resize(static_cast<size_t>(count) * element);
+          convert_state(entry.dtype, stored.data(), buffer.whole.dtype, scratch.data(), count);
+          if (offset >= 0)
+            std::memcpy(local + static_cast<size_t>(offset) * element, scratch.data(),
+                        scratch.size());
+          else
+            copy_box(local_shape, box.local, element, local, scratch.data(), false);
+          continue;
+        }
         if (offset >= 0) {
           reader.read(name, box.global, buffer.whole.dtype,
                       local + static_cast<size_t>(offset) * element);

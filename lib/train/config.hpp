@@ -27,6 +27,11 @@ struct TrainingConfig {
 //          column vector per matrix), relative step size, update clipping, no momentum
 enum class OptimizerName { adamw, sgd, lion, muon, adafactor };
 
+// optimizer.state_dtype: the type of the per-element moments (m, v, momentum). bf16 halves them
+// and stores each update stochastically rounded (tensor/stochastic_round.hpp), keyed by the seed
+// and the element's global index, so every layout rounds alike.
+enum class StateDtype { fp32, bf16 };
+
 // optimizer.*: the update rule and the global gradient-norm clip.
 struct OptimizerConfig {
   OptimizerName name = OptimizerName::adamw;
@@ -40,6 +45,7 @@ struct OptimizerConfig {
   int ns_steps = 5;             // muon: Newton-Schulz iterations
   double beta2_decay = -0.8;    // adafactor: 1 - beta2 at step t is t^beta2_decay
   double clip_threshold = 1.0;  // adafactor: d, the update's RMS is clipped to it
+  StateDtype state_dtype = StateDtype::fp32;
   bool operator==(const OptimizerConfig&) const = default;
 };
 

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "model/zero_partition.hpp"
+#include "tensor/rng.hpp"
+#include "tensor/stochastic_round.hpp"
 
 namespace trainctl::train {
 
@@ -60,7 +62,7 @@ model::MomentNames moment_names(const OptimizerConfig& config) {
     case OptimizerName::adafactor:  // none: its factored state is Optimizer::state
       break;
   }
-  return {optimizer_moments(config), names};
+  return {optimizer_moments(config), names, config.state_dtype == StateDtype::bf16};
 }
 
 bool muon_matrix(const model::ParamSpec& spec) {
@@ -165,18 +167,97 @@ struct Optimizer::Muon {
 
 namespace {
 
-// The part-relative ranges of the parameters for which `take` holds, joined where they share
-// their decay.
+// A parameter's local elements [begin, end) (its own flat indices) as rows in its global tensor:
+// local element begin + r * local_width + c is global element global_begin + r * global_width + c
+// (Backend::AdamWRange's placement).
+struct Placement {
+  int64_t begin = 0, end = 0, global_begin = 0, local_width = 1, global_width = 1;
+};
+
+// The placements of all of `spec`'s local elements: the runs of local elements that are contiguous
+// in the global tensor (the dimensions after the last split one, times one piece of it), joined
+// where they follow at a fixed global stride. An unsplit parameter is one run; a column-split
+// matrix one placement of rows; a tensor-parallel qkv one per head group (q, k, v).
+std::vector<Placement> placements(const model::ParamSpec& spec) {
+  const int64_t n = spec.shape.numel();
+  const int rank = spec.shape.rank;
+  int d = rank - 1;
+  int64_t inner = 1;
+  const auto whole = [&](int dim) {
+    const auto& p = spec.pieces[static_cast<size_t>(dim)];
+    return p.size() == 1 && p[0].begin == 0 && p[0].end == spec.global_shape[dim];
+  };
+  if (!spec.pieces.empty())
+    while (d >= 0 && whole(d))
+      inner *= spec.shape[d--];
+  if (spec.pieces.empty() || d < 0)
+    return {Placement{0, n, 0, std::max<int64_t>(n, 1), std::max<int64_t>(n, 1)}};
+  int64_t outer = 1;
+  for (int k = 0; k < d; ++k)
+    outer *= spec.shape[k];
+  std::vector<Placement> out;
+  int64_t local = 0;
+  for (int64_t o = 0; o < outer; ++o)
+    for (const model::IndexRange& piece : spec.pieces[static_cast<size_t>(d)]) {
+      const int64_t len = piece.size() * inner;
+      if (len == 0) continue;
+      const int64_t global = spec.global_index(local);
+      if (!out.empty()) {
+        Placement& p = out.back();
+        const int64_t runs = (p.end - p.begin) / p.local_width;
+        if (p.end == local && p.local_width == len && global > p.global_begin &&
+            (runs == 1 || global == p.global_begin + runs * p.global_width)) {
+          if (runs == 1) p.global_width = global - p.global_begin;
+          p.end += len;
+          local += len;
+          continue;
+        }
+      }
+      out.push_back(Placement{local, local + len, global, len, len});
+      local += len;
+    }
+  return out;
+}
+
+// The part-relative ranges of the parameters for which `take` holds. With `rounded` (bf16
+// moments) each range carries its parameter's rounding key (from `seed` and the name) and the
+// global placement of its elements, one range per placement cut to the part; else ranges are
+// joined where they share their decay.
 template <class Take>
-std::vector<Range> part_ranges(const model::ParamStore& params, Take take) {
+std::vector<Range> part_ranges(const model::ParamStore& params, Take take, bool rounded = false,
+                               uint64_t seed = 0) {
   const int64_t first = params.optimizer_begin(), last = params.optimizer_end();
   std::vector<Range> ranges;
   for (const model::ParamSpec& spec : params.table().specs()) {
     if (!take(spec)) continue;
     const int64_t begin = std::max(spec.offset, first);
     const int64_t end = std::min(spec.offset + spec.shape.numel(), last);
-    model::append_joined(ranges, Range{begin - first, end - first, spec.weight_decay},
-                         [](const Range& a, const Range& b) { return a.decay == b.decay; });
+    if (!rounded) {
+      model::append_joined(ranges, Range{begin - first, end - first, spec.weight_decay},
+                           [](const Range& a, const Range& b) { return a.decay == b.decay; });
+      continue;
+    }
+    const uint64_t key = tensor::rounding_key(seed, tensor::stream_key(spec.name));
+    const int64_t lo = begin - spec.offset, hi = end - spec.offset;  // the parameter's own indices
+    const auto add = [&](int64_t a, int64_t b, int64_t global, int64_t lw, int64_t gw) {
+      ranges.push_back(Range{spec.offset + a - first, spec.offset + b - first, spec.weight_decay,
+                             key, global, lw, gw});
+    };
+    for (const Placement& p : placements(spec)) {
+      int64_t a = std::max(p.begin, lo);
+      const int64_t b = std::min(p.end, hi);
+      if (a >= b) continue;
+      int64_t row = (a - p.begin) / p.local_width;
+      const int64_t phase = (a - p.begin) % p.local_width;
+      if (phase != 0) {  // the part starts inside a row: that row's rest on its own
+        const int64_t head_end = std::min(b, a + (p.local_width - phase));
+        add(a, head_end, p.global_begin + row * p.global_width + phase, head_end - a, head_end - a);
+        a = head_end;
+        ++row;
+        if (a >= b) continue;
+      }
+      add(a, b, p.global_begin + row * p.global_width, p.local_width, p.global_width);
+    }
   }
   return ranges;
 }
@@ -290,9 +371,17 @@ struct Optimizer::Adafactor {
 };
 
 Optimizer::Optimizer(const OptimizerConfig& config, Backend& be, const model::ParamStore& params,
-                     const model::ModelConfig& model, bool zero_sharded, const comm::Mesh* mesh)
+                     const model::ModelConfig& model, bool zero_sharded, const comm::Mesh* mesh,
+                     uint64_t seed)
     : config_(config), be_(be), grad_dtype_(params.grad_dtype()) {
-  all_ = part_ranges(params, [](const model::ParamSpec&) { return true; });
+  const bool rounded = config.state_dtype == StateDtype::bf16;
+  all_ = part_ranges(
+      params, [](const model::ParamSpec&) { return true; }, rounded, seed);
+  if (params.moments() > 0 &&
+      params.moment_dtype() != (rounded ? DType::bf16 : params.grad_dtype()))
+    throw std::invalid_argument(fmt::format(
+        "optimizer: the parameter store keeps {} moments, optimizer.state_dtype wants {}",
+        tensor::dtype_name(params.moment_dtype()), rounded ? "bf16" : "the gradient type"));
   if (params.moment_names() != moment_names(config).list())
     throw std::invalid_argument(fmt::format(
         "optimizer: the parameter store keeps the moment buffers [{}], the optimizer needs [{}] "
@@ -370,8 +459,9 @@ Optimizer::Optimizer(const OptimizerConfig& config, Backend& be, const model::Pa
   Muon& mu = *muon_;
   mu.mesh = mesh;
   mu.ns_steps = config.ns_steps;
-  mu.muon = part_ranges(params, muon_matrix);
-  mu.adamw = part_ranges(params, [](const model::ParamSpec& s) { return !muon_matrix(s); });
+  mu.muon = part_ranges(params, muon_matrix, rounded, seed);
+  mu.adamw = part_ranges(
+      params, [](const model::ParamSpec& s) { return !muon_matrix(s); }, rounded, seed);
   const DType G = params.grad_dtype();
   const size_t item = tensor::dtype_size(G);
   const int64_t part = params.optimizer_end() - params.optimizer_begin();
@@ -603,6 +693,7 @@ void Optimizer::step(model::ParamStore& params, double lr, double grad_scale) {
     hyper.weight_decay = config_.weight_decay;
     hyper.grad_scale = grad_scale;
     hyper.nesterov = config_.nesterov;
+    hyper.step = updates_;
     be_.momentum_update(params.value_part(), params.master(), params.grad_part(), params.moment1(),
                         {}, all_, hyper);
     return;
@@ -621,6 +712,7 @@ void Optimizer::step(model::ParamStore& params, double lr, double grad_scale) {
     hyper.beta1 = config_.momentum;
     hyper.grad_scale = grad_scale;
     hyper.nesterov = config_.nesterov;
+    hyper.step = updates_;
     be_.momentum_update(params.value_part(), params.master(), params.grad_part(), params.moment1(),
                         part_update, mu.muon, hyper);
   }

@@ -88,8 +88,10 @@ class Optimizer {
  public:
   // model: the shapes Muon splits qkv by. zero_sharded: the store holds one ZeRO part of several
   // (over mesh->dp_cp()). mesh: the rank's groups (null on one rank).
+  // seed: bf16 moments' stochastic rounding (determinism.seed).
   Optimizer(const OptimizerConfig& config, backend::Backend& be, const model::ParamStore& params,
-            const model::ModelConfig& model, bool zero_sharded, const comm::Mesh* mesh);
+            const model::ModelConfig& model, bool zero_sharded, const comm::Mesh* mesh,
+            uint64_t seed = 0);
   ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;

@@ -101,7 +101,7 @@ Trainer::Trainer(const TrainConfig& config, model::Transformer& model, backend::
       lr_(LrSchedule::of(config.optimizer, config.schedule, config.steps)),
       scaler_(config.loss_scaling, model.config().storage == tensor::DType::f16),
       optimizer_(config.optimizer, backend, model.params(), model.config(),
-                 model.parallel().zero_parts() > 1, mesh),
+                 model.parallel().zero_parts() > 1, mesh, config.seed),
       guard_(config.stability) {
   if (config.micro_batch != model.micro_batch())
     throw std::invalid_argument("trainer micro_batch " + std::to_string(config.micro_batch) +

@@ -33,6 +33,7 @@ namespace trainctl::train {
 // (train/config.hpp), plus the few settings of other sections the step loop needs.
 struct TrainConfig : TrainingConfig {
   OptimizerConfig optimizer;
+  uint64_t seed = 0;  // determinism.seed: bf16 optimizer moments' stochastic rounding
   ScheduleConfig schedule;
   LossScalingConfig loss_scaling;  // applied only to a model that stores fp16
   int64_t eval_every_steps = 0;    // 0: only at the end

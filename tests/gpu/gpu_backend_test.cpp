@@ -25,6 +25,8 @@
 
 #include "backend_op_cases.hpp"
 #include "gpu_compare.hpp"
+#include "tensor/rng.hpp"
+#include "tensor/stochastic_round.hpp"
 
 using gpu_compare::enqueue_long_work;
 using gpu_compare::Harness;
@@ -297,6 +299,65 @@ TEST_CASE("cuda momentum rules (sgd, lion, muon) and apply_update match the CPU 
         GPU_EXPECT_IDENTICAL(h, param, "param");
         if (keeps_m) GPU_EXPECT_IDENTICAL(h, m, "m");
         if (rule == Rule::muon) GPU_EXPECT_IDENTICAL(h, out, "out");
+        if (with_master) GPU_EXPECT_IDENTICAL(h, master, "master");
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda adamw and momentum rules with bf16 state round as the CPU does, bit for bit") {
+  // optimizer.state_dtype bf16: the moments stochastically rounded with the bits of each
+  // element's global index (tensor/stochastic_round.hpp). Ranges: a contiguous run, the rows of
+  // a column-split matrix (600 of every 1000 global columns, from column 41), and one without
+  // weight decay placed far into its parameter.
+  Harness h;
+  using Rule = Backend::MomentumRule;
+  const int64_t n = 100003;
+  const uint64_t key =
+      trainctl::tensor::rounding_key(5, trainctl::tensor::stream_key("layers.0.mlp.fc1.weight"));
+  const std::vector<Backend::AdamWRange> ranges{
+      {0, 30000, true, key, 0, 30000, 30000},
+      {30000, 90000, true, key, 41, 600, 1000},
+      {90000, n, false, key, 200000, n - 90000, n - 90000}};
+  const trainctl::tensor::Tensor none;
+  for (const DType dtype : kGpuFloatTypes) {
+    for (const bool with_master : {false, true}) {
+      // -1: adamw; else a momentum rule.
+      for (const int rule : {-1, static_cast<int>(Rule::sgd), static_cast<int>(Rule::lion),
+                             static_cast<int>(Rule::muon)}) {
+        Twin param = h.random(dtype, {n}, 1);
+        Twin master = h.output(DType::f32, {n}, 1);
+        if (with_master) {
+          h.cpu().cast(master.cpu, param.cpu);
+          h.gpu().cast(master.gpu, param.gpu);
+        }
+        Twin grad = h.random(DType::f32, {n}, 1, 1e-4, 3.0);
+        Twin m = h.output(DType::bf16, {n}, 1);
+        Twin v = h.output(DType::bf16, {n}, 1);
+        Twin out = h.output(DType::f32, {n}, 1);
+        for (int64_t step = 1; step <= 3; ++step) {
+          h.fill_random(grad, 1e-4, 3.0);
+          for (const bool gpu : {false, true}) {
+            Backend& be = gpu ? h.gpu() : h.cpu();
+            auto pick = [&](const Twin& t) { return gpu ? t.gpu : t.cpu; };
+            const trainctl::tensor::Tensor w = with_master ? pick(master) : none;
+            if (rule < 0) {
+              be.adamw(pick(param), w, pick(grad), pick(m), pick(v), ranges,
+                       Backend::AdamW{1e-3, 0.9, 0.95, 1e-8, 0.1, 0.37, step});
+              continue;
+            }
+            const auto r = static_cast<Rule>(rule);
+            const Backend::Momentum hyper{r, 3e-3, 0.9, 0.99, 0.1, 0.37, true, step};
+            be.momentum_update(pick(param), w, pick(grad), pick(m),
+                               r == Rule::muon ? pick(out) : none, ranges, hyper);
+          }
+        }
+        INFO("rule " << rule << " (-1: adamw), " << name_of(dtype)
+                     << (with_master ? " with" : " without") << " master, 3 steps");
+        GPU_EXPECT_IDENTICAL(h, param, "param");
+        GPU_EXPECT_IDENTICAL(h, m, "m");
+        if (rule < 0) GPU_EXPECT_IDENTICAL(h, v, "v");
+        if (rule == static_cast<int>(Rule::muon)) GPU_EXPECT_IDENTICAL(h, out, "out");
         if (with_master) GPU_EXPECT_IDENTICAL(h, master, "master");
       }
     }

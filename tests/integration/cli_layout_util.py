@@ -176,9 +176,9 @@ def key_bias_range(name, shape):
 KEY_BIAS_LIMIT = 0.05
 
 
-def check_weights(want, got, label, exact=False):
+def check_weights(want, got, label, exact=False, tensor_tolerance=TENSOR_TOLERANCE):
     """`got` equals `want`: the whole model within TOLERANCE and each tensor within
-    TENSOR_TOLERANCE, relative in L2 norm (the key bias of a fused qkv excepted: see
+    tensor_tolerance, relative in L2 norm (the key bias of a fused qkv excepted: see
     key_bias_range); or, with exact, bit for bit. Returns (whole-model error, worst tensor)."""
     check(sorted(want) == sorted(got),
           f"{label}: tensors {sorted(set(want) ^ set(got))} are in only one of the checkpoints")
@@ -206,9 +206,9 @@ def check_weights(want, got, label, exact=False):
         error = math.sqrt(diff / max(norm, 1e-60))
         if error > worst:
             worst, worst_name = error, name
-        check(error <= TENSOR_TOLERANCE,
+        check(error <= tensor_tolerance,
               f"{label}: final {name} differs from the single-rank run by {error:.3g} relative "
-              f"(L2 norm; tolerance {TENSOR_TOLERANCE} per tensor)")
+              f"(L2 norm; tolerance {tensor_tolerance} per tensor)")
     if exact:
         return 0.0, ""
     whole = math.sqrt(total_diff / max(total_norm, 1e-60))

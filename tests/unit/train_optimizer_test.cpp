@@ -2,19 +2,24 @@
 // papers, on random tensors: the backend's momentum rules (SGD, Lion, Muon's momentum, the update
 // Muon applies), Newton-Schulz, and whole Muon steps of a model (the orthogonalised 2-D weights,
 // q, k and v apart, and AdamW for the rest) and Adafactor steps (PyTorch's algorithm). fp32 against
-// float64: within 1e-6 of each value.
+// float64: within 1e-6 of each value. With bf16 state (optimizer.state_dtype) the same steps, the
+// stored moments a stochastically rounded neighbour of the float64 value, and a split matrix
+// rounded as the whole.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "backend_test_util.hpp"
 #include "model/model.hpp"
 #include "small_models.hpp"
+#include "tensor/rng.hpp"
+#include "tensor/stochastic_round.hpp"
 #include "train/optimizer.hpp"
 
 namespace {
@@ -454,4 +459,269 @@ TEST_CASE("train: adafactor steps of a model against a float64 reference") {
   // The state is the statistics alone: R + C numbers per matrix, n per vector.
   CHECK(static_cast<size_t>(optimizer.state().numel()) == state_numbers);
   CHECK(state_numbers < n / 10);
+}
+
+// ---- optimizer.state_dtype: bf16 (tensor/stochastic_round.hpp) ----
+
+namespace {
+
+// bf16's spacing at |x| (x normal): 2^(exponent - 7).
+double bf16_ulp(double x) {
+  int e = 0;
+  std::frexp(x, &e);  // |x| = f 2^e, f in [0.5, 1)
+  return std::ldexp(1.0, e - 1 - 7);
+}
+
+double bf16_value(uint16_t bits) {
+  return tensor::to_float(tensor::bf16{bits});
+}
+
+// A bf16 tensor of `values` rounded to nearest.
+void fill_bf16(const tensor::Tensor& t, const std::vector<double>& values) {
+  auto* p = static_cast<uint16_t*>(t.data);
+  for (size_t i = 0; i < values.size(); ++i)
+    p[i] = tensor::to_bf16(static_cast<float>(values[i])).bits;
+}
+
+std::vector<double> read_bf16(const tensor::Tensor& t) {
+  const auto* p = static_cast<const uint16_t*>(t.data);
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = bf16_value(p[i]);
+  return v;
+}
+
+// Every stored value is one of the two bf16 neighbours of the float64 reference (within f32's
+// own rounding of it), and the errors in ulps average near 0 (unbiased: round to nearest would
+// leave a mean of about +-0.25 on one side for each element, and truncation -0.5).
+void check_stochastically_rounded(const std::vector<double>& got, const std::vector<double>& want,
+                                  const char* what) {
+  INFO(what);
+  REQUIRE(got.size() == want.size());
+  double sum = 0;
+  size_t counted = 0, inexact = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (want[i] == 0) continue;
+    const double ulp = bf16_ulp(want[i]);
+    const double error = (got[i] - want[i]) / ulp;
+    INFO("element " << i << ": got " << got[i] << ", float64 " << want[i]);
+    REQUIRE(std::abs(error) < 1.0 + 1e-4);
+    sum += error;
+    ++counted;
+    if (got[i] !=
+        static_cast<double>(tensor::to_float(tensor::to_bf16(static_cast<float>(want[i])))))
+      ++inexact;
+  }
+  REQUIRE(counted > 500);
+  CHECK(std::abs(sum / static_cast<double>(counted)) < 0.05);
+  CHECK(inexact > counted / 10);  // not round to nearest in disguise
+}
+
+}  // namespace
+
+TEST_CASE("train: bf16 stochastic rounding is unbiased, exact on bf16 values, and keyed") {
+  // Representable values never move; the others go to a neighbour.
+  for (const float x : {1.0f, -2.5f, 0.0f, -0.0f, 3.0e38f, 1.0e-39f}) {
+    const uint16_t exact = tensor::to_bf16(x).bits;
+    if (bf16_value(exact) != static_cast<double>(x)) continue;
+    for (uint32_t r : {0u, 1u, 0x7FFFu, 0xFFFFu})
+      CHECK(tensor::bf16_stochastic(x, r) == exact);
+  }
+  CHECK(std::isnan(bf16_value(tensor::bf16_stochastic(std::nanf(""), 0xFFFF))));
+  CHECK(bf16_value(tensor::bf16_stochastic(INFINITY, 0xFFFF)) == INFINITY);
+  CHECK(bf16_value(tensor::bf16_stochastic(-INFINITY, 0xFFFF)) == -INFINITY);
+  // 1 + 0.3 ulp rounds up with probability 0.3 over the elements of a parameter at one step:
+  // within 5 sigma of 100,000 draws. And the mean of the rounded values is x.
+  const float ulp = 1.0f / 128.0f;
+  const float x = 1.0f + 0.3f * ulp;
+  const uint64_t key = tensor::rounding_key(1234, tensor::stream_key("layers.0.attn.qkv.weight"));
+  const int draws = 100000;
+  int up = 0;
+  for (int i = 0; i < draws; ++i) {
+    const uint16_t b = tensor::bf16_stochastic(x, tensor::rounding_bits(key, i, 7));
+    const double v = bf16_value(b);
+    REQUIRE((v == 1.0 || v == 1.0 + ulp));
+    up += v > 1.0;
+  }
+  const double p = static_cast<double>(up) / draws;
+  CHECK(std::abs(p - 0.3) < 5 * std::sqrt(0.3 * 0.7 / draws));
+  // Negative values round toward and away from zero alike (the bits are of the magnitude).
+  int away = 0;
+  for (int i = 0; i < draws; ++i)
+    away += bf16_value(tensor::bf16_stochastic(-x, tensor::rounding_bits(key, i, 8))) < -1.0;
+  CHECK(std::abs(static_cast<double>(away) / draws - 0.3) < 5 * std::sqrt(0.3 * 0.7 / draws));
+  // Pure functions of (seed, name, index, step): the same draw again; another of any differs.
+  CHECK(tensor::rounding_bits(key, 5, 7) == tensor::rounding_bits(key, 5, 7));
+  CHECK(tensor::rounding_bits(key, 5, 7) != tensor::rounding_bits(key, 6, 7));
+  CHECK(tensor::rounding_bits(key, 5, 7) != tensor::rounding_bits(key, 5, 8));
+  CHECK(tensor::rounding_bits(key, 5, 7) !=
+        tensor::rounding_bits(
+            tensor::rounding_key(1235, tensor::stream_key("layers.0.attn.qkv.weight")), 5, 7));
+  CHECK(tensor::rounding_bits(key, 5, 7) !=
+        tensor::rounding_bits(
+            tensor::rounding_key(1234, tensor::stream_key("layers.1.attn.qkv.weight")), 5, 7));
+  // The global index of a range described as rows.
+  CHECK(tensor::range_global_index(10, 10, 6, 6, 12) == 6);
+  CHECK(tensor::range_global_index(16, 10, 6, 6, 12) == 18);
+  CHECK(tensor::range_global_index(23, 10, 6, 6, 12) == 31);
+  CHECK(tensor::range_global_index(23, 10, 6, 20, 20) == 19);
+}
+
+TEST_CASE("train: adamw and the momentum rules with bf16 state against float64 references") {
+  Backend& be = backend_test::cpu();
+  // More than one CPU chunk (moment_chunks.hpp) and three ranges, one of them without decay.
+  const size_t n = 5000;
+  const auto N = static_cast<int64_t>(n);
+  const uint64_t key = tensor::rounding_key(7, tensor::stream_key("w"));
+  const std::vector<Backend::AdamWRange> ranges{{0, 2100, true, key, 0, 2100, 2100},
+                                                {2100, 4000, false, key, 2100, 1900, 1900},
+                                                {4000, 5000, true, key, 4000, 1000, 1000}};
+  const auto decayed = [](size_t i) { return i < 2100 || i >= 4000; };
+  const std::vector<double> w0 = random_values(n, 1, 0.05);
+  const std::vector<double> g = random_values(n, 3);
+  // Moments that are bf16 values (what a previous step stored).
+  const auto bf16_values = [](std::vector<double> v) {
+    for (double& x : v)
+      x = tensor::to_float(tensor::to_bf16(static_cast<float>(x)));
+    return v;
+  };
+  const std::vector<double> m0 = bf16_values(random_values(n, 2, 0.01));
+  std::vector<double> v0 = bf16_values(random_values(n, 4, 1e-4));
+  for (double& x : v0)
+    x = std::abs(x);
+  const double lr = 0.03, wd = 0.1, gs = 0.7;
+
+  SECTION("adamw") {
+    const double b1 = 0.9, b2 = 0.95, eps = 1e-8;
+    const int64_t step = 3;
+    const tensor::OwnedTensor w(DType::f32, {N}), grad(DType::f32, {N}), m(DType::bf16, {N}),
+        v(DType::bf16, {N});
+    fill(w.view(), w0);
+    fill(grad.view(), g);
+    fill_bf16(m.view(), m0);
+    fill_bf16(v.view(), v0);
+    be.adamw(w.view(), {}, grad.view(), m.view(), v.view(), ranges,
+             Backend::AdamW{lr, b1, b2, eps, wd, gs, step});
+    std::vector<double> want_w(n), want_m(n), want_v(n);
+    for (size_t i = 0; i < n; ++i) {  // Loshchilov & Hutter, Algorithm 2 (PyTorch's form)
+      const double gi = g[i] * gs;
+      want_m[i] = b1 * m0[i] + (1 - b1) * gi;
+      want_v[i] = b2 * v0[i] + (1 - b2) * gi * gi;
+      const double mhat = want_m[i] / (1 - std::pow(b1, step));
+      const double vhat = want_v[i] / (1 - std::pow(b2, step));
+      want_w[i] = w0[i] * (1 - lr * (decayed(i) ? wd : 0.0)) - lr * mhat / (std::sqrt(vhat) + eps);
+    }
+    // The weights step with the unrounded moments; the stored moments are rounded.
+    CHECK(worst_relative(read(w.view()), want_w) <= 1e-6);
+    check_stochastically_rounded(read_bf16(m.view()), want_m, "adamw m");
+    check_stochastically_rounded(read_bf16(v.view()), want_v, "adamw v");
+  }
+
+  SECTION("sgd, lion and muon's momentum") {
+    for (const auto& [rule, beta1, beta2] : {std::tuple{Backend::MomentumRule::sgd, 0.9, 0.0},
+                                             std::tuple{Backend::MomentumRule::lion, 0.9, 0.99},
+                                             std::tuple{Backend::MomentumRule::muon, 0.95, 0.0}}) {
+      INFO("rule " << static_cast<int>(rule));
+      const tensor::OwnedTensor w(DType::f32, {N}), grad(DType::f32, {N}), m(DType::bf16, {N}),
+          out(DType::f32, {N});
+      fill(w.view(), w0);
+      fill(grad.view(), g);
+      fill_bf16(m.view(), m0);
+      Backend::Momentum hyper{rule, lr, beta1, beta2, wd, gs, true, 5};
+      be.momentum_update(w.view(), {}, grad.view(), m.view(),
+                         rule == Backend::MomentumRule::muon ? out.view() : tensor::Tensor{},
+                         ranges, hyper);
+      std::vector<double> want_w = w0, want_m(n), want_out(n);
+      for (size_t i = 0; i < n; ++i) {
+        const double decay = decayed(i) ? wd : 0.0;
+        const double gi = g[i] * gs;
+        switch (rule) {
+          case Backend::MomentumRule::sgd: {
+            const double d_p = gi + decay * w0[i];
+            want_m[i] = beta1 * m0[i] + d_p;
+            want_w[i] = w0[i] - lr * (d_p + beta1 * want_m[i]);
+            break;
+          }
+          case Backend::MomentumRule::lion: {
+            const double c = beta1 * m0[i] + (1 - beta1) * gi;
+            want_w[i] = w0[i] * (1 - lr * decay) - lr * (c > 0 ? 1.0 : (c < 0 ? -1.0 : 0.0));
+            want_m[i] = beta2 * m0[i] + (1 - beta2) * gi;
+            break;
+          }
+          case Backend::MomentumRule::muon:
+            want_m[i] = beta1 * m0[i] + gi;
+            want_out[i] = gi + beta1 * want_m[i];
+            break;
+        }
+      }
+      CHECK(worst_relative(read(w.view()), want_w) <= 1e-6);
+      if (rule == Backend::MomentumRule::muon)
+        CHECK(worst_relative(read(out.view()), want_out) <= 1e-6);
+      check_stochastically_rounded(read_bf16(m.view()), want_m, "momentum");
+    }
+  }
+}
+
+TEST_CASE("train: bf16 state rounds a split matrix exactly as the whole one") {
+  // An [8, 12] matrix updated whole, and as the two column halves a tp2 rank pair holds (each
+  // [8, 6], its rows placed at stride 12 from column 0 or 6), and as a ZeRO-like part that starts
+  // inside a row: the same moments and weights, bit for bit.
+  Backend& be = backend_test::cpu();
+  const int64_t R = 8, C = 12, H = C / 2;
+  const uint64_t key = tensor::rounding_key(42, tensor::stream_key("layers.0.mlp.fc2.weight"));
+  const std::vector<double> w0 = random_values(R * C, 1, 0.05), g = random_values(R * C, 2);
+  const std::vector<double> m0 = random_values(R * C, 3, 0.01), v0 = random_values(R * C, 4, 1e-3);
+  const Backend::AdamW hyper{0.01, 0.9, 0.95, 1e-8, 0.1, 1.0, 4};
+  struct State {
+    tensor::OwnedTensor w, grad, m, v;
+    explicit State(int64_t n)
+        : w(DType::f32, {n}), grad(DType::f32, {n}), m(DType::bf16, {n}), v(DType::bf16, {n}) {}
+  };
+  const auto gather = [&](const std::vector<double>& all, int64_t c0) {  // columns c0..c0+H
+    std::vector<double> part;
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = c0; c < c0 + H; ++c)
+        part.push_back(all[static_cast<size_t>(r * C + c)]);
+    return part;
+  };
+  const auto start = [&](State& s, const std::vector<double>& w, const std::vector<double>& gr,
+                         const std::vector<double>& m, std::vector<double> v) {
+    for (double& x : v)
+      x = std::abs(x);
+    fill(s.w.view(), w);
+    fill(s.grad.view(), gr);
+    fill_bf16(s.m.view(), m);
+    fill_bf16(s.v.view(), v);
+  };
+  State whole(R * C);
+  start(whole, w0, g, m0, v0);
+  const Backend::AdamWRange every{0, R * C, true, key, 0, R * C, R * C};
+  be.adamw(whole.w.view(), {}, whole.grad.view(), whole.m.view(), whole.v.view(),
+           std::span<const Backend::AdamWRange>(&every, 1), hyper);
+  const std::vector<double> want_w = read(whole.w.view()), want_m = read_bf16(whole.m.view()),
+                            want_v = read_bf16(whole.v.view());
+  for (const int64_t c0 : {int64_t{0}, H}) {
+    INFO("columns from " << c0);
+    State half(R * H);
+    start(half, gather(w0, c0), gather(g, c0), gather(m0, c0), gather(v0, c0));
+    const Backend::AdamWRange rows{0, R * H, true, key, c0, H, C};
+    be.adamw(half.w.view(), {}, half.grad.view(), half.m.view(), half.v.view(),
+             std::span<const Backend::AdamWRange>(&rows, 1), hyper);
+    CHECK(read(half.w.view()) == gather(want_w, c0));
+    CHECK(read_bf16(half.m.view()) == gather(want_m, c0));
+    CHECK(read_bf16(half.v.view()) == gather(want_v, c0));
+  }
+  // A part [30, 96) of the whole: its elements as a range of a buffer of their own.
+  const int64_t first = 30;
+  State part(R * C - first);
+  const auto tail = [&](const std::vector<double>& all) {
+    return std::vector<double>(all.begin() + first, all.end());
+  };
+  start(part, tail(w0), tail(g), tail(m0), tail(v0));
+  const Backend::AdamWRange cut{0, R * C - first, true, key, first, R * C - first, R * C - first};
+  be.adamw(part.w.view(), {}, part.grad.view(), part.m.view(), part.v.view(),
+           std::span<const Backend::AdamWRange>(&cut, 1), hyper);
+  CHECK(read(part.w.view()) == tail(want_w));
+  CHECK(read_bf16(part.m.view()) == tail(want_m));
+  CHECK(read_bf16(part.v.view()) == tail(want_v));
 }

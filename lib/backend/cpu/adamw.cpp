@@ -4,7 +4,8 @@
 //   w = w (1 - lr wd);      w -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 // w is the master copy (G dtype: f32, or f64 for f64 storage) when given, and param = round(w);
 // without a master the storage param itself is w. Computed in compute_t<S>.
-// wd is hyper.weight_decay in ranges marked decay, else 0.
+// wd is hyper.weight_decay in ranges marked decay, else 0. bf16 m and v (f32 G only) are
+// widened, updated in f32 and stored stochastically rounded (moment_chunks.hpp).
 // Speed: one contiguous pass per range and case (with / without master) over restrict pointers,
 // with the bias corrections folded into constants, so the loop vectorises (sqrt and divide
 // included).
@@ -13,6 +14,7 @@
 #include <string_view>
 
 #include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/moment_chunks.hpp"
 
 namespace trainctl::backend::cpu {
 
@@ -33,32 +35,34 @@ void CpuBackend::do_adamw(const Tensor& param, const Tensor& master, const Tenso
     const C step_size = lr / correction1;  // lr * mhat = step_size * m
     const C inv_correction2 = C(1) / correction2;
     const C* __restrict g = grad.as<C>();
-    C* __restrict mm = m.as<C>();
-    C* __restrict vv = v.as<C>();
     S* __restrict p = param.as<S>();
-    for (const AdamWRange& range : ranges) {
-      const C decay = static_cast<C>(1.0 - hyper.lr * (range.decay ? hyper.weight_decay : 0.0));
-      // w_new = w * decay - step_size * m / (sqrt(v / correction2) + eps)
-      const auto update = [&](int64_t i, C w) {
-        const C gi = g[i] * gs;
-        const C mi = b1 * mm[i] + (C(1) - b1) * gi;
-        const C vi = b2 * vv[i] + (C(1) - b2) * gi * gi;
-        mm[i] = mi;
-        vv[i] = vi;
-        return w * decay - step_size * mi / (std::sqrt(vi * inv_correction2) + eps);
-      };
-      if (!master.empty()) {
-        C* __restrict w = master.as<C>();
-        for (int64_t i = range.begin; i < range.end; ++i) {
-          const C value = update(i, w[i]);
-          w[i] = value;
-          p[i] = tensor::store<S>(value);
-        }
-      } else {
-        for (int64_t i = range.begin; i < range.end; ++i)
-          p[i] = tensor::store<S>(update(i, tensor::load(p[i])));
-      }
-    }
+    for_moment_chunks<C>(
+        m, v, ranges, hyper.step,
+        [&](const AdamWRange& range, int64_t first, int64_t last, C* __restrict mm,
+            C* __restrict vv) {
+          const C decay = static_cast<C>(1.0 - hyper.lr * (range.decay ? hyper.weight_decay : 0.0));
+          // w_new = w * decay - step_size * m / (sqrt(v / correction2) + eps); mm, vv from first
+          const auto update = [&](int64_t i, C w) {
+            const C gi = g[i] * gs;
+            const int64_t k = i - first;
+            const C mi = b1 * mm[k] + (C(1) - b1) * gi;
+            const C vi = b2 * vv[k] + (C(1) - b2) * gi * gi;
+            mm[k] = mi;
+            vv[k] = vi;
+            return w * decay - step_size * mi / (std::sqrt(vi * inv_correction2) + eps);
+          };
+          if (!master.empty()) {
+            C* __restrict w = master.as<C>();
+            for (int64_t i = first; i < last; ++i) {
+              const C value = update(i, w[i]);
+              w[i] = value;
+              p[i] = tensor::store<S>(value);
+            }
+          } else {
+            for (int64_t i = first; i < last; ++i)
+              p[i] = tensor::store<S>(update(i, tensor::load(p[i])));
+          }
+        });
   });
 }
 

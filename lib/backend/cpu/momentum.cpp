@@ -7,11 +7,13 @@
 //   muon  g = gs grad;  m = mu m + g;  out = nesterov ? g + mu m : m
 //   apply w = w (1 - lr wd) - lr u
 // wd is the rule's weight decay in ranges marked decay, else 0; (1 - lr wd) is computed in double
-// and rounded once, as adamw.cpp does (kernels/momentum.cu computes the same bits).
+// and rounded once, as adamw.cpp does (kernels/momentum.cu computes the same bits). A bf16 m is
+// widened, updated in f32 and stored stochastically rounded (moment_chunks.hpp).
 #include <span>
 #include <string_view>
 
 #include "backend/cpu/cpu_backend.hpp"
+#include "backend/cpu/moment_chunks.hpp"
 
 namespace trainctl::backend::cpu {
 
@@ -22,24 +24,20 @@ C sign(C x) {
   return x > C(0) ? C(1) : (x < C(0) ? C(-1) : C(0));
 }
 
-// Calls f(i, w, decayed) -> new w over every range's elements, on the master when present;
-// `decayed` tells f whether the element's range takes weight decay.
+// Calls f(i, w) -> new w over elements [first, last), on the master when present.
 template <class S, class C, class F>
-void update_ranges(const Tensor& param, const Tensor& master,
-                   std::span<const Backend::AdamWRange> ranges, F&& f) {
+void update_run(const Tensor& param, const Tensor& master, int64_t first, int64_t last, F&& f) {
   S* __restrict p = param.as<S>();
-  for (const Backend::AdamWRange& range : ranges) {
-    if (!master.empty()) {
-      C* __restrict w = master.as<C>();
-      for (int64_t i = range.begin; i < range.end; ++i) {
-        const C value = f(i, w[i], range.decay);
-        w[i] = value;
-        p[i] = tensor::store<S>(value);
-      }
-    } else {
-      for (int64_t i = range.begin; i < range.end; ++i)
-        p[i] = tensor::store<S>(f(i, tensor::load(p[i]), range.decay));
+  if (!master.empty()) {
+    C* __restrict w = master.as<C>();
+    for (int64_t i = first; i < last; ++i) {
+      const C value = f(i, w[i]);
+      w[i] = value;
+      p[i] = tensor::store<S>(value);
     }
+  } else {
+    for (int64_t i = first; i < last; ++i)
+      p[i] = tensor::store<S>(f(i, tensor::load(p[i])));
   }
 }
 
@@ -58,37 +56,40 @@ void CpuBackend::do_momentum_update(const Tensor& param, const Tensor& master, c
     const C wd = static_cast<C>(hyper.weight_decay);
     const C decay = static_cast<C>(1.0 - hyper.lr * hyper.weight_decay);  // lion
     const C* __restrict g = grad.as<C>();
-    C* __restrict mm = m.empty() ? nullptr : m.as<C>();
-    switch (hyper.rule) {
-      case MomentumRule::sgd:
-        update_ranges<S, C>(param, master, ranges, [&](int64_t i, C w, bool decayed) {
-          const C gi = g[i] * gs + (decayed ? wd * w : C(0));
-          if (!mm) return w - lr * gi;
-          const C mi = b1 * mm[i] + gi;
-          mm[i] = mi;
-          return w - lr * (hyper.nesterov ? gi + b1 * mi : mi);
-        });
-        break;
-      case MomentumRule::lion:
-        update_ranges<S, C>(param, master, ranges, [&](int64_t i, C w, bool decayed) {
-          const C gi = g[i] * gs;
-          const C c = b1 * mm[i] + (C(1) - b1) * gi;
-          mm[i] = b2 * mm[i] + (C(1) - b2) * gi;
-          return w * (decayed ? decay : C(1)) - lr * sign(c);
-        });
-        break;
-      case MomentumRule::muon: {
-        C* __restrict o = out.as<C>();
-        for (const AdamWRange& range : ranges)
-          for (int64_t i = range.begin; i < range.end; ++i) {
-            const C gi = g[i] * gs;
-            const C mi = b1 * mm[i] + gi;
-            mm[i] = mi;
-            o[i] = hyper.nesterov ? gi + b1 * mi : mi;
+    // m (bf16 or G, moment_chunks.hpp) of the run [first, last) from first; null when empty.
+    for_moment_chunks<C>(
+        m, Tensor{}, ranges, hyper.step,
+        [&](const AdamWRange& range, int64_t first, int64_t last, C* __restrict mm, C*) {
+          switch (hyper.rule) {
+            case MomentumRule::sgd:
+              update_run<S, C>(param, master, first, last, [&](int64_t i, C w) {
+                const C gi = g[i] * gs + (range.decay ? wd * w : C(0));
+                if (!mm) return w - lr * gi;
+                const C mi = b1 * mm[i - first] + gi;
+                mm[i - first] = mi;
+                return w - lr * (hyper.nesterov ? gi + b1 * mi : mi);
+              });
+              break;
+            case MomentumRule::lion:
+              update_run<S, C>(param, master, first, last, [&](int64_t i, C w) {
+                const C gi = g[i] * gs;
+                const C c = b1 * mm[i - first] + (C(1) - b1) * gi;
+                mm[i - first] = b2 * mm[i - first] + (C(1) - b2) * gi;
+                return w * (range.decay ? decay : C(1)) - lr * sign(c);
+              });
+              break;
+            case MomentumRule::muon: {
+              C* __restrict o = out.as<C>();
+              for (int64_t i = first; i < last; ++i) {
+                const C gi = g[i] * gs;
+                const C mi = b1 * mm[i - first] + gi;
+                mm[i - first] = mi;
+                o[i] = hyper.nesterov ? gi + b1 * mi : mi;
+              }
+              break;
+            }
           }
-        break;
-      }
-    }
+        });
   });
 }
 
@@ -102,9 +103,10 @@ void CpuBackend::do_apply_update(const Tensor& param, const Tensor& master, cons
     const C rate = static_cast<C>(lr);
     const C kept = static_cast<C>(1.0 - lr * weight_decay);
     const C* __restrict u = update.as<C>();
-    update_ranges<S, C>(param, master, ranges, [&](int64_t i, C w, bool decayed) {
-      return w * (decayed ? kept : C(1)) - rate * u[i];
-    });
+    for (const AdamWRange& range : ranges)
+      update_run<S, C>(param, master, range.begin, range.end, [&](int64_t i, C w) {
+        return w * (range.decay ? kept : C(1)) - rate * u[i];
+      });
   });
 }
 

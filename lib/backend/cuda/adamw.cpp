@@ -40,6 +40,7 @@ void CudaBackend::do_adamw(const Tensor& param, const Tensor& master, const Tens
   const auto correction2 = static_cast<float>(1.0 - std::pow(hyper.beta2, t));
   k.step_size = lr / correction1;
   k.inv_correction2 = 1.0f / correction2;
+  k.step = static_cast<uint64_t>(hyper.step);
   const auto decay_of = [&](bool decay) {
     return static_cast<float>(1.0 - hyper.lr * (decay ? hyper.weight_decay : 0.0));
   };
@@ -48,13 +49,15 @@ void CudaBackend::do_adamw(const Tensor& param, const Tensor& master, const Tens
   std::vector<kernels::AdamWSpan> spans;
   spans.reserve(ranges.size());
   for (const AdamWRange& r : ranges)
-    if (r.end > r.begin) spans.push_back({r.begin, r.end, decay_of(r.decay)});
+    if (r.end > r.begin)
+      spans.push_back({r.begin, r.end, decay_of(r.decay), r.key, r.global_begin, r.local_width,
+                       r.global_width});
   if (spans.empty()) return;
   activate(*impl_, op);
   check_cuda(
       kernels::launch_adamw(param.data, param_type, master.empty() ? nullptr : master.as<float>(),
-                            grad.as<float>(), m.as<float>(), v.as<float>(), spans.data(),
-                            static_cast<int64_t>(spans.size()), k, impl_->stream),
+                            grad.as<float>(), m.data, v.data, m.dtype == tensor::DType::bf16,
+                            spans.data(), static_cast<int64_t>(spans.size()), k, impl_->stream),
       op, "the AdamW kernel");
 }
 

@@ -19,8 +19,9 @@ std::vector<kernels::MomentumSpan> spans_of(std::span<const Backend::AdamWRange>
   spans.reserve(ranges.size());
   for (const Backend::AdamWRange& r : ranges)
     if (r.end > r.begin)
-      spans.push_back(
-          {r.begin, r.end, r.decay, static_cast<float>(1.0 - lr * (r.decay ? weight_decay : 0.0))});
+      spans.push_back({r.begin, r.end, r.decay,
+                       static_cast<float>(1.0 - lr * (r.decay ? weight_decay : 0.0)), r.key,
+                       r.global_begin, r.local_width, r.global_width});
   return spans;
 }
 
@@ -43,14 +44,15 @@ void CudaBackend::do_momentum_update(const Tensor& param, const Tensor& master, 
   k.weight_decay = static_cast<float>(hyper.weight_decay);
   k.grad_scale = static_cast<float>(hyper.grad_scale);
   k.nesterov = hyper.nesterov;
+  k.step = static_cast<uint64_t>(hyper.step);
   const std::vector<kernels::MomentumSpan> spans = spans_of(ranges, hyper.lr, hyper.weight_decay);
   if (spans.empty()) return;
   activate(*impl_, op);
-  check_cuda(kernels::launch_momentum(param.data, param_type,
-                                      master.empty() ? nullptr : master.as<float>(),
-                                      grad.as<float>(), m.empty() ? nullptr : m.as<float>(),
-                                      out.empty() ? nullptr : out.as<float>(), spans.data(),
-                                      static_cast<int64_t>(spans.size()), k, impl_->stream),
+  check_cuda(kernels::launch_momentum(
+                 param.data, param_type, master.empty() ? nullptr : master.as<float>(),
+                 grad.as<float>(), m.empty() ? nullptr : m.data, m.dtype == tensor::DType::bf16,
+                 out.empty() ? nullptr : out.as<float>(), spans.data(),
+                 static_cast<int64_t>(spans.size()), k, impl_->stream),
              op, "the momentum kernel");
 }
 
@@ -67,7 +69,7 @@ void CudaBackend::do_apply_update(const Tensor& param, const Tensor& master, con
   activate(*impl_, op);
   check_cuda(kernels::launch_momentum(param.data, param_type,
                                       master.empty() ? nullptr : master.as<float>(),
-                                      update.as<float>(), nullptr, nullptr, spans.data(),
+                                      update.as<float>(), nullptr, false, nullptr, spans.data(),
                                       static_cast<int64_t>(spans.size()), k, impl_->stream),
              op, "the momentum kernel");
 }

@@ -37,8 +37,9 @@ struct BatchFaultOptions {
 struct RunOptions {
   std::string recipe_path;
   std::vector<std::string> overrides;
-  std::string run_dir;          // empty: runs/<recipe name>
-  bool overwrite = false;       // reuse a run directory that already holds a run
+  std::string run_dir;     // empty: runs/<recipe name>
+  bool overwrite = false;  // reuse a run directory that already holds a run
+  int ranks = 0;  // parallel: auto plans for this many CPU or GPU ranks here (0: see auto_world)
   int debug_save_delay_ms = 0;  // fault injection: run::SessionInput::debug_save_delay
   std::pair<int, int> debug_slow_rank{-1, 0};  // RANK MS: run::SessionInput::debug_slow_rank
   BatchFaultOptions debug_batches;
@@ -63,6 +64,7 @@ struct SubmitOptions {
   std::vector<std::string> overrides;  // "a.b=c" from --set
   std::string run_dir;                 // empty: runs/<recipe name>
   bool dry_run = false;                // print the batch script; create nothing, submit nothing
+  int ranks = 0;  // parallel: auto on CPU nodes: the job's ranks (a multiple of cluster.nodes)
 };
 // Loads and checks the recipe, writes <run_dir>/submit_recipe.yaml (the resolved recipe) and
 // <run_dir>/submit.sbatch, and submits the script with `sbatch --parsable`. Exit codes: 0
@@ -87,6 +89,7 @@ struct PlanOptions {
   std::string cluster_file;  // empty: detect this machine (or the recipe's cluster.file)
   int nodes = 0;             // 0: from the cluster
   int gpus_per_node = 0;     // 0: from the cluster
+  int ranks = 0;             // a CPU-only machine: plan for this many CPU ranks (0: one)
   int top = 5;               // rows of the table
   bool json = false;
   bool show_topology = false;  // print what was detected / read, then exit

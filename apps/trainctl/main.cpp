@@ -102,13 +102,19 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--run-dir", run.run_dir, "Run directory (default: runs/<recipe name>)");
   run_cmd->add_flag("--overwrite", run.overwrite,
                     "Reuse a run directory that already holds a run (its files are replaced)");
+  run_cmd
+      ->add_option("--ranks", run.ranks,
+                   "parallel: auto plans for this many ranks on this machine (CPU ranks, or one "
+                   "per GPU), which trainctl then starts")
+      ->check(CLI::Range(1, 4096));
   add_debug_save_delay(run_cmd, run.debug_save_delay_ms);
   add_debug_slow_rank(run_cmd, run.debug_slow_rank);
   add_debug_batches(run_cmd, run.debug_batches);
   add_examples(run_cmd,
                {"trainctl run recipes/tiny.yaml",
                 "trainctl run recipes/tiny.yaml --set training.steps=50 --run-dir runs/quick",
-                "trainctl run recipes/llama3-tiny.yaml --set parallel.dp=2"},
+                "trainctl run recipes/llama3-tiny.yaml --set parallel.dp=2",
+                "trainctl run recipes/tiny.yaml --set parallel=auto --ranks 2"},
                "docs/recipe.md (every key), README.md (the run directory, exit codes)");
 
   app::ValidateOptions validate;
@@ -211,6 +217,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   plan_cmd->add_option("--gpus-per-node", plan.gpus_per_node, "Override GPUs per node")
       ->check(CLI::PositiveNumber);
+  plan_cmd
+      ->add_option("--ranks", plan.ranks,
+                   "No GPU here: plan for this many CPU ranks of this machine (run --ranks)")
+      ->check(CLI::Range(1, 4096));
   plan_cmd->add_option("--top", plan.top, "How many layouts to show")->check(CLI::PositiveNumber);
   plan_cmd->add_flag("--json", plan.json, "Print the plan as a stable JSON document");
   plan_cmd
@@ -246,6 +256,11 @@ int main(int argc, char** argv) {
                          "Run directory (default: runs/<recipe name>)");
   submit_cmd->add_flag("--dry-run", submit.dry_run,
                        "Print the batch script; create and submit nothing");
+  submit_cmd
+      ->add_option("--ranks", submit.ranks,
+                   "parallel: auto on CPU nodes: plan for this many ranks over cluster.nodes "
+                   "(GPU nodes: cluster.nodes x cluster.gpus_per_node)")
+      ->check(CLI::Range(1, 1 << 24));
   add_examples(submit_cmd,
                {"trainctl submit recipes/llama3-8b.yaml --dry-run",
                 "trainctl submit recipes/gpt2-124m.yaml --set slurm.partition=gpu "

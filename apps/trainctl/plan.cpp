@@ -19,6 +19,7 @@
 #include "plan_auto.hpp"
 #include "planner/planner.hpp"
 #include "run/session.hpp"
+#include "telemetry/format.hpp"
 #include "telemetry/pipeline_timeline.hpp"
 #include "topology/topology.hpp"
 
@@ -190,12 +191,21 @@ int run_plan(const PlanOptions& options) {
     if (!cluster.description.ends_with('\n')) std::fputs("\n", stdout);
     return kExitOk;
   }
+  if (options.ranks > 0 && !cluster.cpu_only)
+    return bad_input("plan", fmt::format("--ranks {} plans CPU ranks, but this plan is for {} "
+                                         "(GPUs): set their number with --nodes and "
+                                         "--gpus-per-node",
+                                         options.ranks, cluster.spec.name));
   if (cluster.cpu_only) {
-    std::fputs(
-        "trainctl plan: note: no GPU here and no cluster file: planning for this machine's CPU "
-        "(a world of 1); pass --cluster FILE (configs/clusters/) to plan for a cluster\n",
-        stderr);
-    cluster.spec = planner::cpu_machine();
+    const int ranks = std::max(options.ranks, 1);
+    std::fputs(fmt::format("trainctl plan: note: no GPU here and no cluster file: planning for "
+                           "this machine's CPU ({}); pass --cluster FILE (configs/clusters/) to "
+                           "plan for a cluster\n",
+                           ranks == 1 ? std::string("a world of 1; --ranks N for N CPU ranks")
+                                      : fmt::format("{} CPU ranks", ranks))
+                   .c_str(),
+               stderr);
+    cluster.spec = planner::cpu_machine(ranks);
   }
 
   if (!options.timeline_svg.empty()) {  // checked before anything is planned or written
@@ -274,16 +284,79 @@ int run_plan(const PlanOptions& options) {
   return kExitOk;
 }
 
-std::string resolve_parallel_auto(recipe::Recipe& r) {
+AutoWorld auto_world(const recipe::Recipe& r, const launch::RankInfo& rank, int ranks) {
+  AutoWorld w;
+  // The engine's own choice: cluster.device auto stays on the CPU (run/context.cpp).
+  const auto uses_gpus = [&] { return r.cluster.device == recipe::Device::cuda; };
+  if (rank.launched()) {
+    if (ranks > 0 && ranks != rank.world_size)
+      throw std::invalid_argument(fmt::format(
+          "--ranks {}, but {} started {} rank{}: drop --ranks (the launcher sets the world)", ranks,
+          launch::rank_source_name(rank.source), rank.world_size, rank.world_size == 1 ? "" : "s"));
+    w.world = rank.world_size;
+    const int local = rank.local_world_size;
+    w.per_node = local >= 1 && local <= w.world && w.world % local == 0 ? local : 1;
+    w.nodes = w.world / w.per_node;
+    w.gpus = uses_gpus();
+    if (rank.source == launch::RankSource::trainctl && ranks > 0)
+      w.why = fmt::format("--ranks {}", ranks);  // our launcher started what --ranks asked for
+    else
+      w.why = fmt::format("{} started {} rank{}{}", launch::rank_source_name(rank.source), w.world,
+                          w.world == 1 ? "" : "s",
+                          w.nodes > 1 ? fmt::format(" on {} nodes", w.nodes) : "");
+    return w;
+  }
+  if (ranks > 0) {
+    w.world = w.per_node = ranks;
+    w.gpus = uses_gpus();
+    w.why = fmt::format("--ranks {}", ranks);
+    return w;
+  }
+  if (uses_gpus()) {
+    const int gpus = topology::detect().cluster.gpus_per_node;
+    if (gpus > 0) {
+      w.world = w.per_node = gpus;
+      w.gpus = true;
+      w.why = fmt::format("this machine's {} GPU{}", gpus, gpus == 1 ? "" : "s");
+      return w;
+    }
+  }
+  w.why = "this machine, one CPU rank; run --ranks N plans for N";
+  return w;
+}
+
+std::string resolve_parallel_auto(recipe::Recipe& r, const AutoWorld& world) {
   if (!r.parallel.automatic) return {};
-  const planner::Plan plan = planner::make_plan(r, planner::cpu_machine());
-  const planner::Variant& best = plan.ranked.front().layout;
+  topology::ClusterSpec machine;
+  if (!world.gpus) {
+    machine = planner::cpu_machine(world.per_node, world.nodes);
+  } else {
+    const topology::ClusterOverrides overrides{world.nodes, world.per_node};
+    machine = !r.cluster.file.empty()
+                  ? topology::load_cluster(r.cluster.file, overrides)
+                  : topology::apply_overrides(topology::detect().cluster, overrides);
+  }
+  const planner::Plan plan = planner::make_plan(r, machine);
+  const planner::Candidate& top = plan.ranked.front();
+  const planner::Variant& best = top.layout;
   static_cast<Layout&>(r.parallel) = best;  // degrees, zero, recompute: one layout value
   r.training.micro_batch = best.micro_batch;
   r.parallel.pp_schedule = best.pp_schedule;
   r.parallel.pp_virtual = best.pp_virtual;
   r.parallel.automatic = false;  // the run directory's recipe.yaml records what actually ran
-  return fmt::format("parallel: auto -> {} (planner, this machine: a world of 1)", best.describe());
+  const double step = top.time.step_s;
+  std::string why =
+      fmt::format("the fastest of {} layout{} on {} ({} a step predicted, {} a rank)",
+                  plan.ranked.size(), plan.ranked.size() == 1 ? "" : "s", machine.name,
+                  step < 1e-3 ? fmt::format("{:.1f} us", step * 1e6)
+                  : step < 1  ? fmt::format("{:.1f} ms", step * 1e3)
+                              : fmt::format("{:.2f} s", step),
+                  telemetry::format_bytes(static_cast<uint64_t>(top.memory.total())));
+  if (plan.ranked.size() > 1)
+    why += fmt::format("; next, {}: {}", plan.ranked[1].layout.describe(),
+                       planner::explain_loss(top, plan.ranked[1], machine));
+  return fmt::format("parallel: auto -> {} for a world of {} ({}): {}", best.describe(),
+                     world.world, world.why, why);
 }
 
 }  // namespace trainctl::app

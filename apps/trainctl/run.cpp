@@ -4,12 +4,14 @@
 #include <fmt/core.h>
 
 #include <filesystem>
+#include <stdexcept>
 
 #include "ckpt/ckpt.hpp"
 #include "commands.hpp"
 #include "plan_auto.hpp"
 #include "planner/planner.hpp"
 #include "run/session.hpp"
+#include "topology/topology.hpp"
 
 namespace fs = std::filesystem;
 
@@ -28,12 +30,28 @@ int run_run(const RunOptions& options) {
   } catch (const recipe::RecipeError& e) {
     return report_problems(e.problems(), options.recipe_path);
   }
-  // parallel: auto -> the planner's top layout for this machine (plan.cpp), before any check.
-  try {
-    if (std::string note = resolve_parallel_auto(input.loaded.recipe); !note.empty())
-      input.notes.push_back(std::move(note));
-  } catch (const planner::PlanError& e) {
-    return bad_input("run", e.what());
+  // parallel: auto -> the planner's top layout for the job's world (plan.cpp), before any check.
+  if (input.loaded.recipe.parallel.automatic) {
+    try {
+      const AutoWorld world =
+          auto_world(input.loaded.recipe, launch::rank_info_from_environment(), options.ranks);
+      input.notes.push_back(resolve_parallel_auto(input.loaded.recipe, world));
+    } catch (const launch::RankEnvError& e) {
+      return bad_input("run", e.what());
+    } catch (const planner::PlanError& e) {
+      return bad_input("run", e.what());
+    } catch (const topology::ClusterError& e) {
+      return bad_input("run", e.what());
+    } catch (const std::invalid_argument& e) {
+      return bad_input("run", e.what());
+    }
+  } else if (options.ranks > 0 && options.ranks != input.loaded.recipe.world_size()) {
+    return bad_input(
+        "run", fmt::format("--ranks {} sets the world that parallel: auto plans for, but this "
+                           "recipe's layout is explicit ({} = {}): drop --ranks, or set "
+                           "parallel: auto (--set parallel=auto)",
+                           options.ranks, input.loaded.recipe.parallel.world_formula(),
+                           input.loaded.recipe.world_size()));
   }
   const recipe::Recipe& r = input.loaded.recipe;
   if (auto problems = run::unsupported_in_this_build(input.loaded); !problems.empty())

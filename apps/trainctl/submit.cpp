@@ -19,8 +19,11 @@
 #include "commands.hpp"
 #include "files/files.hpp"
 #include "launch/sbatch.hpp"
+#include "plan_auto.hpp"
+#include "planner/planner.hpp"
 #include "recipe/schema.hpp"
 #include "run/session.hpp"
+#include "topology/topology.hpp"
 
 extern char** environ;
 
@@ -103,15 +106,53 @@ int run_submit(const SubmitOptions& options) {
   } catch (const recipe::RecipeError& e) {
     return report_problems(e.problems(), options.recipe_path);
   }
-  const recipe::Recipe& r = loaded.recipe;
-  if (r.parallel.automatic)
-    return report_problems(
-        {loaded.origins.problem(
-            "parallel.dp",
-            "parallel: auto is planned on the machine a run starts on, but submit must know the "
-            "number of tasks now: run `trainctl plan` for the cluster and write its parallel.* "
-            "values into the recipe")},
-        options.recipe_path);
+  recipe::Recipe& r = loaded.recipe;
+  // parallel: auto -> the planner's layout for the allocation the job asks for: cluster.nodes
+  // nodes of cluster.gpus_per_node GPUs (hardware from cluster.file: this host is not one of
+  // them), or for CPU nodes --ranks ranks spread over them. Planned here, so the job's recipe
+  // (submit_recipe.yaml) holds the layout and every task runs the same one.
+  if (r.parallel.automatic) {
+    AutoWorld world;
+    world.nodes = r.cluster.nodes;
+    if (r.cluster.device == recipe::Device::cuda) {
+      if (r.cluster.gpus_per_node < 1 || r.cluster.file.empty())
+        return report_problems(
+            {loaded.origins.problem(
+                r.cluster.file.empty() ? "cluster.file" : "cluster.gpus_per_node",
+                "parallel: auto under submit plans for the GPUs the job asks for, which this "
+                "host cannot detect: set cluster.gpus_per_node and describe the nodes with "
+                "cluster.file (configs/clusters/*.yaml)")},
+            options.recipe_path);
+      world.per_node = r.cluster.gpus_per_node;
+      world.gpus = true;
+    } else {
+      if (options.ranks < 1 || options.ranks % r.cluster.nodes != 0)
+        return bad_input(
+            kCommand,
+            fmt::format("parallel: auto on CPU nodes plans for the ranks the job asks for: pass "
+                        "--ranks N with N a multiple of cluster.nodes = {}{}",
+                        r.cluster.nodes,
+                        options.ranks > 0 ? fmt::format(" (got --ranks {})", options.ranks)
+                                          : std::string()));
+      world.per_node = options.ranks / r.cluster.nodes;
+    }
+    world.world = world.nodes * world.per_node;
+    world.why = fmt::format("submit: {} task{} on {} node{}", world.world,
+                            world.world == 1 ? "" : "s", world.nodes, world.nodes == 1 ? "" : "s");
+    try {
+      const std::string note = resolve_parallel_auto(r, world);
+      std::fprintf(stderr, "trainctl submit: %s\n", note.c_str());
+    } catch (const planner::PlanError& e) {
+      return bad_input(kCommand, e.what());
+    } catch (const topology::ClusterError& e) {
+      return bad_input(kCommand, e.what());
+    }
+  } else if (options.ranks > 0 && options.ranks != r.world_size()) {
+    return bad_input(kCommand,
+                     fmt::format("--ranks {} sets the world that parallel: auto plans for, but "
+                                 "this recipe's layout is explicit ({} = {})",
+                                 options.ranks, r.parallel.world_formula(), r.world_size()));
+  }
 
   // Every bad slurm.* value at once, at the line (or --set) that wrote it, as validate shows them.
   if (const auto slurm_problems = launch::check_slurm_recipe(r); !slurm_problems.empty()) {

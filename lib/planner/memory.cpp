@@ -302,7 +302,7 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   // ZeRO shards over the gradient group: the dp ranks and their context-parallel peers.
   const int zero_group = lay.dp * lay.cp;
   const bool zero = lay.zero && zero_group > 1, zero2 = lay.zero >= 2, zero3 = lay.zero >= 3;
-  const bool cpu = cluster.gpus_per_node == 0;
+  const bool cpu = cluster.cpu_only();
   // ZeRO-2 and 3 sum the block and outer gradients in precision.reduce_dtype: with bf16 GradSync
   // keeps a bf16 copy of a block per slot and of an outer region, and receives bf16 shares.
   const bool converts = zero2 && r.precision.reduce_dtype == recipe::ReduceDtype::bf16;
@@ -553,7 +553,7 @@ MemoryEstimate rank_memory(const recipe::Recipe& r, const ModelShape& s, const S
   // once); host memory on a GPU machine too.
   if (lay.tp > 1 && st.last) m.comm_buffers += n * (4 + 8 * (4 + lay.tp) + 4);
   m.overhead = options.overhead_bytes >= 0 ? options.overhead_bytes
-               : cluster.gpus_per_node > 0 ? 1.0 * kGiB
+               : !cluster.cpu_only()       ? 1.0 * kGiB
                                            : 0.0;
   return m;
 }

@@ -287,8 +287,13 @@ Variant recipe_layout(const recipe::Recipe& recipe);
 Preview preview_layout(const recipe::Recipe& recipe, const Plan& plan, const Variant& layout,
                        std::string origin, const SearchOptions& options = {});
 
-// This machine for `parallel: auto` in a CPU-only build: one device, host memory.
-topology::ClusterSpec cpu_machine();
+// This machine's CPU as the planner's device: one rank with the host's memory (gpus_per_node 0,
+// a world of 1); or, for a multi-rank CPU run (`parallel: auto` with --ranks, or under a launcher),
+// `nodes` nodes of `ranks_per_node` CPU ranks (ClusterSpec::cpu_ranks), each with its share of
+// the host's memory, linked by Gloo at the assumed bandwidths below.
+topology::ClusterSpec cpu_machine(int ranks_per_node = 1, int nodes = 1);
+inline constexpr double kCpuLoopbackGbps = 2.0;  // Gloo over loopback TCP, per rank (assumed)
+inline constexpr double kCpuNetworkGbps = 1.25;  // 10 Gb Ethernet between nodes (assumed)
 
 // ---- output
 // -------------------------------------------------------------------------------------- The top-K

@@ -164,9 +164,10 @@ std::string format_plan(const Plan& plan, const recipe::Recipe& recipe, int top)
   const topology::ClusterSpec& c = plan.cluster;
   std::string out = format_preview(plan);
   out += fmt::format(
-      "plan for {} on {} ({} node(s) x {} {} GPU(s), {:.0f} GiB each): {} layouts evaluated, {} "
+      "plan for {} on {} ({} node(s) x {} {}, {:.0f} GiB each): {} layouts evaluated, {} "
       "fit, {} degree tuples ranked in {:.0f} ms\n\n",
-      recipe.name, c.name, c.nodes, c.gpus_per_node, c.gpu.name, c.gpu.memory_gib,
+      recipe.name, c.name, c.nodes, c.gpus_per_node,
+      c.cpu_ranks ? std::string("CPU rank(s)") : c.gpu.name + " GPU(s)", c.gpu.memory_gib,
       plan.variants_evaluated, plan.variants_feasible, plan.ranked.size(),
       plan.search_seconds * 1e3);
   out += fmt::format("{:>3}  {:<26} {:>3} {:>4} {:>9}  {:>16} {:>10} {:>12} {:>6} {:>7} {:>6}\n",

@@ -115,18 +115,33 @@ std::string schedule_problem(const recipe::Recipe& r, const Variant& l) {
   return {};
 }
 
-topology::ClusterSpec cpu_machine() {
+topology::ClusterSpec cpu_machine(int ranks_per_node, int nodes) {
   topology::ClusterSpec c;
   c.name = "this machine (CPU)";
   c.source = "detected";
   c.gpu.name = "CPU";
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  c.gpu.memory_gib = pages > 0 && page > 0 ? static_cast<double>(pages) * page / kGiB : 4.0;
-  // Order of magnitude of an OpenBLAS core; only relative times matter for a world of 1.
+  const double memory = pages > 0 && page > 0 ? static_cast<double>(pages) * page / kGiB : 4.0;
+  // Order of magnitude of an OpenBLAS core; only relative times matter on one machine.
   c.gpu.peak_tflops_fp32 = 0.1;
   c.gpu.peak_tflops_bf16 = c.gpu.peak_tflops_fp16 = 0.05;
   c.nodes = 1;
   c.gpus_per_node = 0;
+  c.gpu.memory_gib = memory;
+  if (ranks_per_node <= 1 && nodes <= 1) return c;
+  // Several CPU ranks: each a device with its share of the host's memory, talking through Gloo
+  // (TCP over loopback inside a node, the network between nodes). Assumed figures: a loopback
+  // TCP stream of a few GB/s, 10 Gb Ethernet between nodes.
+  c.name = nodes > 1 ? "CPU ranks (one per Slurm or launcher task)" : "this machine (CPU ranks)";
+  c.cpu_ranks = true;
+  c.nodes = std::max(nodes, 1);
+  c.gpus_per_node = std::max(ranks_per_node, 1);
+  c.gpu.memory_gib = memory / c.gpus_per_node;
+  c.nvlink_domain = 1;
+  c.intra_node_gbps = kCpuLoopbackGbps;
+  c.inter_node_gbps = kCpuNetworkGbps;
+  c.nvlink_latency_us = 20;
+  c.inter_node_latency_us = 50;
   return c;
 }
 
@@ -435,7 +450,9 @@ std::string explain_loss(const Candidate& best, const Candidate& other,
   };
   const Variant &x = best.layout, &y = other.layout;
   const int gpn = std::max(1, cluster.gpus_per_node), domain = std::max(1, cluster.nvlink_domain);
-  std::string tp_where = y.tp > gpn      ? fmt::format("tp={} crosses nodes", y.tp)
+  std::string tp_where = y.tp > gpn ? fmt::format("tp={} crosses nodes", y.tp)
+                         : y.tp > domain && cluster.cpu_ranks
+                             ? fmt::format("tp={} talks between processes (Gloo)", y.tp)
                          : y.tp > domain ? fmt::format("tp={} leaves the NVLink domain", y.tp)
                          : y.tp > x.tp   ? fmt::format("tp={} vs {}", y.tp, x.tp)
                                          : fmt::format("tp={}", y.tp);

@@ -56,6 +56,25 @@ Rendezvous open_rendezvous(const launch::RankInfo& rank, const fs::path& run_dir
   return rv;
 }
 
+// Every rank trains the same recipe: the layout builds the groups, and `parallel: auto` is
+// planned on each rank (a pure function of the recipe, the world and the machine description).
+// Each rank posts its recipe hash and degrees; every other rank compares with rank 0's before
+// a group forms, so ranks that disagree (different overrides, or an auto plan on different
+// machines) stop with both recipes named instead of building mismatched groups.
+void agree_on_recipe(comm::Store& store, int rank, const std::string& hash,
+                     const std::string& degrees, std::chrono::milliseconds timeout) {
+  const std::string mine = hash + " " + degrees;
+  store.set("recipe/" + std::to_string(rank), mine);
+  if (rank == 0) return;
+  const std::string first = store.get("recipe/0", timeout);
+  if (first != mine)
+    throw std::runtime_error(fmt::format(
+        "rank {} runs the recipe {} (hash, degrees) and rank 0 the recipe {}: every rank of a "
+        "job must run the same recipe (the same file and --set values; with parallel: auto, the "
+        "same world and machine)",
+        rank, mine, first));
+}
+
 // A token id the model cannot embed, found by reading the tokens once (data::scan_vocab). With an
 
 }  // namespace
@@ -137,6 +156,8 @@ RunContext::RunContext(const SessionInput& input, RankLog& log)
       mesh_options.cuda_stream = backend_->stream();
       mesh_options.deterministic = r.determinism.deterministic;
     }
+    agree_on_recipe(*rendezvous_.store, rank, recipe_hash_, r.parallel.degrees(),
+                    mesh_options.timeout);
     mesh_.emplace(comm::Mesh::create(*rendezvous_.store, rank_info.world_size, rank, r.parallel,
                                      mesh_options));
     log.open(input.run_dir, true);

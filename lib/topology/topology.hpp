@@ -40,6 +40,10 @@ struct ClusterSpec {
   double inter_node_gbps = 0;  // per GPU to other nodes (NICs x rate / GPUs per node)
   double nvlink_latency_us = 0;
   double inter_node_latency_us = 0;
+  // CPU ranks as the devices (a multi-rank CPU run's `parallel: auto`): gpus_per_node then
+  // counts ranks per node, and none is a GPU (no CUDA context; Gloo's staging buffers).
+  bool cpu_ranks = false;
+  bool cpu_only() const { return gpus_per_node == 0 || cpu_ranks; }
 
   // At most kMaxWorldSize: load_cluster and apply_overrides refuse more, so this cannot
   // overflow.

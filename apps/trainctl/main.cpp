@@ -113,7 +113,6 @@ int main(int argc, char** argv) {
   add_examples(run_cmd,
                {"trainctl run recipes/tiny.yaml",
                 "trainctl run recipes/tiny.yaml --set training.steps=50 --run-dir runs/quick",
-                "trainctl run recipes/llama3-tiny.yaml --set parallel.dp=2",
                 "trainctl run recipes/tiny.yaml --set parallel=auto --ranks 2"},
                "docs/recipe.md (every key), README.md (the run directory, exit codes)");
 

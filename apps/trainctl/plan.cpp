@@ -346,7 +346,7 @@ std::string resolve_parallel_auto(recipe::Recipe& r, const AutoWorld& world) {
   r.parallel.automatic = false;  // the run directory's recipe.yaml records what actually ran
   const double step = top.time.step_s;
   std::string why =
-      fmt::format("the fastest of {} layout{} on {} ({} a step predicted, {} a rank)",
+      fmt::format("ranked first of {} layout{} on {} ({} a step predicted, {} a rank)",
                   plan.ranked.size(), plan.ranked.size() == 1 ? "" : "s", machine.name,
                   step < 1e-3 ? fmt::format("{:.1f} us", step * 1e6)
                   : step < 1  ? fmt::format("{:.1f} ms", step * 1e3)

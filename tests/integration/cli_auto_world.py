@@ -69,7 +69,7 @@ def case_local(binary, root, tmp):
     run_dir = os.path.join(tmp, "auto")
     result = cli_util.run_ok(binary, args_of(AUTO, run_dir, "--ranks", "2"), root, timeout=300)
     note = note_of(result.stdout + result.stderr)
-    check("for a world of 2 (--ranks 2)" in note and "the fastest of" in note and "next, " in note,
+    check("for a world of 2 (--ranks 2)" in note and "ranked first of" in note and "next, " in note,
           f"the note must name the world, where it came from, and why this layout:\n{note}")
     layout, world = resolved_parallel(run_dir)
     check(world == 2, f"parallel: auto for 2 ranks chose a layout of {world} ranks: {layout}")

@@ -4,11 +4,7 @@
 
 #include <cmath>
 
-#if defined(__CUDACC__)
-#define TRAINCTL_HOST_DEVICE __host__ __device__
-#else
-#define TRAINCTL_HOST_DEVICE
-#endif
+#include "tensor/host_device.hpp"
 
 namespace trainctl::tensor {
 

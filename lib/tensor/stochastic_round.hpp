@@ -15,11 +15,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define TRAINCTL_HOST_DEVICE __host__ __device__
-#else
-#define TRAINCTL_HOST_DEVICE
-#endif
+#include "tensor/host_device.hpp"
 
 namespace trainctl::tensor {
 

@@ -35,7 +35,6 @@ void CpuBackend::do_adamw(const Tensor& param, const Tensor& master, const Tenso
     const C step_size = lr / correction1;  // lr * mhat = step_size * m
     const C inv_correction2 = C(1) / correction2;
     const C* __restrict g = grad.as<C>();
-    S* __restrict p = param.as<S>();
     for_moment_chunks<C>(
         m, v, ranges, hyper.step,
         [&](const AdamWRange& range, int64_t first, int64_t last, C* __restrict mm,
@@ -51,17 +50,7 @@ void CpuBackend::do_adamw(const Tensor& param, const Tensor& master, const Tenso
             vv[k] = vi;
             return w * decay - step_size * mi / (std::sqrt(vi * inv_correction2) + eps);
           };
-          if (!master.empty()) {
-            C* __restrict w = master.as<C>();
-            for (int64_t i = first; i < last; ++i) {
-              const C value = update(i, w[i]);
-              w[i] = value;
-              p[i] = tensor::store<S>(value);
-            }
-          } else {
-            for (int64_t i = first; i < last; ++i)
-              p[i] = tensor::store<S>(update(i, tensor::load(p[i])));
-          }
+          update_run<S, C>(param, master, first, last, update);
         });
   });
 }

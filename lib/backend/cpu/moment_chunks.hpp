@@ -1,7 +1,9 @@
-// The optimizer ops' view of the moments (adamw.cpp, momentum.cpp): compute-type pointers to the
-// moments of a run of elements. G moments are used in place; bf16 moments (optimizer.state_dtype)
-// are loaded into f32 scratch a chunk at a time and stored back stochastically rounded with the
-// bits of each element's global index (tensor/stochastic_round.hpp, Backend::AdamWRange).
+// What the optimizer ops (adamw.cpp, momentum.cpp) share: the update of a run of weights (the
+// master copy when present, the parameter rounded from it), and their view of the moments:
+// compute-type pointers to the moments of a run of elements. G moments are used in place; bf16
+// moments (optimizer.state_dtype) are loaded into f32 scratch a chunk at a time and stored back
+// stochastically rounded with the bits of each element's global index (tensor/stochastic_round.hpp,
+// Backend::AdamWRange).
 #pragma once
 
 #include <algorithm>
@@ -15,6 +17,23 @@
 #include "tensor/stochastic_round.hpp"
 
 namespace trainctl::backend::cpu {
+
+// Calls f(i, w) -> new w over elements [first, last), on the master when present.
+template <class S, class C, class F>
+void update_run(const Tensor& param, const Tensor& master, int64_t first, int64_t last, F&& f) {
+  S* __restrict p = param.as<S>();
+  if (!master.empty()) {
+    C* __restrict w = master.as<C>();
+    for (int64_t i = first; i < last; ++i) {
+      const C value = f(i, w[i]);
+      w[i] = value;
+      p[i] = tensor::store<S>(value);
+    }
+  } else {
+    for (int64_t i = first; i < last; ++i)
+      p[i] = tensor::store<S>(f(i, tensor::load(p[i])));
+  }
+}
 
 // Calls body(range, first, last, mm, vv) for runs [first, last) covering every range, where
 // mm[k] and vv[k] are the moments of element first + k (null for an empty m or v). step: the

@@ -24,23 +24,6 @@ C sign(C x) {
   return x > C(0) ? C(1) : (x < C(0) ? C(-1) : C(0));
 }
 
-// Calls f(i, w) -> new w over elements [first, last), on the master when present.
-template <class S, class C, class F>
-void update_run(const Tensor& param, const Tensor& master, int64_t first, int64_t last, F&& f) {
-  S* __restrict p = param.as<S>();
-  if (!master.empty()) {
-    C* __restrict w = master.as<C>();
-    for (int64_t i = first; i < last; ++i) {
-      const C value = f(i, w[i]);
-      w[i] = value;
-      p[i] = tensor::store<S>(value);
-    }
-  } else {
-    for (int64_t i = first; i < last; ++i)
-      p[i] = tensor::store<S>(f(i, tensor::load(p[i])));
-  }
-}
-
 }  // namespace
 
 void CpuBackend::do_momentum_update(const Tensor& param, const Tensor& master, const Tensor& grad,

@@ -313,7 +313,8 @@ AutoWorld auto_world(const recipe::Recipe& r, const launch::RankInfo& rank, int 
     return w;
   }
   if (uses_gpus()) {
-    const int gpus = topology::detect().cluster.gpus_per_node;
+    w.detected = topology::detect().cluster;
+    const int gpus = w.detected->gpus_per_node;
     if (gpus > 0) {
       w.world = w.per_node = gpus;
       w.gpus = true;
@@ -334,7 +335,8 @@ std::string resolve_parallel_auto(recipe::Recipe& r, const AutoWorld& world) {
     const topology::ClusterOverrides overrides{world.nodes, world.per_node};
     machine = !r.cluster.file.empty()
                   ? topology::load_cluster(r.cluster.file, overrides)
-                  : topology::apply_overrides(topology::detect().cluster, overrides);
+                  : topology::apply_overrides(
+                        world.detected ? *world.detected : topology::detect().cluster, overrides);
   }
   const planner::Plan plan = planner::make_plan(r, machine);
   const planner::Candidate& top = plan.ranked.front();

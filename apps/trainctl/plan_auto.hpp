@@ -2,10 +2,12 @@
 // recipe. Implemented in plan.cpp beside `trainctl plan`, which prints the same plan.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "launch/rank_env.hpp"
 #include "recipe/recipe.hpp"
+#include "topology/topology.hpp"
 
 namespace trainctl::app {
 
@@ -16,6 +18,8 @@ struct AutoWorld {
   int per_node = 1;   // ranks per node (world = nodes * per_node)
   bool gpus = false;  // one GPU per rank (else CPU ranks)
   std::string why;    // "--ranks 2", "srun started 8 ranks on 2 nodes", "this machine's 4 GPUs"
+  // This machine as detected when the world was counted from its GPUs (detected once).
+  std::optional<topology::ClusterSpec> detected;
 };
 
 // The world of the job this process belongs to: a launcher's (srun, torchrun, trainctl's own:

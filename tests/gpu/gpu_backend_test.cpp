@@ -227,11 +227,7 @@ TEST_CASE("cuda adamw matches the CPU bit for bit, with and without master weigh
       for (const int64_t n : kSizes) {
         for (const int64_t offset : {int64_t{0}, int64_t{1}}) {
           Twin param = h.random(dtype, {n}, offset);
-          Twin master = h.output(DType::f32, {n}, offset);
-          if (with_master) {
-            h.cpu().cast(master.cpu, param.cpu);
-            h.gpu().cast(master.gpu, param.gpu);
-          }
+          Twin master = h.master_of(param, n, offset, with_master);
           Twin grad = h.random(DType::f32, {n}, offset, 1e-4, 3.0);
           Twin m = h.output(DType::f32, {n}, offset);
           Twin v = h.output(DType::f32, {n}, offset);
@@ -267,11 +263,7 @@ TEST_CASE("cuda momentum rules (sgd, lion, muon) and apply_update match the CPU 
       for (const bool with_master : {false, true}) {
         const int64_t n = 100003;
         Twin param = h.random(dtype, {n}, 1);
-        Twin master = h.output(DType::f32, {n}, 1);
-        if (with_master) {
-          h.cpu().cast(master.cpu, param.cpu);
-          h.gpu().cast(master.gpu, param.gpu);
-        }
+        Twin master = h.master_of(param, n, 1, with_master);
         Twin grad = h.random(DType::f32, {n}, 1, 1e-4, 3.0);
         Twin m = h.output(DType::f32, {n}, 1);
         Twin out = h.output(DType::f32, {n}, 1);
@@ -326,11 +318,7 @@ TEST_CASE("cuda adamw and momentum rules with bf16 state round as the CPU does, 
       for (const int rule : {-1, static_cast<int>(Rule::sgd), static_cast<int>(Rule::lion),
                              static_cast<int>(Rule::muon)}) {
         Twin param = h.random(dtype, {n}, 1);
-        Twin master = h.output(DType::f32, {n}, 1);
-        if (with_master) {
-          h.cpu().cast(master.cpu, param.cpu);
-          h.gpu().cast(master.gpu, param.gpu);
-        }
+        Twin master = h.master_of(param, n, 1, with_master);
         Twin grad = h.random(DType::f32, {n}, 1, 1e-4, 3.0);
         Twin m = h.output(DType::bf16, {n}, 1);
         Twin v = h.output(DType::bf16, {n}, 1);
@@ -396,9 +384,7 @@ TEST_CASE("cuda elementwise and adamw grid-stride loops iterate and cover every 
     GPU_EXPECT_IDENTICAL(h, cast, "cast");
 
     Twin param = h.random(DType::bf16, {n}, offset);
-    Twin master = h.output(DType::f32, {n}, offset);
-    h.cpu().cast(master.cpu, param.cpu);
-    h.gpu().cast(master.gpu, param.gpu);
+    Twin master = h.master_of(param, n, offset, true);
     Twin grad = h.random(DType::f32, {n}, offset, 1e-4, 3.0);
     Twin m = h.output(DType::f32, {n}, offset);
     Twin v = h.output(DType::f32, {n}, offset);

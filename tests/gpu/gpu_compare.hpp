@@ -145,6 +145,17 @@ class Harness {
     return twin;
   }
 
+  // An optimizer's f32 master weights of `param` ([n] at `offset`): param's values cast to f32
+  // on both sides when `cast`, else zero-filled (an optimizer call then gets no master).
+  Twin master_of(const Twin& param, int64_t n, int64_t offset, bool cast) {
+    Twin master = output(DType::f32, {n}, offset);
+    if (cast) {
+      cpu_->cast(master.cpu, param.cpu);
+      gpu_->cast(master.gpu, param.gpu);
+    }
+    return master;
+  }
+
   // Fresh random values (magnitude in [min_abs, max_abs], random sign), the same on both sides.
   Twin random(DType dtype, Shape shape, int64_t offset = 0, double min_abs = 0.05,
               double max_abs = 1.0) {

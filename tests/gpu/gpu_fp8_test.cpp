@@ -687,11 +687,7 @@ TEST_CASE("cuda multi-tensor adamw matches the CPU bit for bit over many ranges"
     for (const auto* ranges : {&few, &many}) {
       const int64_t n = 20001;
       Twin param = h.random(setup.param, {n});
-      Twin master = h.output(DType::f32, {n});
-      if (setup.master) {
-        h.cpu().cast(master.cpu, param.cpu);
-        h.gpu().cast(master.gpu, param.gpu);
-      }
+      Twin master = h.master_of(param, n, 0, setup.master);
       Twin grad = h.random(DType::f32, {n}, 0, 1e-4, 3.0);
       Twin m = h.output(DType::f32, {n});
       Twin v = h.output(DType::f32, {n});

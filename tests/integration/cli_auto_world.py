@@ -59,6 +59,25 @@ def resolved_parallel(run_dir):
     return sets + [f"training.micro_batch={micro.group(1)}"], world
 
 
+def torchrun(binary, root, rank_args, job):
+    """Starts one process per entry of rank_args as a torchrun-style launcher would (RANK,
+    WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, TORCHELASTIC_RUN_ID=job), all on this machine;
+    returns each one's (exit code, stdout + stderr)."""
+    world = len(rank_args)
+    procs = []
+    for rank, args in enumerate(rank_args):
+        env = mu.rank_free_env()
+        env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(world), TORCHELASTIC_RUN_ID=job)
+        procs.append(subprocess.Popen([binary, *args], cwd=root, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    ended = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        ended.append((p.returncode, out + err))
+    return ended
+
+
 def note_of(output):
     match = re.search(r"^.*parallel: auto -> .*$", output, re.M)
     check(match, f"no 'parallel: auto ->' note in the output:\n{output}")
@@ -87,19 +106,10 @@ def case_local(binary, root, tmp):
 
 def case_torchrun(binary, root, tmp):
     run_dir = os.path.join(tmp, "torchrun")
-    procs = []
-    for rank in range(2):
-        env = mu.rank_free_env()
-        env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-                   TORCHELASTIC_RUN_ID="auto-world")
-        procs.append(subprocess.Popen([binary, *args_of(AUTO, run_dir)], cwd=root, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outputs = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        outputs.append(out + err)
-        check(p.returncode == 0, f"a torchrun-style rank exited {p.returncode}\n{out}{err}")
-    note = note_of(outputs[0])
+    ended = torchrun(binary, root, [args_of(AUTO, run_dir)] * 2, "auto-world")
+    for rc, output in ended:
+        check(rc == 0, f"a torchrun-style rank exited {rc}\n{output}")
+    note = note_of(ended[0][1])
     check("for a world of 2 (torchrun started 2 ranks)" in note,
           f"rank 0 should plan for the launcher's world:\n{note}")
     layout, world = resolved_parallel(run_dir)
@@ -160,20 +170,13 @@ def case_bad_input(binary, root, tmp):
     # Two torchrun-style ranks whose recipes differ (rank 1 has another seed): rank 1 stops
     # naming both recipes before any group forms; rank 0 then times out waiting for it.
     run_dir = os.path.join(tmp, "disagree")
-    procs = []
-    for rank in range(2):
-        env = mu.rank_free_env()
-        env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-                   TORCHELASTIC_RUN_ID="disagree")
-        sets = [*SETS, "parallel.dp=2", "parallel.timeout_s=5",
-                f"determinism.seed={1 + rank}"]
-        procs.append(subprocess.Popen([binary, *args_of(sets, run_dir)], cwd=root, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outputs = [p.communicate(timeout=120) for p in procs]
-    check(procs[1].returncode != 0 and "rank 1 runs the recipe" in outputs[1][1]
-          and "and rank 0 the recipe" in outputs[1][1],
-          f"rank 1 with another recipe: exit {procs[1].returncode}\n{outputs[1][1]}")
-    check(procs[0].returncode != 0, f"rank 0 should not train alone\n{outputs[0][1]}")
+    ended = torchrun(binary, root, [args_of([*SETS, "parallel.dp=2", "parallel.timeout_s=5",
+                                             f"determinism.seed={1 + rank}"], run_dir)
+                                    for rank in range(2)], "disagree")
+    check(ended[1][0] != 0 and "rank 1 runs the recipe" in ended[1][1]
+          and "and rank 0 the recipe" in ended[1][1],
+          f"rank 1 with another recipe: exit {ended[1][0]}\n{ended[1][1]}")
+    check(ended[0][0] != 0, f"rank 0 should not train alone\n{ended[0][1]}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ __device__ float row_lse(const typename St::T* row, int64_t E) {
 template <class St>
 __global__ void __launch_bounds__(kThreads)
     router_tokens_kernel(const typename St::T* logits, float* probs, int32_t* idx, float* gates,
-                         float* lse_out, int64_t N, int64_t E, int64_t K) {
+                         float* lse_out, int64_t N, int64_t E, int64_t K, bool renormalize) {
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (n >= N) return;
   const typename St::T* row = logits + n * E;
@@ -44,6 +44,13 @@ __global__ void __launch_bounds__(kThreads)
     }
     idx[n * K + j] = static_cast<int32_t>(best);
     gates[n * K + j] = p[best];
+  }
+  if (renormalize) {  // the CPU's order: sum in choice order, then divide
+    float chosen_sum = 0.0f;
+    for (int64_t j = 0; j < K; ++j)
+      chosen_sum += gates[n * K + j];
+    for (int64_t j = 0; j < K; ++j)
+      gates[n * K + j] /= chosen_sum;
   }
 }
 
@@ -117,19 +124,29 @@ template <class St>
 __global__ void __launch_bounds__(kThreads)
     router_backward_kernel(typename St::T* dlogits, const float* dgates,
                            const typename St::T* logits, const float* probs, const int32_t* idx,
-                           const float* load, int64_t N, int64_t E, int64_t K, float aux_coef,
-                           float z_coef, float grad_scale) {
+                           const float* load, int64_t N, int64_t E, int64_t K, bool renormalize,
+                           float aux_coef, float z_coef, float grad_scale) {
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (n >= N) return;
   const float inv_n = 1.0f / static_cast<float>(N);
   const float aux = aux_coef * static_cast<float>(E) * inv_n;
   const float* p = probs + n * E;
   const float lse = row_lse<St>(logits + n * E, E);
-  // dprobs[e] = aux load[e] + the dgates of the choices of e, added in choice order.
+  // Renormalised gates g_j = p_j / s: the chosen p_i get (dgate_i - sum_j dgate_j g_j) / s.
+  float s = 1.0f, dot_g = 0.0f;
+  if (renormalize) {
+    s = 0.0f;
+    for (int64_t j = 0; j < K; ++j)
+      s += p[idx[n * K + j]];
+    for (int64_t j = 0; j < K; ++j)
+      dot_g += dgates[n * K + j] * p[idx[n * K + j]] / s;
+  }
+  // dprobs[e] = aux load[e] + the (renormalised) dgates of the choices of e, in choice order.
   auto dprobs = [&](int64_t e) {
     float d = aux * load[e];
     for (int64_t j = 0; j < K; ++j)
-      if (idx[n * K + j] == e) d += dgates[n * K + j];
+      if (idx[n * K + j] == e)
+        d += renormalize ? (dgates[n * K + j] - dot_g) / s : dgates[n * K + j];
     return d;
   };
   float dot = 0.0f;
@@ -230,14 +247,15 @@ size_t element_bytes(Storage storage) {
 cudaError_t launch_moe_router_forward(Storage storage, const void* logits, float* probs,
                                       int32_t* expert_idx, float* gates, int32_t* slot,
                                       int32_t* counts, float* load, int64_t N, int64_t E, int64_t K,
-                                      int64_t capacity, float* lse_scratch, double* stats,
-                                      cudaStream_t stream) {
+                                      int64_t capacity, bool renormalize, float* lse_scratch,
+                                      double* stats, cudaStream_t stream) {
   if (N <= 0 || E <= 0 || K < 1 || K > E || capacity <= 0) return cudaErrorInvalidValue;
   const auto token_blocks = static_cast<unsigned>((N + kThreads - 1) / kThreads);
   return dispatch_storage(storage, [&]<class St>(St) {
     using Tp = typename St::T;
-    router_tokens_kernel<St><<<token_blocks, kThreads, 0, stream>>>(
-        static_cast<const Tp*>(logits), probs, expert_idx, gates, lse_scratch, N, E, K);
+    router_tokens_kernel<St>
+        <<<token_blocks, kThreads, 0, stream>>>(static_cast<const Tp*>(logits), probs, expert_idx,
+                                                gates, lse_scratch, N, E, K, renormalize);
     TRAINCTL_CUDA_RETURN(cudaGetLastError());
     router_slots_kernel<<<static_cast<unsigned>(E), kThreads, 0, stream>>>(
         expert_idx, probs, slot, counts, load, stats, N, E, K, capacity);
@@ -250,15 +268,15 @@ cudaError_t launch_moe_router_forward(Storage storage, const void* logits, float
 cudaError_t launch_moe_router_backward(Storage storage, void* dlogits, const float* dgates,
                                        const void* logits, const float* probs,
                                        const int32_t* expert_idx, const float* load, int64_t N,
-                                       int64_t E, int64_t K, float aux_coef, float z_coef,
-                                       float grad_scale, cudaStream_t stream) {
+                                       int64_t E, int64_t K, bool renormalize, float aux_coef,
+                                       float z_coef, float grad_scale, cudaStream_t stream) {
   if (N <= 0 || E <= 0 || K < 1 || K > E) return cudaErrorInvalidValue;
   const auto token_blocks = static_cast<unsigned>((N + kThreads - 1) / kThreads);
   return dispatch_storage(storage, [&]<class St>(St) {
     using Tp = typename St::T;
     router_backward_kernel<St><<<token_blocks, kThreads, 0, stream>>>(
         static_cast<Tp*>(dlogits), dgates, static_cast<const Tp*>(logits), probs, expert_idx, load,
-        N, E, K, aux_coef, z_coef, grad_scale);
+        N, E, K, renormalize, aux_coef, z_coef, grad_scale);
     return cudaGetLastError();
   });
 }

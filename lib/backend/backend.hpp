@@ -183,6 +183,8 @@ struct RouterArgs {
   Tensor load;  // [E]    A         out: share of the N*k assignments each expert was chosen for
   int64_t top_k = 1;
   int64_t capacity = 0;  // slots per expert; positions are given in order (slot j, then token n)
+  // gates = probs of the chosen experts divided by their sum (Mixtral's router); else the probs.
+  bool renormalize = false;
 };
 
 struct RouterLosses {

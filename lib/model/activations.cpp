@@ -104,6 +104,7 @@ void Transformer::Impl::assign(Arena& kept, Arena& shared, Arena& scratch) {
         r.counts = keep_unless_full(DType::i32, {E});
         r.load = keep_unless_full(A, {E});
         r.top_k = k;
+        r.renormalize = cfg.moe.router == model::MoeRouter::softmax_topk_renorm;
         r.capacity = b.moe->capacity(routed);
         a.moe_s.capacity = cap;
         a.moe_s.slot = cp_on() ? keep_unless_full(DType::i32, {N, k}) : r.slot;

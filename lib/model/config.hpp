@@ -20,9 +20,17 @@ enum class PositionKind { learned, rope };
 // or hybrid: e4m3 for inputs and weights, e5m2 for output gradients in backward.
 enum class Fp8Mode { none, e4m3, hybrid };
 
+// How the router turns its logits into the gates that weight each chosen expert's output:
+//   softmax              the chosen experts' probabilities under a softmax over all experts
+//                        (GShard/Switch; the gates of a token sum to less than one)
+//   softmax_topk_renorm  the same probabilities divided by their sum over the chosen experts
+//                        (Mixtral, DeepSeek: the gates of a token sum to one)
+enum class MoeRouter { softmax, softmax_topk_renorm };
+
 struct MoeConfig {
   int experts = 0;  // 0: dense model
   int top_k = 2;
+  MoeRouter router = MoeRouter::softmax;
   double capacity_factor = 1.25;  // 0: unlimited capacity (no dropping)
   double aux_loss_coef = 0.01;
   double z_loss_coef = 0.001;

@@ -38,6 +38,7 @@ using Arch = model::Arch;                        // model.arch
 using Norm = model::NormKind;                    // model.norm
 using Activation = model::ActivationKind;        // model.activation
 using Position = model::PositionKind;            // model.position
+using Router = model::MoeRouter;                 // moe.router
 using tensor::DType;                             // precision.compute: f32, bf16, f16 or f64 only
 using trainctl::PipeSchedule;                    // parallel.pp_schedule (layout/pipeline.hpp)
 using trainctl::Recompute;                       // parallel.recompute (layout/layout.hpp)
@@ -71,6 +72,10 @@ struct EnumNames<Activation> {
 template <>
 struct EnumNames<Position> {
   static constexpr std::array<std::string_view, 2> names{"learned", "rope"};
+};
+template <>
+struct EnumNames<Router> {
+  static constexpr std::array<std::string_view, 2> names{"softmax", "softmax_topk_renorm"};
 };
 template <>
 struct EnumNames<Recompute> {

@@ -184,6 +184,11 @@ std::vector<KeySpec> build_schema() {
   t.push_back(
       row<MOE(experts)>("moe.experts", 0, at_least(0), "experts per MoE layer; 0 = dense model"));
   t.push_back(row<MOE(top_k)>("moe.top_k", 2, at_least(1), "experts each token is routed to"));
+  t.push_back(row<MOE(router)>(
+      "moe.router", Router::softmax, none(),
+      "gates of the chosen experts: softmax (their probabilities over all experts, "
+      "GShard/Switch) or softmax_topk_renorm (divided by their sum, as Mixtral; with "
+      "capacity_factor 0 the model is Mixtral's)"));
   t.push_back(row<MOE(capacity_factor)>(
       "moe.capacity_factor", 1.25, at_least(0),
       "expert capacity = factor * tokens * top_k / experts; 0 = no limit, no dropping"));

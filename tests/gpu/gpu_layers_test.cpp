@@ -560,6 +560,7 @@ namespace {
 
 struct RouterTwins {
   Twin logits, probs, expert_idx, gates, slot, counts, load;
+  bool renormalize = false;
   RouterArgs args(bool gpu, int64_t top_k, int64_t capacity) const {
     RouterArgs a;
     a.logits = side(logits, gpu);
@@ -571,6 +572,7 @@ struct RouterTwins {
     a.load = side(load, gpu);
     a.top_k = top_k;
     a.capacity = capacity;
+    a.renormalize = renormalize;
     return a;
   }
 };
@@ -590,45 +592,47 @@ RouterTwins make_router(Harness& h, DType dtype, int64_t N, int64_t E, int64_t K
 TEST_CASE("cuda moe router matches the CPU: choices, capacity slots, losses, backward") {
   Harness h;
   for (const DType dtype : kGpuFloatTypes)
-    for (const int64_t capacity : {int64_t{0}, int64_t{10}}) {
-      const int64_t N = 300, E = 8, K = 2;  // 300 tokens: more than one block of assignments
-      INFO(label(dtype) << " capacity=" << capacity);
-      RouterTwins r = make_router(h, dtype, N, E, K);
-      RouterLosses cpu_losses, gpu_losses[2];
-      int run = 0;
-      run_both(h, {&r.probs, &r.expert_idx, &r.gates, &r.slot, &r.counts, &r.load}, {},
-               [&](Backend& be, bool g) {
-                 const RouterLosses l = be.moe_router_forward(r.args(g, K, capacity));
-                 if (g)
-                   gpu_losses[run++] = l;
-                 else
-                   cpu_losses = l;
-               });
-      GPU_EXPECT_CLOSE(h, r.probs, "probs");
-      GPU_EXPECT_IDENTICAL(h, r.expert_idx, "expert_idx");
-      GPU_EXPECT_CLOSE(h, r.gates, "gates");
-      GPU_EXPECT_IDENTICAL(h, r.slot, "slot");
-      GPU_EXPECT_IDENTICAL(h, r.counts, "counts");
-      GPU_EXPECT_IDENTICAL(h, r.load, "load");
-      CHECK(gpu_losses[0].aux_loss == gpu_losses[1].aux_loss);
-      CHECK(gpu_losses[0].z_loss == gpu_losses[1].z_loss);
-      CHECK(gpu_losses[1].aux_loss == Approx(cpu_losses.aux_loss).epsilon(1e-5));
-      CHECK(gpu_losses[1].z_loss == Approx(cpu_losses.z_loss).epsilon(1e-5));
-      if (capacity > 0) {  // some assignments were dropped
-        const auto slots = h.values(r.slot.cpu);
-        CHECK(std::count(slots.begin(), slots.end(), -1.0) > 0);
-      }
-      copy_cpu_to_gpu(h, r.probs);
-      copy_cpu_to_gpu(h, r.gates);
+    for (const int64_t capacity : {int64_t{0}, int64_t{10}})
+      for (const bool renormalize : {false, true}) {
+        const int64_t N = 300, E = 8, K = 2;  // 300 tokens: more than one block of assignments
+        INFO(label(dtype) << " capacity=" << capacity << " renormalize=" << renormalize);
+        RouterTwins r = make_router(h, dtype, N, E, K);
+        r.renormalize = renormalize;
+        RouterLosses cpu_losses, gpu_losses[2];
+        int run = 0;
+        run_both(h, {&r.probs, &r.expert_idx, &r.gates, &r.slot, &r.counts, &r.load}, {},
+                 [&](Backend& be, bool g) {
+                   const RouterLosses l = be.moe_router_forward(r.args(g, K, capacity));
+                   if (g)
+                     gpu_losses[run++] = l;
+                   else
+                     cpu_losses = l;
+                 });
+        GPU_EXPECT_CLOSE(h, r.probs, "probs");
+        GPU_EXPECT_IDENTICAL(h, r.expert_idx, "expert_idx");
+        GPU_EXPECT_CLOSE(h, r.gates, "gates");
+        GPU_EXPECT_IDENTICAL(h, r.slot, "slot");
+        GPU_EXPECT_IDENTICAL(h, r.counts, "counts");
+        GPU_EXPECT_IDENTICAL(h, r.load, "load");
+        CHECK(gpu_losses[0].aux_loss == gpu_losses[1].aux_loss);
+        CHECK(gpu_losses[0].z_loss == gpu_losses[1].z_loss);
+        CHECK(gpu_losses[1].aux_loss == Approx(cpu_losses.aux_loss).epsilon(1e-5));
+        CHECK(gpu_losses[1].z_loss == Approx(cpu_losses.z_loss).epsilon(1e-5));
+        if (capacity > 0) {  // some assignments were dropped
+          const auto slots = h.values(r.slot.cpu);
+          CHECK(std::count(slots.begin(), slots.end(), -1.0) > 0);
+        }
+        copy_cpu_to_gpu(h, r.probs);
+        copy_cpu_to_gpu(h, r.gates);
 
-      Twin dgates = h.random(DType::f32, {N, K});
-      Twin dlogits = h.output(dtype, {N, E});
-      run_both(h, {&dlogits}, {}, [&](Backend& be, bool g) {
-        be.moe_router_backward(side(dlogits, g), side(dgates, g), r.args(g, K, capacity), 0.01,
-                               0.001, 0.5);
-      });
-      GPU_EXPECT_CLOSE(h, dlogits, "router dlogits");
-    }
+        Twin dgates = h.random(DType::f32, {N, K});
+        Twin dlogits = h.output(dtype, {N, E});
+        run_both(h, {&dlogits}, {}, [&](Backend& be, bool g) {
+          be.moe_router_backward(side(dlogits, g), side(dgates, g), r.args(g, K, capacity), 0.01,
+                                 0.001, 0.5);
+        });
+        GPU_EXPECT_CLOSE(h, dlogits, "router dlogits");
+      }
 }
 
 TEST_CASE("cuda moe permute and unpermute match the CPU, dropped slots included") {

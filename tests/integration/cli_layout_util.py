@@ -45,6 +45,10 @@ FAMILIES = {
     "gpt": [],
     "moe": ["moe.experts=4", "moe.top_k=2", "moe.capacity_factor=1.0", "moe.every=2"],
     "llama": ["model.arch=llama", "model.heads=4", "model.kv_heads=2"],
+    # Mixtral's model: Llama with GQA, MoE on every layer, top-2 gates renormalised, no dropping.
+    "mixtral": ["model.arch=llama", "model.heads=4", "model.kv_heads=2", "moe.experts=4",
+                "moe.top_k=2", "moe.every=1", "moe.capacity_factor=0",
+                "moe.router=softmax_topk_renorm"],
     # Sizes that are not powers of two, so ZeRO parts, gradient buckets and stages do not align:
     # 3 layers (pp2: 2 + 1), hidden 96, 3 heads, ffn 210, vocab 263 (prime), 6 sequences a step
     # (dp3: 2 each). "odd-tp": vocab 261 = 3 * 87, as tp must divide the vocabulary.

@@ -118,6 +118,52 @@ TEST_CASE("finite differences: router dlogits with aux and z losses and a grad s
   CHECK(fd_error(r.logits, read(dlogits), loss) < 1e-6);
 }
 
+TEST_CASE("router softmax_topk_renorm: the chosen probabilities divided by their sum") {
+  const Values logits = {2, 1, 0, 2, 0, 1, 0, 1, 2, 3, 0, 0};
+  for (DType d : kFloatTypes) {
+    INFO(dtype_name(d));
+    Router plain(d, 4, 3, 2, 0, logits), renorm(d, 4, 3, 2, 0, logits);
+    renorm.args.renormalize = true;
+    const auto a = cpu().moe_router_forward(plain.args);
+    const auto b = cpu().moe_router_forward(renorm.args);
+    // The choices, slots, loads and losses are the softmax router's; only the gates differ.
+    CHECK(ints(renorm.expert_idx) == ints(plain.expert_idx));
+    CHECK(ints(renorm.slot) == ints(plain.slot));
+    CHECK(read(renorm.load) == read(plain.load));
+    CHECK(a.aux_loss == b.aux_loss);
+    CHECK(a.z_loss == b.z_loss);
+    const Values p = read(plain.gates), g = read(renorm.gates);
+    for (size_t n = 0; n < 4; ++n) {
+      CHECK(std::abs(g[2 * n] + g[2 * n + 1] - 1) < tolerance(stats_dtype(d)));
+      CHECK(std::abs(g[2 * n] - p[2 * n] / (p[2 * n] + p[2 * n + 1])) < tolerance(stats_dtype(d)));
+    }
+  }
+}
+
+TEST_CASE("finite differences: renormalised router dlogits with aux and z losses") {
+  const int64_t N = 6, E = 5, K = 3;
+  const double aux_coef = 0.7, z_coef = 0.2, grad_scale = 1.5;
+  Router r(DType::f64, N, E, K, 0, random_values(N * E, 220, 1.5));
+  r.args.renormalize = true;
+  OwnedTensor Rg = make(DType::f64, Shape{N, K}, random_values(N * K, 221));
+  const auto loss = [&] {
+    const auto l = cpu().moe_router_forward(r.args);
+    return grad_scale * (dot(read(r.gates), read(Rg)) + aux_coef * l.aux_loss + z_coef * l.z_loss);
+  };
+  loss();
+  OwnedTensor dlogits(DType::f64, Shape{N, E});
+  cpu().moe_router_backward(dlogits, Rg, r.args, aux_coef, z_coef, grad_scale);
+  CHECK(fd_error(r.logits, read(dlogits), loss) < 1e-6);
+  // Gates that sum to one: a gradient equal on a token's choices changes nothing but the
+  // aux and z terms, so it must give the dlogits of no gate gradient at all.
+  OwnedTensor same = make(DType::f64, Shape{N, K}, Values(static_cast<size_t>(N * K), 0.37));
+  OwnedTensor none = make(DType::f64, Shape{N, K}, Values(static_cast<size_t>(N * K), 0.0));
+  OwnedTensor d_same(DType::f64, Shape{N, E}), d_none(DType::f64, Shape{N, E});
+  cpu().moe_router_backward(d_same, same, r.args, aux_coef, z_coef, grad_scale);
+  cpu().moe_router_backward(d_none, none, r.args, aux_coef, z_coef, grad_scale);
+  CHECK(rel_error(read(d_same), read(d_none)) < 1e-12);
+}
+
 TEST_CASE("router backward in narrow dtypes matches f64") {
   const int64_t N = 5, E = 6, K = 2;
   for (DType d : {DType::f32, DType::bf16, DType::f16}) {

@@ -1,11 +1,11 @@
 // Mixture-of-experts routing and token permutation.
 // Router: probs = softmax(logits) (compute type, max-subtracted); top-k per token, best first, ties
-// to the lower expert index; slots are handed out in GShard priority order: every token's first
-// choice (in token order), then every token's second choice, ... An assignment whose expert is
-// already full (capacity; <= 0 means N) is dropped: slot -1. Dropped assignments contribute nothing
-// to unpermute and get dgates = 0 from unpermute_backward.
-// Permute/unpermute move rows between token order [N, C] and expert buffers [E * capacity, C];
-// every output is overwritten (unused expert rows are zeroed).
+// to the lower expert index; gates = the chosen probs, divided by their sum when renormalize; slots
+// are handed out in GShard priority order: every token's first choice (in token order), then every
+// token's second choice, ... An assignment whose expert is already full (capacity; <= 0 means N) is
+// dropped: slot -1. Dropped assignments contribute nothing to unpermute and get dgates = 0 from
+// unpermute_backward. Permute/unpermute move rows between token order [N, C] and expert buffers [E
+// * capacity, C]; every output is overwritten (unused expert rows are zeroed).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -83,6 +83,13 @@ RouterLosses CpuBackend::do_moe_router_forward(const RouterArgs& r) {
         gates[n * K + j] = p[best];
         ++chosen[static_cast<size_t>(best)];
       }
+      if (r.renormalize) {
+        A chosen_sum = 0;
+        for (int64_t j = 0; j < K; ++j)
+          chosen_sum += gates[n * K + j];
+        for (int64_t j = 0; j < K; ++j)
+          gates[n * K + j] /= chosen_sum;
+      }
     }
     int32_t* counts = r.counts.as<int32_t>();
     int32_t* slot = r.slot.as<int32_t>();
@@ -138,8 +145,20 @@ void CpuBackend::do_moe_router_backward(const Tensor& dlogits, const Tensor& dga
       const A lse = mx + std::log(total);
       for (int64_t e = 0; e < E; ++e)
         dprobs[e] = aux * load[e];
-      for (int64_t j = 0; j < K; ++j)
-        dprobs[idx[n * K + j]] += dg[n * K + j];
+      if (!r.renormalize) {
+        for (int64_t j = 0; j < K; ++j)
+          dprobs[idx[n * K + j]] += dg[n * K + j];
+      } else {
+        // gate_j = p_j / s with s the chosen probabilities' sum:
+        // d/dp_i = (dgate_i - sum_j dgate_j gate_j) / s for a chosen i.
+        A s = 0, dot_g = 0;
+        for (int64_t j = 0; j < K; ++j)
+          s += p[idx[n * K + j]];
+        for (int64_t j = 0; j < K; ++j)
+          dot_g += dg[n * K + j] * p[idx[n * K + j]] / s;
+        for (int64_t j = 0; j < K; ++j)
+          dprobs[idx[n * K + j]] += (dg[n * K + j] - dot_g) / s;
+      }
       A dot = 0;
       for (int64_t e = 0; e < E; ++e)
         dot += p[e] * dprobs[e];

@@ -58,12 +58,12 @@ RouterLosses CudaBackend::do_moe_router_forward(const RouterArgs& r) {
       static_cast<char*>(impl_->scratch_for(lse_offset + static_cast<size_t>(N) * sizeof(float)));
   auto* stats = reinterpret_cast<double*>(base);
   auto* lse = reinterpret_cast<float*>(base + lse_offset);
-  check_cuda(kernels::launch_moe_router_forward(s, r.logits.data, f32(r.probs),
-                                                static_cast<int32_t*>(r.expert_idx.data),
-                                                f32(r.gates), static_cast<int32_t*>(r.slot.data),
-                                                static_cast<int32_t*>(r.counts.data), f32(r.load),
-                                                N, E, K, capacity, lse, stats, impl_->stream),
-             op, "the router kernels");
+  check_cuda(
+      kernels::launch_moe_router_forward(
+          s, r.logits.data, f32(r.probs), static_cast<int32_t*>(r.expert_idx.data), f32(r.gates),
+          static_cast<int32_t*>(r.slot.data), static_cast<int32_t*>(r.counts.data), f32(r.load), N,
+          E, K, capacity, r.renormalize, lse, stats, impl_->stream),
+      op, "the router kernels");
   std::vector<double> host(static_cast<size_t>(2 * E + 1));
   check_cuda(
       cudaMemcpyAsync(host.data(), stats, stats_bytes, cudaMemcpyDeviceToHost, impl_->stream), op,
@@ -88,8 +88,8 @@ void CudaBackend::do_moe_router_backward(const Tensor& dlogits, const Tensor& dg
   activate(*impl_, op);
   check_cuda(kernels::launch_moe_router_backward(
                  s, dlogits.data, f32(dgates), r.logits.data, f32(r.probs), i32(r.expert_idx),
-                 f32(r.load), N, E, K, static_cast<float>(aux_coef), static_cast<float>(z_coef),
-                 static_cast<float>(grad_scale), impl_->stream),
+                 f32(r.load), N, E, K, r.renormalize, static_cast<float>(aux_coef),
+                 static_cast<float>(z_coef), static_cast<float>(grad_scale), impl_->stream),
              op, "the router backward kernel");
 }
 

@@ -8,9 +8,11 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -18,7 +20,10 @@
 #include "checkpoint_path.hpp"
 #include "ckpt/ckpt.hpp"
 #include "ckpt/export.hpp"
+#include "ckpt/hf.hpp"
 #include "commands.hpp"
+#include "files/files.hpp"
+#include "tokenize/tokenize.hpp"
 
 namespace trainctl::app {
 
@@ -226,17 +231,126 @@ int verify(const CkptOptions& options) {
   return bad ? kExitFailure : kExitOk;
 }
 
+// "5GB", "500MB", "64KiB", "1000": bytes (KB/MB/GB decimal as Hugging Face's max_shard_size,
+// KiB/MiB/GiB binary).
+uint64_t parse_shard_size(const std::string& text) {
+  static const std::map<std::string, uint64_t> units = {{"", 1},
+                                                        {"B", 1},
+                                                        {"KB", 1000},
+                                                        {"MB", 1000'000},
+                                                        {"GB", 1000'000'000},
+                                                        {"KiB", 1ULL << 10},
+                                                        {"MiB", 1ULL << 20},
+                                                        {"GiB", 1ULL << 30}};
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits])))
+    ++digits;
+  const auto unit = units.find(text.substr(digits));
+  if (digits == 0 || digits > 12 || unit == units.end() || std::stoull(text.substr(0, digits)) == 0)
+    throw BadInput(fmt::format(
+        "--max-shard-size {}: not a size; write a positive number with an optional unit (B, KB, "
+        "MB, GB, KiB, MiB, GiB), e.g. 5GB",
+        text));
+  return std::stoull(text.substr(0, digits)) * unit->second;
+}
+
+// The tokenizer the run's data was made with, when data.json (in the run directory above the
+// step) records one and the file is still there with the recorded SHA-256; otherwise why not.
+std::optional<ckpt::HfTokenizer> run_tokenizer(const fs::path& step, std::string& why) {
+  const fs::path run_dir = step.parent_path().parent_path();
+  const fs::path record = run_dir / "data.json";
+  std::error_code ec;
+  if (step.parent_path().filename() != "checkpoints" || !fs::exists(record, ec)) {
+    why = fmt::format("no tokenizer written: {} is not there to say which made the data",
+                      record.string());
+    return std::nullopt;
+  }
+  json data;
+  try {
+    data = json::parse(files::read_regular_file(record, 64ULL << 20, "data record"));
+  } catch (const std::exception& e) {
+    why = fmt::format("no tokenizer written: {}: {}", record.string(), e.what());
+    return std::nullopt;
+  }
+  std::optional<json> found;
+  for (const json& part : data.value("datasets", json::array())) {
+    if (!part.contains("tokenizer")) {
+      why = fmt::format(
+          "no tokenizer written: {} records none for {} (byte-level or pre-made "
+          "data)",
+          record.string(), part.value("source", "a dataset"));
+      return std::nullopt;
+    }
+    if (found && (*found)["sha256"] != part["tokenizer"]["sha256"]) {
+      why = fmt::format(
+          "no tokenizer written: the datasets of {} were made by different "
+          "tokenizers",
+          record.string());
+      return std::nullopt;
+    }
+    found = part["tokenizer"];
+  }
+  if (!found) {
+    why = fmt::format("no tokenizer written: {} lists no dataset", record.string());
+    return std::nullopt;
+  }
+  const std::string path = found->value("path", "");
+  if (!fs::is_regular_file(path, ec) || tokenize::sha256_file(path) != found->value("sha256", "")) {
+    why = fmt::format(
+        "no tokenizer written: {} (recorded in {}) is {}; copy the tokenizer into the folder "
+        "by hand",
+        path, record.string(),
+        fs::is_regular_file(path, ec) ? "no longer the file the data was made with (its SHA-256 "
+                                        "differs)"
+                                      : "not there any more");
+    return std::nullopt;
+  }
+  why.clear();
+  return ckpt::HfTokenizer{path, found->value("kind", ""), found->value("eod_id", -1),
+                           found->value("eod_token", "")};
+}
+
+int export_hf(const CkptOptions& options, const fs::path& out) {
+  std::error_code ec;
+  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))
+    throw BadInput(fmt::format(
+        "--out {}: exists; a Hugging Face export writes a new folder (name one that does not "
+        "exist, or remove it first)",
+        options.out));
+  ckpt::HfExportOptions hf;
+  hf.max_shard_bytes = parse_shard_size(options.max_shard_size);
+  const fs::path step = select_step(resolve_checkpoint_path(options.path), nullptr);
+  std::string why;
+  hf.tokenizer = run_tokenizer(step, why);
+  const ckpt::CheckpointReader reader = ckpt::CheckpointReader::open(step);
+  ckpt::HfExportResult result;
+  try {
+    result = ckpt::export_hf(reader, out, hf);
+  } catch (const ckpt::HfRefused& e) {
+    throw BadInput(e.what());
+  }
+  fmt::print("exported {} (step {}) to {} for transformers.{}\n", step.filename().string(),
+             reader.step(), result.dir.string(), result.architecture);
+  fmt::print("naming {}: {} tensors, {} bytes ({}) of weights; files: {}\n",
+             ckpt::naming_name(result.plan.naming), result.plan.tensors.size(), result.bytes,
+             human_bytes(result.bytes), fmt::join(result.files, ", "));
+  if (!why.empty()) fmt::print("note: {}\n", why);
+  return kExitOk;
+}
+
 int export_weights(const CkptOptions& options) {
-  if (options.format != "safetensors")
-    throw BadInput(
-        fmt::format("--format {}: unknown; the one export format is safetensors", options.format));
-  if (options.out.empty()) throw BadInput("--out: name the file to write");
+  if (options.format != "safetensors" && options.format != "hf")
+    throw BadInput(fmt::format(
+        "--format {}: unknown; use safetensors (one file) or hf (a Hugging Face model folder)",
+        options.format));
+  if (options.out.empty()) throw BadInput("--out: name the file or folder to write");
   const fs::path out(options.out);
   std::error_code ec;
   const fs::path parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
   if (!fs::is_directory(parent, ec))
     throw BadInput(fmt::format("--out {}: the folder {} does not exist; create it first",
                                options.out, parent.string()));
+  if (options.format == "hf") return export_hf(options, out);
   if (fs::is_directory(out, ec))
     throw BadInput(fmt::format("--out {}: is a directory; name the file to write", options.out));
   const fs::path step = select_step(resolve_checkpoint_path(options.path), nullptr);

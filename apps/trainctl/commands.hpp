@@ -77,7 +77,8 @@ struct CkptOptions {
   std::string action;  // inspect | verify | export
   std::string path;
   std::string format = "safetensors";  // export
-  std::string out;                     // export: output file
+  std::string out;                     // export: output file (hf: folder)
+  std::string max_shard_size = "5GB";  // export --format hf
   bool json = false;                   // inspect: machine-readable output
 };
 int run_ckpt(const CkptOptions& options);

@@ -162,9 +162,15 @@ int main(int argc, char** argv) {
   CLI::App* export_cmd = ckpt_cmd->add_subcommand(
       "export", "Write the model weights with Hugging Face's names and layout");
   export_cmd->add_option("path", ckpt.path, "Step, checkpoints or run directory")->required();
-  export_cmd->add_option("--format", ckpt.format, "Output format")
-      ->check(CLI::IsMember({"safetensors"}));
-  export_cmd->add_option("--out", ckpt.out, "Output file")->required();
+  export_cmd
+      ->add_option("--format", ckpt.format,
+                   "safetensors: one file; hf: a folder transformers' from_pretrained loads "
+                   "(config.json, weights, tokenizer)")
+      ->check(CLI::IsMember({"safetensors", "hf"}));
+  export_cmd->add_option("--out", ckpt.out, "Output file (hf: a new folder)")->required();
+  export_cmd->add_option("--max-shard-size", ckpt.max_shard_size,
+                         "hf: split the weights into files of at most this size (5GB, 500MB, "
+                         "64KiB) with model.safetensors.index.json");
   add_examples(ckpt_cmd,
                {"trainctl ckpt inspect runs/tiny",
                 "trainctl ckpt verify runs/tiny/checkpoints/step_00000200",
@@ -180,6 +186,7 @@ int main(int argc, char** argv) {
   add_examples(
       export_cmd,
       {"trainctl ckpt export runs/tiny --out tiny.safetensors",
+       "trainctl ckpt export runs/tiny --format hf --out tiny-hf",
        "trainctl ckpt export runs/tiny/checkpoints/step_00000200 --out step200.safetensors"},
       "docs/checkpoints.md (the Hugging Face names)");
 

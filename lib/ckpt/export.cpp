@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -274,13 +275,6 @@ void transpose(const unsigned char* in, unsigned char* out, int64_t rows, int64_
   }
 }
 
-uint64_t tensor_bytes(const ExportTensor& t) {
-  uint64_t n = dtype_size(t.dtype);
-  for (int64_t d : t.shape)
-    n *= static_cast<uint64_t>(d);
-  return n;
-}
-
 }  // namespace
 
 std::string_view naming_name(Naming naming) {
@@ -365,27 +359,59 @@ ExportPlan plan_export(const Manifest& manifest, const std::string& source) {
   return p.finish();
 }
 
-ExportResult export_safetensors(const CheckpointReader& reader, const fs::path& out) {
-  const std::string source = (reader.dir() / kManifestFile).string();
-  ExportResult result{out, plan_export(reader.manifest(), source), 0};
-
+uint64_t write_safetensors(io::File& file, const CheckpointReader& reader,
+                           const std::vector<const ExportTensor*>& tensors,
+                           const std::function<std::string(const ExportTensor&)>& name,
+                           const nlohmann::json& metadata) {
   json header = json::object();
-  for (const ExportTensor& t : result.plan.tensors) {
-    const uint64_t bytes = tensor_bytes(t);
-    header[t.name] = {{"dtype", safetensors_dtype(t.dtype)},
-                      {"shape", t.shape},
-                      {"data_offsets", {result.bytes, result.bytes + bytes}}};
-    result.bytes += bytes;
+  uint64_t bytes = 0;
+  for (const ExportTensor* t : tensors) {
+    const uint64_t size = tensor_bytes(*t);
+    header[name(*t)] = {{"dtype", safetensors_dtype(t->dtype)},
+                        {"shape", t->shape},
+                        {"data_offsets", {bytes, bytes + size}}};
+    bytes += size;
   }
-  header["__metadata__"] = {{"format", "pt"},
-                            {"trainctl_step", std::to_string(reader.step())},
-                            {"trainctl_recipe_hash", reader.manifest().header.recipe_hash},
-                            {"trainctl_naming", std::string(naming_name(result.plan.naming))}};
+  header["__metadata__"] = metadata;
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   unsigned char length[8];
   for (int i = 0; i < 8; ++i)
     length[i] = static_cast<unsigned char>(text.size() >> (8 * i));
+  file.write_all(length, sizeof length);
+  file.write_all(text.data(), text.size());
+  std::vector<unsigned char> in, transposed;
+  for (const ExportTensor* t : tensors) {
+    in.resize(tensor_bytes(*t));
+    reader.read(t->source, t->region, t->dtype, in.data());
+    if (t->transpose) {
+      transposed.resize(in.size());
+      transpose(in.data(), transposed.data(), t->shape[1], t->shape[0], dtype_size(t->dtype));
+      file.write_all(transposed.data(), transposed.size());
+    } else {
+      file.write_all(in.data(), in.size());
+    }
+  }
+  return bytes;
+}
+
+uint64_t tensor_bytes(const ExportTensor& t) {
+  uint64_t n = dtype_size(t.dtype);
+  for (int64_t d : t.shape)
+    n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+ExportResult export_safetensors(const CheckpointReader& reader, const fs::path& out) {
+  const std::string source = (reader.dir() / kManifestFile).string();
+  ExportResult result{out, plan_export(reader.manifest(), source), 0};
+  std::vector<const ExportTensor*> tensors;
+  for (const ExportTensor& t : result.plan.tensors)
+    tensors.push_back(&t);
+  const json metadata = {{"format", "pt"},
+                         {"trainctl_step", std::to_string(reader.step())},
+                         {"trainctl_recipe_hash", reader.manifest().header.recipe_hash},
+                         {"trainctl_naming", std::string(naming_name(result.plan.naming))}};
 
   std::error_code ec;
   if (fs::is_directory(out, ec))
@@ -395,20 +421,8 @@ ExportResult export_safetensors(const CheckpointReader& reader, const fs::path& 
   const fs::path tmp = parent / fmt::format(".{}.tmp-{}", out.filename().string(), ::getpid());
   try {
     io::File file = io::File::create(tmp);
-    file.write_all(length, sizeof length);
-    file.write_all(text.data(), text.size());
-    std::vector<unsigned char> in, transposed;
-    for (const ExportTensor& t : result.plan.tensors) {
-      in.resize(tensor_bytes(t));
-      reader.read(t.source, t.region, t.dtype, in.data());
-      if (t.transpose) {
-        transposed.resize(in.size());
-        transpose(in.data(), transposed.data(), t.shape[1], t.shape[0], dtype_size(t.dtype));
-        file.write_all(transposed.data(), transposed.size());
-      } else {
-        file.write_all(in.data(), in.size());
-      }
-    }
+    result.bytes = write_safetensors(
+        file, reader, tensors, [](const ExportTensor& t) { return t.name; }, metadata);
     file.sync();
     file.close();
     if (::rename(tmp.c_str(), out.c_str()) != 0) io::throw_os_error("rename to", out, errno);

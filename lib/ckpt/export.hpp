@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,6 +57,18 @@ ExportPlan plan_export(const Manifest& manifest, const std::string& source);
 
 // "BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2", "I32", "U16".
 std::string_view safetensors_dtype(DType dtype);
+
+// Bytes of the tensor's data in the output.
+uint64_t tensor_bytes(const ExportTensor& t);
+
+// Writes `tensors` to `file` as one safetensors file: 8-byte little-endian header length, the JSON
+// header {name(t): {dtype, shape, data_offsets}} plus "__metadata__" (string values), padded with
+// spaces to a multiple of 8, then the data in the given order, each slice's checksum checked as it
+// is read. Returns the data bytes. The caller makes the file appear atomically.
+uint64_t write_safetensors(io::File& file, const CheckpointReader& reader,
+                           const std::vector<const ExportTensor*>& tensors,
+                           const std::function<std::string(const ExportTensor&)>& name,
+                           const nlohmann::json& metadata);
 
 struct ExportResult {
   fs::path file;

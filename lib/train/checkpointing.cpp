@@ -398,11 +398,18 @@ nlohmann::json describe_model(const model::ModelConfig& c) {
           {"seq_len", c.seq_len},
           {"norm", c.norm == model::NormKind::layernorm ? "layernorm" : "rmsnorm"},
           {"activation", c.activation == model::ActivationKind::gelu ? "gelu" : "swiglu"},
+          // The exact forms, for readers that compute the model (ckpt export --format hf):
+          // GELU's tanh approximation (GPT-2's gelu_new), SwiGLU's silu(gate) * up.
+          {"activation_fn", c.activation == model::ActivationKind::gelu ? "gelu_tanh" : "silu"},
+          {"norm_eps", c.norm_eps},
           {"position", c.position == model::PositionKind::learned ? "learned" : "rope"},
+          {"rope_theta", c.rope_theta},
           {"tied_embeddings", c.tied_embeddings},
           {"bias", c.bias},
           {"experts", c.moe.experts},
           {"top_k", c.moe.top_k},
+          {"capacity_factor", c.moe.capacity_factor},
+          {"router", c.moe.router == model::MoeRouter::softmax ? "softmax" : "softmax_topk_renorm"},
           {"moe_every", c.moe.every},
           {"expert_ffn_hidden", c.expert_ffn()},
           {"storage", std::string(tensor::dtype_name(c.storage))}};
@@ -443,6 +450,13 @@ model::ModelConfig model_from_description(const nlohmann::json& d, const std::st
                                                           : model::ActivationKind::swiglu;
     c.position = choice("position", "learned", "rope") ? model::PositionKind::learned
                                                        : model::PositionKind::rope;
+    // Recorded since the Hugging Face folder export; older manifests keep the defaults.
+    if (d.contains("norm_eps")) c.norm_eps = d.at("norm_eps").get<double>();
+    if (d.contains("rope_theta")) c.rope_theta = d.at("rope_theta").get<double>();
+    if (d.contains("capacity_factor"))
+      c.moe.capacity_factor = d.at("capacity_factor").get<double>();
+    if (d.contains("router") && d.at("router").get<std::string>() == "softmax_topk_renorm")
+      c.moe.router = model::MoeRouter::softmax_topk_renorm;
     c.tied_embeddings = field("tied_embeddings").get<bool>();
     c.bias = field("bias").get<bool>();
     c.moe.experts = field("experts").get<int>();

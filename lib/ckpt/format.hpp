@@ -108,6 +108,10 @@ struct Manifest {
   const TensorEntry* find(std::string_view name) const;
 };
 
+// The byte at which JSON `text` nests deeper than `max_depth` arrays/objects (nlohmann's parser
+// recurses per level: check untrusted text first), or std::string_view::npos.
+size_t json_too_deep(std::string_view text, int max_depth = 64);
+
 // "f32", "bf16", ... (tensor::dtype_name) back to the enum; nullopt for an unknown name.
 std::optional<DType> parse_dtype(std::string_view name);
 

@@ -29,6 +29,13 @@ constexpr size_t kMaxSlicesPerTensor = size_t{1} << 20;
 
 // nlohmann's parser recurses per nesting level: refuse absurd depth before parsing.
 void check_depth(std::string_view text, const std::string& source) {
+  if (const size_t at = json_too_deep(text, kMaxJsonDepth); at != std::string_view::npos)
+    fail(source, fmt::format("JSON nested deeper than {} levels at byte {}", kMaxJsonDepth, at));
+}
+
+}  // namespace
+
+size_t json_too_deep(std::string_view text, int max_depth) {
   int depth = 0;
   bool in_string = false;
   for (size_t i = 0; i < text.size(); ++i) {
@@ -41,13 +48,15 @@ void check_depth(std::string_view text, const std::string& source) {
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth)
-        fail(source, fmt::format("JSON nested deeper than {} levels at byte {}", kMaxJsonDepth, i));
+      if (++depth > max_depth) return i;
     } else if (c == ']' || c == '}') {
       --depth;
     }
   }
+  return std::string_view::npos;
 }
+
+namespace {
 
 const json& field(const json& object, const char* key, const std::string& where) {
   auto it = object.find(key);

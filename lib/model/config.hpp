@@ -59,6 +59,9 @@ struct ModelConfig {
   MoeConfig moe;
   tensor::DType storage = tensor::DType::f32;  // parameters and activations (precision.compute)
   Fp8Mode fp8 = Fp8Mode::none;                 // needs storage bf16
+  // model.init_from: a Hugging Face folder or trainctl checkpoint the run's weights start from
+  // ("": the seeded initialisation). Read by the run (lib/ckpt/weights.hpp), not the model.
+  std::string init_from;
 
   int head_dim() const { return hidden / heads; }
   bool is_moe_layer(int layer) const { return moe.experts > 0 && (layer + 1) % moe.every == 0; }

@@ -24,6 +24,15 @@ struct Converted {
 };
 Converted convert_node(const KeySpec& key, const YAML::Node& node);
 
+// The model keys a model.init_from source fixes, as (key path, YAML value text), read from its
+// config.json or checkpoint manifest (ckpt::WeightSource); `error` says why it cannot be read.
+struct InitFromKeys {
+  std::vector<std::pair<std::string, std::string>> keys;
+  std::string where;  // the file the values come from
+  std::string error;
+};
+InitFromKeys init_from_keys(const std::string& path);
+
 // "0.001", "1e-05", "65536": shortest text that parses back to the same double.
 std::string format_number(double x);
 

@@ -346,6 +346,39 @@ LoadedRecipe Loader::build() {
     }
   }
 
+  // model.init_from: the model keys come from the source; a key the recipe sets must agree.
+  if (std::find(given.begin(), given.end(), "model.init_from") != given.end() &&
+      !recipe.model.init_from.empty()) {
+    const internal::InitFromKeys source = internal::init_from_keys(recipe.model.init_from);
+    if (!source.error.empty()) {
+      problems.push_back(origins.problem("model.init_from", source.error));
+      bad_.push_back("model.init_from");
+    }
+    for (const auto& [path, text] : source.keys) {
+      const KeySpec& key = *find_key(path);
+      internal::Converted value = internal::convert_node(key, YAML::Load(text));
+      if (!value.value) {
+        problems.push_back(
+            origins.problem("model.init_from",
+                            fmt::format("{}: {} = {}: {}", source.where, path, text, value.error)));
+        continue;
+      }
+      if (std::find(given.begin(), given.end(), key.path) == given.end()) {
+        key.store(recipe, *value.value);
+        given.push_back(key.path);
+        continue;
+      }
+      const std::string ours = format_value(key, key.fetch(recipe));
+      const std::string theirs = format_value(key, *value.value);
+      if (ours != theirs)
+        problems.push_back(origins.problem(
+            key.path,
+            fmt::format("{} is {} here but {} in {} (model.init_from); remove the key to take "
+                        "the source's value, or set {}: {}",
+                        key.path, ours, theirs, source.where, key.path, theirs)));
+    }
+  }
+
   // Presets: an unset preset key is only as good as the keys its preset value is computed from.
   apply_preset(recipe.model, given);
   auto is_bad = [&](std::string_view p) {

@@ -180,6 +180,10 @@ std::vector<KeySpec> build_schema() {
       row<B(model, norm_eps)>("model.norm_eps", 1.0e-5, above(0), "epsilon inside the norm"));
   t.push_back(row<B(model, init_std)>("model.init_std", 0.02, above(0),
                                       "standard deviation of the initial weights"));
+  t.push_back(row<B(model, init_from)>(
+      "model.init_from", "", none(),
+      "start from these weights: a Hugging Face folder (config.json, *.safetensors: GPT-2, "
+      "Llama, Mixtral) or a trainctl checkpoint; the model keys it fixes are taken from it"));
   // moe
   t.push_back(
       row<MOE(experts)>("moe.experts", 0, at_least(0), "experts per MoE layer; 0 = dense model"));

@@ -11,6 +11,7 @@
 #include "launch/store_address.hpp"
 #include "run/context.hpp"
 #include "run/provenance.hpp"
+#include "train/checkpointing.hpp"
 
 namespace fs = std::filesystem;
 
@@ -314,6 +315,17 @@ Exit check_session_input(SessionInput& input, const std::string& command) {
       return bad_input(command, fmt::format("{} is {}, not a regular file; remove it or choose "
                                             "another run directory",
                                             path.string(), files::file_type_name(st.st_mode)));
+  }
+  // model.init_from: every tensor of the model there with its shape, before anything is made
+  // (the recipe already took the source's model keys; resuming reads the checkpoint instead).
+  const model::ModelConfig& model = input.loaded.recipe.model;
+  if (!input.resuming && !model.init_from.empty()) {
+    try {
+      ckpt::WeightSource::open(model.init_from)->bind(train::weights_wanted(model));
+    } catch (const ckpt::CheckpointError& e) {
+      return report_problems({input.loaded.origins.problem("model.init_from", e.what())},
+                             input.recipe_label);
+    }
   }
   auto data = std::make_shared<SessionData>();
   if (Exit end = open_session_data(input, *data)) return end;

@@ -27,6 +27,7 @@
 #include "run/summary.hpp"
 #include "run/timeline_file.hpp"
 #include "train/checkpoint_policy.hpp"
+#include "train/checkpointing.hpp"
 #include "train/stability.hpp"
 
 namespace fs = std::filesystem;
@@ -203,8 +204,18 @@ int train_session(SessionInput input, const std::string& command) {
   RankLog log(command, input.rank.world_size > 1, input.rank.rank);
   try {
     RunContext run(input, log);  // backend, rendezvous, model, trainer
-    if (input.resuming)
+    if (input.resuming) {
       if (Exit end = resume_from_checkpoint(input, run, log)) return *end;
+    } else if (const std::string& from = run.model_config().init_from; !from.empty()) {
+      const auto start = Clock::now();
+      const std::unique_ptr<ckpt::WeightSource> source = ckpt::WeightSource::open(from);
+      source->bind(train::weights_wanted(run.model_config()));
+      run.trainer().wait_parameters();
+      train::load_initial_weights(*source, run.model().params(), run.backend());
+      input.notes.push_back(fmt::format(
+          "weights from {} (model.init_from), read in {:.2f} s; optimizer state fresh, step 0",
+          source->where(), std::chrono::duration<double>(Clock::now() - start).count()));
+    }
     if (input.data && run.mesh()) complete_data_digests(*input.data, run.mesh()->world());
     prepare_run_dir(input, run);
     Provenance provenance(input, run, command);

@@ -262,11 +262,17 @@ void convert_state(tensor::DType from, const char* src, tensor::DType to, char* 
 
 }  // namespace
 
-void read_param_tensors(const ckpt::CheckpointReader& reader, const model::ParamStore& params,
-                        backend::Backend& be) {
-  std::vector<char> staging, scratch, stored;
+namespace {
+
+// Fills every box of this rank's parameters in the buffers `take` accepts: fill(buffer, spec,
+// name, global box, dst, count) writes the box's `count` elements, row-major in the buffer's
+// dtype, to dst; a box that is strided in the local tensor goes through scratch. Device buffers
+// are staged on the host and copied once.
+template <class Take, class Fill>
+void fill_param_boxes(const model::ParamStore& params, backend::Backend& be, Take take, Fill fill) {
+  std::vector<char> staging, scratch;
   for (const Buffer& buffer : buffers(params)) {
-    if (buffer.whole.numel() == 0) continue;
+    if (buffer.whole.numel() == 0 || !take(buffer)) continue;
     const size_t element = tensor::dtype_size(buffer.whole.dtype);
     char* base = static_cast<char*>(buffer.whole.data);
     if (buffer.whole.device != tensor::Device::cpu) {
@@ -277,51 +283,76 @@ void read_param_tensors(const ckpt::CheckpointReader& reader, const model::Param
       const auto [first, last] = rows_in(spec, buffer);
       if (first >= last) continue;
       const std::string name = buffer.prefix + spec.name;
-      const ckpt::TensorEntry& entry = reader.tensor(name);
-      const std::vector<int64_t> local_shape = dims(spec.shape), global_shape = global_dims(spec);
-      // Moments saved under another optimizer.state_dtype are converted: bf16 to f32 exactly,
-      // f32 to bf16 rounded to nearest.
-      const bool converted = buffer.moment && entry.dtype != buffer.whole.dtype &&
-                             float_state(entry.dtype) && float_state(buffer.whole.dtype);
-      if ((entry.dtype != buffer.whole.dtype && !converted) || entry.shape != global_shape)
-        throw CheckpointMismatch(
-            fmt::format("{}: tensor {} is {} [{}] in the checkpoint but {} [{}] in this model",
-                        reader.dir().string(), name, tensor::dtype_name(entry.dtype),
-                        fmt::join(entry.shape, ", "), tensor::dtype_name(buffer.whole.dtype),
-                        fmt::join(global_shape, ", ")));
+      const std::vector<int64_t> local_shape = dims(spec.shape);
       char* local = base + static_cast<size_t>(spec.offset - buffer.begin) * element;
       for (const ParamBox& box : param_boxes(spec, first, last)) {
-        const int64_t offset = contiguous_offset(local_shape, box.local);
-        if (converted) {
-          int64_t count = 1;
-          for (const Range& r : box.local)
-            count *= r.size();
-          stored.resize(static_cast<size_t>(count) * tensor::dtype_size(entry.dtype));
-          reader.read(name, box.global, entry.dtype, stored.data());
-          scratch.resize(static_cast<size_t>(count) * element);
-          convert_state(entry.dtype, stored.data(), buffer.whole.dtype, scratch.data(), count);
-          if (offset >= 0)
-            std::memcpy(local + static_cast<size_t>(offset) * element, scratch.data(),
-                        scratch.size());
-          else
-            copy_box(local_shape, box.local, element, local, scratch.data(), false);
-          continue;
-        }
-        if (offset >= 0) {
-          reader.read(name, box.global, buffer.whole.dtype,
-                      local + static_cast<size_t>(offset) * element);
-          continue;
-        }
         int64_t count = 1;
         for (const Range& r : box.local)
           count *= r.size();
+        const int64_t offset = contiguous_offset(local_shape, box.local);
+        if (offset >= 0) {
+          fill(buffer, spec, name, box.global, local + static_cast<size_t>(offset) * element,
+               count);
+          continue;
+        }
         scratch.resize(static_cast<size_t>(count) * element);
-        reader.read(name, box.global, buffer.whole.dtype, scratch.data());
+        fill(buffer, spec, name, box.global, scratch.data(), count);
         copy_box(local_shape, box.local, element, local, scratch.data(), false);
       }
     }
     if (buffer.whole.device != tensor::Device::cpu) be.copy_from_host(buffer.whole, staging.data());
   }
+}
+
+}  // namespace
+
+void read_param_tensors(const ckpt::CheckpointReader& reader, const model::ParamStore& params,
+                        backend::Backend& be) {
+  std::vector<char> stored;
+  fill_param_boxes(
+      params, be, [](const Buffer&) { return true; },
+      [&](const Buffer& buffer, const model::ParamSpec& spec, const std::string& name,
+          const std::vector<Range>& global, char* dst, int64_t count) {
+        const ckpt::TensorEntry& entry = reader.tensor(name);
+        const std::vector<int64_t> global_shape = global_dims(spec);
+        // Moments saved under another optimizer.state_dtype are converted: bf16 to f32 exactly,
+        // f32 to bf16 rounded to nearest.
+        const bool converted = buffer.moment && entry.dtype != buffer.whole.dtype &&
+                               float_state(entry.dtype) && float_state(buffer.whole.dtype);
+        if ((entry.dtype != buffer.whole.dtype && !converted) || entry.shape != global_shape)
+          throw CheckpointMismatch(
+              fmt::format("{}: tensor {} is {} [{}] in the checkpoint but {} [{}] in this model",
+                          reader.dir().string(), name, tensor::dtype_name(entry.dtype),
+                          fmt::join(entry.shape, ", "), tensor::dtype_name(buffer.whole.dtype),
+                          fmt::join(global_shape, ", ")));
+        if (!converted) return reader.read(name, global, buffer.whole.dtype, dst);
+        stored.resize(static_cast<size_t>(count) * tensor::dtype_size(entry.dtype));
+        reader.read(name, global, entry.dtype, stored.data());
+        convert_state(entry.dtype, stored.data(), buffer.whole.dtype, dst, count);
+      });
+}
+
+ckpt::Manifest weights_wanted(const model::ModelConfig& config) {
+  ckpt::Manifest m;
+  m.header.model = describe_model(config);
+  const model::ParamTable table = model::build_param_table(config);
+  for (const model::ParamSpec& spec : table.specs())
+    if (!spec.tied_copy && !m.find("model/" + spec.name))
+      m.tensors.push_back({"model/" + spec.name, config.storage, global_dims(spec), {}});
+  return m;
+}
+
+void load_initial_weights(const ckpt::WeightSource& source, model::ParamStore& params,
+                          backend::Backend& be) {
+  // The values, and the fp32 master copy of 16-bit storage (the same weights, wider); the
+  // optimizer's state stays as a fresh run's.
+  fill_param_boxes(
+      params, be,
+      [](const Buffer& buffer) { return buffer.prefix == "model/" || buffer.prefix == "master/"; },
+      [&](const Buffer& buffer, const model::ParamSpec& spec, const std::string&,
+          const std::vector<Range>& global, char* dst,
+          int64_t) { source.read("model/" + spec.name, global, buffer.whole.dtype, dst); });
+  if (params.values_sharded()) params.release_block_values();
 }
 
 std::vector<ParamBox> param_boxes(const model::ParamSpec& spec, int64_t row_begin,

@@ -24,6 +24,7 @@
 
 #include "backend/backend.hpp"
 #include "ckpt/ckpt.hpp"
+#include "ckpt/weights.hpp"
 #include "model/model.hpp"
 #include "train/trainer.hpp"
 
@@ -104,6 +105,16 @@ void add_param_tensors(ckpt::SaveRequest& request, const model::ParamStore& para
 // CheckpointMismatch when a tensor's global shape or dtype differs from the model's.
 void read_param_tensors(const ckpt::CheckpointReader& reader, const model::ParamStore& params,
                         backend::Backend& backend);
+
+// The model/* tensors a run of `config` holds (global shapes, the storage dtype) with its
+// description as header.model: what ckpt::WeightSource::bind checks a model.init_from source
+// against.
+ckpt::Manifest weights_wanted(const model::ModelConfig& config);
+// model.init_from: reads this rank's parameter values (and fp32 master weights) from `source`
+// (bound to weights_wanted), whatever the layout; the optimizer state stays fresh. No parameter
+// gather may be running (Trainer::wait_parameters).
+void load_initial_weights(const ckpt::WeightSource& source, model::ParamStore& params,
+                          backend::Backend& backend);
 
 // Loads this rank's parameters, master weights and moments (its ZeRO part) and the trainer state,
 // reading the boxes it needs from the global tensors whatever layout saved them. Throws

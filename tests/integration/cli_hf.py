@@ -19,6 +19,20 @@ cross-entropy on the same validation windows to 1e-6 relative, in fp32.
 `bad_input`: exit 2 naming the problem, and no folder (nor a temporary one) is left: a model no HF
   class computes (gpt without biases), MoE on every 2nd layer, Mixtral with the softmax router or
   with token dropping, an existing folder (left as it was), a bad --max-shard-size.
+
+model.init_from, the other way (a recipe that names only the source, the data and the training:
+the model keys come from the source):
+`import_models`: folders transformers makes with random weights (GPT-2 tied and untied, Llama with
+  GQA, Llama tied with biases in 20 KB shards, Mixtral) train in trainctl from a first loss equal to
+  transformers' on the same four windows (1e-6 relative), on one rank and under tp2, pp2,
+  dp2 x ZeRO-3, tp2 x pp2, ep2 and ep2 x tp2. (That the load is the export's exact inverse, bit for
+  bit, is train_test's "import: trainctl -> HF -> trainctl -> HF is bit for bit".)
+`import_checkpoint`: from a trainctl run directory: the first loss is the run's final val_loss on
+  the same windows (fp32 and tp2), a bf16 run rounds the weights (within 2%).
+`import_bad_input`: exit 2 naming the file and the problem, no run directory: a missing path, an
+  unsupported model_type, RoPE scaling, a missing tensor, a wrong shape, a tensor with no place,
+  safetensors headers that lie (offsets past the end, overlapping tensors, 2^62 elements, a header
+  length past the file), an unread dtype, and recipe keys that disagree with the source.
 """
 import json
 import os
@@ -222,6 +236,187 @@ def tokenizer(binary, root, tmp):
           f"{eod}")
 
 
+# ---- model.init_from -----------------------------------------------------------------------------
+
+# Four windows of 16 tokens (65 bytes): one step of global_batch 4 sees each window once, in some
+# order, so the first step's loss (computed before the update) is the mean cross-entropy of the
+# initial weights over exactly these windows, which transformers computes from the same folder.
+WINDOW_TEXT = cli_ckpt_export.VAL_TEXT[:65]
+HF_SIZES = dict(vocab_size=256, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, rope_theta=500.0, rms_norm_eps=1e-6,
+                initializer_range=0.2)
+
+
+def hf_folder(kind, out, seed=0, shard=None, **config):
+    """A model transformers makes with random weights (initializer_range 0.2, so every layer
+    matters to the loss) and saves with save_pretrained; returns the folder."""
+    torch.manual_seed(seed)
+    if kind == "gpt2":
+        c = transformers.GPT2Config(vocab_size=256, n_embd=48, n_inner=64, n_layer=2, n_head=4,
+                                    n_positions=16, initializer_range=0.2, **config)
+        model = transformers.GPT2LMHeadModel(c)
+    elif kind == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**HF_SIZES, **config}))
+    else:
+        model = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+            **{**HF_SIZES, "num_local_experts": 4, "num_experts_per_tok": 2, **config}))
+    model.save_pretrained(out, **({"max_shard_size": shard} if shard else {}))
+    return out
+
+
+def windows_file(tmp):
+    path = os.path.join(tmp, "windows.txt")
+    with open(path, "wb") as f:
+        f.write(WINDOW_TEXT)
+    return path
+
+
+def window_batch():
+    tokens = np.frombuffer(WINDOW_TEXT, dtype=np.uint8).astype(np.int64)
+    return np.stack([tokens[i * 16:i * 16 + 17] for i in range(4)])
+
+
+def finetune_recipe(tmp, source, extra=""):
+    """A fine-tuning recipe: the model keys come from the source; data the four windows."""
+    path = os.path.join(tmp, "finetune.yaml")
+    text = windows_file(tmp)
+    with open(path, "w") as f:
+        f.write(f"name: finetune\nmodel: {{init_from: {source}{extra}}}\n"
+                f"data: {{source: text, path: {text}, val_path: {text}}}\n"
+                "training: {steps: 1, global_batch: 4, micro_batch: 2}\n"
+                "schedule: {warmup_steps: 1}\n"
+                "precision: {compute: fp32, loss_scale: none}\n"
+                "checkpoint: {every_steps: 1}\n"
+                "logging: {tensorboard: false, eval_batches: 2, eval_every_steps: 0}\n")
+    return path
+
+
+def first_loss(binary, root, tmp, name, source, sets=(), extra="", args=()):
+    run_dir = os.path.join(tmp, name)
+    result = cli_util.run_ok(binary, ["run", finetune_recipe(tmp, source, extra), "--run-dir",
+                                      run_dir, *[a for s in sets for a in ("--set", s)], *args],
+                             root)
+    check("(model.init_from), read in" in result.stderr, f"no weights line\n{result.describe()}")
+    return cli_util.read_metrics(run_dir)[0]["loss"], run_dir
+
+
+def check_import(binary, root, tmp, name, folder, architecture, layouts, extra=""):
+    """trainctl's first loss from the folder, on one rank and under `layouts`, must be
+    transformers' loss of the folder on the same windows."""
+    import cli_layout_util as lu
+    theirs = hf_loss(folder, window_batch(), architecture)
+    report = []
+    for layout in ["1", *layouts]:
+        ours, _ = first_loss(binary, root, tmp, f"{name}-{layout}", folder, lu.layout_sets(layout),
+                             extra)
+        difference = abs(ours - theirs) / abs(theirs)
+        check(difference <= RTOL, f"{name} {layout}: trainctl's first loss {ours!r} from {folder}, "
+                                  f"transformers' {theirs!r} (relative {difference:.3g} > {RTOL})")
+        report.append(f"{layout} {difference:.2g}")
+    return f"{name}: " + ", ".join(report)
+
+
+def import_models(binary, root, tmp):
+    report = [
+        check_import(binary, root, tmp, "gpt2", hf_folder("gpt2", os.path.join(tmp, "gpt2")),
+                     "GPT2LMHeadModel", ["tp2", "pp2"]),
+        check_import(binary, root, tmp, "gpt2-untied",
+                     hf_folder("gpt2", os.path.join(tmp, "gpt2-untied"), tie_word_embeddings=False),
+                     "GPT2LMHeadModel", []),
+        check_import(binary, root, tmp, "llama", hf_folder("llama", os.path.join(tmp, "llama")),
+                     "LlamaForCausalLM", ["tp2", "dp2-zero3", "tp2-pp2"], ", seq_len: 16"),
+        check_import(binary, root, tmp, "llama-tied-bias",
+                     hf_folder("llama", os.path.join(tmp, "llama-tied-bias"), seed=1,
+                               tie_word_embeddings=True, attention_bias=True, mlp_bias=True,
+                               shard="20KB"),
+                     "LlamaForCausalLM", ["pp2"], ", seq_len: 16"),
+        check_import(binary, root, tmp, "mixtral",
+                     hf_folder("mixtral", os.path.join(tmp, "mixtral")), "MixtralForCausalLM",
+                     ["ep2", "ep2-tp2"], ", seq_len: 16"),
+    ]
+    print("first loss against transformers (relative): " + "; ".join(report))
+
+
+def import_checkpoint(binary, root, tmp):
+    """model.init_from a trainctl run: the first loss is that run's final val_loss on the same
+    windows (fp32, and under tp2); a bf16 run from the fp32 checkpoint rounds the weights."""
+    text = windows_file(tmp)
+    source = train(binary, root, tmp, "source", ["model.kv_heads=4", *SMALL,
+                                                 "data.path=" + text, "data.val_path=" + text,
+                                                 "logging.eval_batches=2"])
+    want = cli_util.read_metrics(source)[-1]["val_loss"]
+    for name, sets, tolerance in [("fp32", [], RTOL), ("tp2", ["parallel.tp=2"], RTOL),
+                                  ("bf16", ["precision.compute=bf16"], 2e-2)]:
+        ours, _ = first_loss(binary, root, tmp, name, source, sets, ", seq_len: 16")
+        check(abs(ours - want) <= tolerance * abs(want),
+              f"init_from a checkpoint ({name}): first loss {ours!r}, its final val_loss {want!r}")
+    print(f"from a trainctl run: first loss equals its val_loss {want:.6f} (fp32, tp2), bf16 "
+          "within 2%")
+
+
+def import_bad_input(binary, root, tmp):
+    """Exit 2 naming the file and the problem, and no run directory."""
+    import safetensors.numpy
+    run_dir = os.path.join(tmp, "run")
+    llama = hf_folder("llama", os.path.join(tmp, "llama"))
+    weights = safetensors.numpy.load_file(os.path.join(llama, "model.safetensors"))
+
+    def refused(source, words, sets=()):
+        cli_util.check_refused(binary, ["run", finetune_recipe(tmp, source, ", seq_len: 16"),
+                                        "--run-dir", run_dir,
+                                        *[a for s in sets for a in ("--set", s)]],
+                               root, words, run_dir)
+
+    def variant(name, config=None, tensors=None, raw=None):
+        folder = os.path.join(tmp, name)
+        os.makedirs(folder)
+        with open(os.path.join(llama, "config.json")) as f:
+            c = json.load(f)
+        c.update(config or {})
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(c, f)
+        if raw is not None:
+            with open(os.path.join(folder, "model.safetensors"), "wb") as f:
+                f.write(raw)
+        else:
+            safetensors.numpy.save_file(tensors if tensors is not None else weights,
+                                        os.path.join(folder, "model.safetensors"))
+        return folder
+
+    def header(entries, data=b""):
+        text = json.dumps(entries).encode()
+        return len(text).to_bytes(8, "little") + text + data
+
+    refused(os.path.join(tmp, "nowhere"), "no such file or directory")
+    refused(variant("bert", {"model_type": "bert"}), 'model_type "bert"')
+    refused(variant("scaling", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
+            'rope_type "yarn"')
+    missing = dict(weights)
+    del missing["model.layers.1.mlp.up_proj.weight"]
+    refused(variant("missing", tensors=missing), "no tensor model.layers.1.mlp.up_proj.weight")
+    refused(variant("shape", {"intermediate_size": 96}), "has shape [48, 64], but a model of this config needs [48, 96]")
+    extra = dict(weights, **{"model.layers.2.mlp.up_proj.weight": np.zeros((4,), np.float32)})
+    refused(variant("extra", tensors=extra), "has no place in the model")
+    refused(variant("past_end", raw=header({"a": {"dtype": "F32", "shape": [4],
+                                                  "data_offsets": [0, 16]}}, b"\0" * 8)),
+            "do not hold its 16 bytes")
+    refused(variant("overlap", raw=header({
+        "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+        "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}}, b"\0" * 24)), "overlap")
+    refused(variant("huge", raw=header({"a": {"dtype": "F32", "shape": [2 ** 31, 2 ** 31],
+                                              "data_offsets": [0, 16]}}, b"\0" * 16)),
+            "more than 2^62 bytes")
+    refused(variant("length", raw=(10 ** 12).to_bytes(8, "little") + b"{}"),
+            "past the file's end")
+    refused(variant("int8", raw=header({"a": {"dtype": "I8", "shape": [4],
+                                              "data_offsets": [0, 4]}}, b"\0" * 4)),
+            'dtype "I8" is not read')
+    # The recipe against the source: both values named, and the way out.
+    refused(llama, "model.hidden is 64 here but 48 in", ["model.hidden=64"])
+    refused(llama, "model.kv_heads is 4 here but 2 in", ["model.kv_heads=4"])
+    print("13 refusals, no run directory")
+
+
 def bad_input(binary, root, tmp):
     def refused(run_dir, words, out=None, extra=()):
         out = out or os.path.join(tmp, "out")
@@ -258,4 +453,6 @@ def bad_input(binary, root, tmp):
 if __name__ == "__main__":
     cli_util.cases_main({"gpt2": gpt2, "llama": llama, "mixtral": mixtral,
                          "mixtral_layouts": mixtral_layouts, "tokenizer": tokenizer,
-                         "bad_input": bad_input}, "hf")
+                         "bad_input": bad_input, "import_models": import_models,
+                         "import_checkpoint": import_checkpoint,
+                         "import_bad_input": import_bad_input}, "hf")

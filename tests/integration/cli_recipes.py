@@ -29,6 +29,7 @@ PLAN = {
     "tiny.yaml": "plans",
     "llama3-tiny.yaml": "plans",
     "llama3-tiny-bpe.yaml": "plans",
+    "llama3-tiny-finetune.yaml": "plans",
     "mixtral-tiny.yaml": "plans",
     "gpt2-124m.yaml": "plans",
     "llama3-8b.yaml": "picks",
@@ -36,7 +37,8 @@ PLAN = {
     "mixtral-8x7b.yaml": "picks",
     "llama3-405b.yaml": ("ranks", {"tp": 8, "pp": 16, "dp": 128}),
 }
-CPU_SIZED = ["tiny.yaml", "llama3-tiny.yaml", "llama3-tiny-bpe.yaml", "mixtral-tiny.yaml"]
+CPU_SIZED = ["tiny.yaml", "llama3-tiny.yaml", "llama3-tiny-bpe.yaml", "llama3-tiny-finetune.yaml",
+             "mixtral-tiny.yaml"]
 
 
 def write_llmc_shard(path, tokens):
@@ -50,8 +52,10 @@ def write_llmc_shard(path, tokens):
 
 def scratch_tree(binary, root, tmp):
     """A working directory in which every recipe's relative paths resolve as in the repository,
-    with stand-in FineWeb shards for gpt2-124m.yaml and, for llama3-tiny-bpe.yaml, the dataset
-    its header says to make (scripts/make-tokenizer's tokenizer, then trainctl data prepare)."""
+    with stand-in FineWeb shards for gpt2-124m.yaml, for llama3-tiny-bpe.yaml the dataset its
+    header says to make (scripts/make-tokenizer's tokenizer, then trainctl data prepare), and for
+    llama3-tiny-finetune.yaml a Hugging Face folder of llama3-tiny's shapes that transformers
+    itself saved (random weights)."""
     os.symlink(os.path.join(root, "configs"), os.path.join(tmp, "configs"))
     os.makedirs(os.path.join(tmp, "data"))
     os.symlink(os.path.join(root, "data", "kjv.txt"), os.path.join(tmp, "data", "kjv.txt"))
@@ -61,6 +65,14 @@ def scratch_tree(binary, root, tmp):
     tokenizer = tokenizer_fixtures.make_llama3(root, os.path.join(tmp, "tokenizers"))
     cli_util.run_ok(binary, ["data", "prepare", "data/kjv.txt", "--tokenizer", tokenizer,
                              "--out", "data/kjv-bpe"], tmp)
+    import torch
+    import transformers
+    transformers.logging.disable_progress_bar()
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=2, rope_theta=500000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False)).save_pretrained(os.path.join(tmp, "hf", "llama3-tiny"))
 
 
 def section(dump, name):

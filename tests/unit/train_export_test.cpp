@@ -15,6 +15,9 @@
 #include "backend_test_util.hpp"
 #include "ckpt/ckpt.hpp"
 #include "ckpt/export.hpp"
+#include "ckpt/hf.hpp"
+#include "ckpt/weights.hpp"
+#include "files/files.hpp"
 #include "model/model.hpp"
 #include "safetensors_reader.hpp"
 #include "train/checkpointing.hpp"
@@ -232,5 +235,101 @@ TEST_CASE("export: Mixtral names for MoE layers", "[train][export]") {
   SECTION("every layer MoE") {
     c.moe.every = 1;
     check_export(c, ckpt::Naming::mixtral, llama_expectations(c));
+  }
+}
+
+namespace {
+
+// trainctl -> Hugging Face folder -> trainctl -> Hugging Face folder: the model read back through
+// model.init_from's loader (the inverse mapping) holds the saved values bit for bit, and its own
+// export has the same bytes in every file.
+void check_round_trip(const model::ModelConfig& c, DType load_as = DType::f32) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("trainctl_train_import_test_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto save_and_export = [&](const model::ParamStore& params, const std::string& name) {
+    const tensor::Tensor values = params.values();
+    const size_t element = tensor::dtype_size(values.dtype);
+    ckpt::SaveRequest request;
+    request.header.step = 3;
+    request.header.recipe_hash = "feed";
+    request.header.model = train::describe_model(c);
+    for (const model::ParamSpec& spec : params.table().specs())
+      if (!spec.tied_copy)
+        request.add(
+            "model/" + spec.name, values.dtype, dims(spec.shape), {},
+            static_cast<const char*>(values.data) + static_cast<size_t>(spec.offset) * element);
+    const auto slices = request.slices();
+    const fs::path step = ckpt::save(dir / name, request.header, slices).path;
+    ckpt::HfExportOptions options;
+    options.max_shard_bytes = 4000;  // several files and an index
+    return ckpt::export_hf(ckpt::CheckpointReader::open(step), dir / (name + "-hf"), options);
+  };
+  model::Transformer original(c, cpu(), 1);
+  original.params().initialize(99);
+  const ckpt::HfExportResult first = save_and_export(original.params(), "a");
+  REQUIRE(first.files.size() > 3);
+
+  model::ModelConfig loaded_config = c;
+  loaded_config.storage = load_as == DType::f32 ? c.storage : load_as;
+  model::Transformer loaded(loaded_config, cpu(), 1);
+  loaded.params().initialize(7);  // other values, all replaced
+  const std::unique_ptr<ckpt::WeightSource> source = ckpt::WeightSource::open(dir / "a-hf");
+  CHECK(source->description().at("layers") == c.layers);
+  source->bind(train::weights_wanted(loaded_config));
+  train::load_initial_weights(*source, loaded.params(), cpu());
+  const tensor::Tensor a = original.params().values(), b = loaded.params().values();
+  REQUIRE(a.numel() == b.numel());
+  if (loaded_config.storage == c.storage) {
+    CHECK(std::memcmp(a.data, b.data, a.bytes()) == 0);
+    const ckpt::HfExportResult second = save_and_export(loaded.params(), "b");
+    REQUIRE(second.files == first.files);
+    for (const std::string& file : first.files) {
+      INFO(file);
+      CHECK(files::read_regular_file(dir / "a-hf" / file, 1 << 20, "a") ==
+            files::read_regular_file(dir / "b-hf" / file, 1 << 20, "b"));
+    }
+  } else {  // fp32 weights into a bf16 model: each rounded to nearest
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      INFO(i);
+      CHECK(b.as<tensor::bf16>()[i].bits == tensor::to_bf16(a.as<float>()[i]).bits);
+    }
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+
+TEST_CASE("import: trainctl -> HF -> trainctl -> HF is bit for bit", "[train][export][import]") {
+  SECTION("GPT-2, tied, fp32") {
+    check_round_trip(small(model::gpt_preset()));
+  }
+  SECTION("GPT-2, untied, bf16") {
+    model::ModelConfig c = small(model::gpt_preset());
+    c.tied_embeddings = false;
+    c.storage = DType::bf16;
+    check_round_trip(c);
+  }
+  SECTION("Llama, GQA, tied, biases") {
+    model::ModelConfig c = small(model::llama_preset());
+    c.kv_heads = 2;
+    c.tied_embeddings = true;
+    c.bias = true;
+    check_round_trip(c);
+  }
+  SECTION("Mixtral, every layer MoE, its router") {
+    model::ModelConfig c = small(model::llama_preset());
+    c.kv_heads = 2;
+    c.moe.experts = 3;
+    c.moe.top_k = 2;
+    c.moe.every = 1;
+    c.moe.capacity_factor = 0;
+    c.moe.router = model::MoeRouter::softmax_topk_renorm;
+    check_round_trip(c);
+  }
+  SECTION("fp32 weights into a bf16 model round to nearest") {
+    model::ModelConfig c = small(model::llama_preset());
+    c.kv_heads = 2;
+    check_round_trip(c, DType::bf16);
   }
 }

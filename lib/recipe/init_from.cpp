@@ -1,0 +1,58 @@
+// model.init_from at recipe time: the model keys its source fixes (internal.hpp), so a recipe that
+// disagrees with the weights it starts from is refused with the other recipe problems, before
+// anything runs.
+#include <fmt/format.h>
+
+#include "ckpt/weights.hpp"
+#include "recipe/internal.hpp"
+
+namespace trainctl::recipe::internal {
+
+InitFromKeys init_from_keys(const std::string& path) {
+  InitFromKeys out;
+  std::unique_ptr<ckpt::WeightSource> source;
+  try {
+    source = ckpt::WeightSource::open(path);
+  } catch (const ckpt::CheckpointError& e) {
+    out.error = e.what();
+    return out;
+  }
+  out.where = source->where();
+  const nlohmann::json& d = source->description();
+  auto add = [&](const char* field, const char* key) {
+    const auto it = d.find(field);
+    if (it == d.end() || it->is_null()) return;
+    out.keys.emplace_back(key, it->is_string() ? it->get<std::string>() : it->dump());
+  };
+  // A checkpoint's manifest names no arch: its norm says which preset family it is.
+  if (d.contains("arch"))
+    add("arch", "model.arch");
+  else if (d.contains("norm"))
+    out.keys.emplace_back("model.arch", d.at("norm") == "layernorm" ? "gpt" : "llama");
+  for (const auto& [field, key] : {std::pair{"layers", "model.layers"},
+                                   {"hidden", "model.hidden"},
+                                   {"heads", "model.heads"},
+                                   {"kv_heads", "model.kv_heads"},
+                                   {"ffn_hidden", "model.ffn_hidden"},
+                                   {"vocab", "model.vocab"},
+                                   {"seq_len", "model.seq_len"},
+                                   {"norm", "model.norm"},
+                                   {"activation", "model.activation"},
+                                   {"position", "model.position"},
+                                   {"tied_embeddings", "model.tied_embeddings"},
+                                   {"bias", "model.bias"},
+                                   {"norm_eps", "model.norm_eps"},
+                                   {"experts", "moe.experts"}})
+    add(field, key);
+  if (d.value("position", "") == "rope") add("rope_theta", "model.rope_theta");
+  if (d.value("experts", 0) > 0)
+    for (const auto& [field, key] : {std::pair{"top_k", "moe.top_k"},
+                                     {"moe_every", "moe.every"},
+                                     {"expert_ffn_hidden", "moe.expert_ffn_hidden"},
+                                     {"router", "moe.router"},
+                                     {"capacity_factor", "moe.capacity_factor"}})
+      add(field, key);
+  return out;
+}
+
+}  // namespace trainctl::recipe::internal

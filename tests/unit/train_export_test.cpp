@@ -42,6 +42,25 @@ std::vector<int64_t> dims(const tensor::Shape& s) {
   return std::vector<int64_t>(s.dims.begin(), s.dims.begin() + s.rank);
 }
 
+// Saves a one-rank model's values as a checkpoint (model/* tensors, step 12) under `checkpoints`;
+// returns the step directory.
+fs::path save_values(const model::ModelConfig& c, const model::ParamStore& params,
+                     const fs::path& checkpoints) {
+  const tensor::Tensor values = params.values();
+  const size_t element = tensor::dtype_size(values.dtype);
+  ckpt::SaveRequest request;
+  request.header.step = 12;
+  request.header.recipe_hash = "feed";
+  request.header.model = train::describe_model(c);
+  for (const model::ParamSpec& spec : params.table().specs())
+    if (!spec.tied_copy)
+      request.add(
+          "model/" + spec.name, values.dtype, dims(spec.shape), {},
+          static_cast<const char*>(values.data) + static_cast<size_t>(spec.offset) * element);
+  const auto slices = request.slices();
+  return ckpt::save(checkpoints, request.header, slices).path;
+}
+
 // The bytes and shape the export must produce for `e`, from the parameter's raw bytes.
 std::pair<std::vector<unsigned char>, std::vector<int64_t>> derive(const Expect& e,
                                                                    const unsigned char* data,
@@ -149,15 +168,7 @@ void check_export(const model::ModelConfig& c, ckpt::Naming naming,
   const model::ParamStore& params = model.params();
   const tensor::Tensor values = params.values();
   const size_t element = tensor::dtype_size(values.dtype);
-  ckpt::SaveRequest request;
-  request.header.step = 12;
-  request.header.recipe_hash = "feed";
-  request.header.model = train::describe_model(c);
-  for (const model::ParamSpec& spec : params.table().specs())
-    request.add("model/" + spec.name, values.dtype, dims(spec.shape), {},
-                static_cast<const char*>(values.data) + static_cast<size_t>(spec.offset) * element);
-  const auto slices = request.slices();
-  const fs::path step = ckpt::save(dir / "checkpoints", request.header, slices).path;
+  const fs::path step = save_values(c, params, dir / "checkpoints");
 
   const ckpt::ExportResult result =
       ckpt::export_safetensors(ckpt::CheckpointReader::open(step), dir / "out.safetensors");
@@ -248,19 +259,7 @@ void check_round_trip(const model::ModelConfig& c, DType load_as = DType::f32) {
       fs::temp_directory_path() / ("trainctl_train_import_test_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   auto save_and_export = [&](const model::ParamStore& params, const std::string& name) {
-    const tensor::Tensor values = params.values();
-    const size_t element = tensor::dtype_size(values.dtype);
-    ckpt::SaveRequest request;
-    request.header.step = 3;
-    request.header.recipe_hash = "feed";
-    request.header.model = train::describe_model(c);
-    for (const model::ParamSpec& spec : params.table().specs())
-      if (!spec.tied_copy)
-        request.add(
-            "model/" + spec.name, values.dtype, dims(spec.shape), {},
-            static_cast<const char*>(values.data) + static_cast<size_t>(spec.offset) * element);
-    const auto slices = request.slices();
-    const fs::path step = ckpt::save(dir / name, request.header, slices).path;
+    const fs::path step = save_values(c, params, dir / name);
     ckpt::HfExportOptions options;
     options.max_shard_bytes = 4000;  // several files and an index
     return ckpt::export_hf(ckpt::CheckpointReader::open(step), dir / (name + "-hf"), options);

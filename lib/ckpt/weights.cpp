@@ -291,25 +291,23 @@ class HfWeights final : public WeightSource {
       std::vector<int64_t> at(dims);
       for (size_t d = 0; d < dims; ++d)
         at[d] = overlap[d].begin;
-      const int64_t total = count_of(overlap);
-      for (int64_t i = 0; i < total; ++i) {
+      // Runs along the last dimension are contiguous on both sides unless transposed.
+      const bool transpose = piece.tensor.transpose;
+      const int64_t run = transpose || dims == 0 ? 1 : overlap[dims - 1].size();
+      const int64_t runs = count_of(overlap) / run;
+      for (int64_t i = 0; i < runs; ++i) {
         int64_t out_index = 0, in_index = 0;
         for (size_t d = 0; d < dims; ++d) {
           out_index = out_index * region[d].size() + (at[d] - region[d].begin);
           in_index = in_index * from[d].size() + (at[d] - from[d].begin);
         }
-        if (piece.tensor.transpose) {
+        if (transpose) {
           const int64_t rows = from[0].size(), cols = from[1].size();
           in_index = (in_index % cols) * rows + in_index / cols;
         }
-        if (e.dtype == dtype)
-          std::memcpy(out + static_cast<size_t>(out_index) * out_size,
-                      bytes.data() + static_cast<size_t>(in_index) * in_size, out_size);
-        else
-          store_value(dtype,
-                      load_value(e.dtype, bytes.data() + static_cast<size_t>(in_index) * in_size),
-                      out + static_cast<size_t>(out_index) * out_size);
-        for (size_t d = dims; d-- > 0;) {  // next index of the overlap
+        convert(e.dtype, bytes.data() + static_cast<size_t>(in_index) * in_size, dtype,
+                out + static_cast<size_t>(out_index) * out_size, run);
+        for (size_t d = run == 1 ? dims : dims - 1; d-- > 0;) {  // the next run's start
           if (++at[d] < overlap[d].end) break;
           at[d] = overlap[d].begin;
         }

@@ -96,6 +96,24 @@ void convert(DType from, const unsigned char* src, DType to, unsigned char* dst,
     std::memcpy(dst, src, static_cast<size_t>(count) * dtype_size(to));
     return;
   }
+  if (from == DType::f32 && to == DType::bf16) {  // fp32 weights into a bf16 run
+    for (int64_t i = 0; i < count; ++i) {
+      float v;
+      std::memcpy(&v, src + static_cast<size_t>(i) * 4, 4);
+      const tensor::bf16 b = tensor::to_bf16(v);
+      std::memcpy(dst + static_cast<size_t>(i) * 2, &b.bits, 2);
+    }
+    return;
+  }
+  if (from == DType::bf16 && to == DType::f32) {  // bf16 weights into fp32 (or a master copy)
+    for (int64_t i = 0; i < count; ++i) {
+      tensor::bf16 b;
+      std::memcpy(&b.bits, src + static_cast<size_t>(i) * 2, 2);
+      const float v = tensor::to_float(b);
+      std::memcpy(dst + static_cast<size_t>(i) * 4, &v, 4);
+    }
+    return;
+  }
   const size_t in = dtype_size(from), out = dtype_size(to);
   for (int64_t i = 0; i < count; ++i)
     store_value(to, load_value(from, src + static_cast<size_t>(i) * in),
@@ -291,19 +309,39 @@ class HfWeights final : public WeightSource {
       std::vector<int64_t> at(dims);
       for (size_t d = 0; d < dims; ++d)
         at[d] = overlap[d].begin;
-      // Runs along the last dimension are contiguous on both sides unless transposed.
       const bool transpose = piece.tensor.transpose;
-      const int64_t run = transpose || dims == 0 ? 1 : overlap[dims - 1].size();
+      if (transpose) {  // 2-D: element (r, c) of the piece is element (c, r) of the file's tensor
+        const int64_t rows = from[0].size();
+        const size_t width = static_cast<size_t>(region[1].size());
+        constexpr int64_t kTile = 64;  // both sides stay in cache
+        for (int64_t r0 = overlap[0].begin; r0 < overlap[0].end; r0 += kTile)
+          for (int64_t c0 = overlap[1].begin; c0 < overlap[1].end; c0 += kTile)
+            for (int64_t r = r0; r < std::min(r0 + kTile, overlap[0].end); ++r) {
+              unsigned char* row =
+                  out + static_cast<size_t>(r - region[0].begin) * width * out_size;
+              const unsigned char* column =
+                  bytes.data() + static_cast<size_t>(r - from[0].begin) * in_size;
+              const int64_t c_end = std::min(c0 + kTile, overlap[1].end);
+              if (e.dtype == DType::f32 && dtype == DType::f32) {  // the common case, unconverted
+                for (int64_t c = c0; c < c_end; ++c)
+                  std::memcpy(row + static_cast<size_t>(c - region[1].begin) * 4,
+                              column + static_cast<size_t>((c - from[1].begin) * rows) * 4, 4);
+                continue;
+              }
+              for (int64_t c = c0; c < c_end; ++c)
+                convert(e.dtype, column + static_cast<size_t>((c - from[1].begin) * rows) * in_size,
+                        dtype, row + static_cast<size_t>(c - region[1].begin) * out_size, 1);
+            }
+        continue;
+      }
+      // Runs along the last dimension are contiguous on both sides.
+      const int64_t run = dims == 0 ? 1 : overlap[dims - 1].size();
       const int64_t runs = count_of(overlap) / run;
       for (int64_t i = 0; i < runs; ++i) {
         int64_t out_index = 0, in_index = 0;
         for (size_t d = 0; d < dims; ++d) {
           out_index = out_index * region[d].size() + (at[d] - region[d].begin);
           in_index = in_index * from[d].size() + (at[d] - from[d].begin);
-        }
-        if (transpose) {
-          const int64_t rows = from[0].size(), cols = from[1].size();
-          in_index = (in_index % cols) * rows + in_index / cols;
         }
         convert(e.dtype, bytes.data() + static_cast<size_t>(in_index) * in_size, dtype,
                 out + static_cast<size_t>(out_index) * out_size, run);

@@ -54,6 +54,7 @@ int run_resume(const ResumeOptions& options) {
   if (Exit end =
           run::check_resume_input(input, "resume", ckpt::scan(input.run_dir / "checkpoints")))
     return *end;
+  input.resuming = true;  // the checkpoint, not model.init_from, gives the weights
   if (Exit end = run::check_session_input(input, "resume")) return *end;
   return run::resume_session(std::move(input), "resume");
 }

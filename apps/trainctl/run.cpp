@@ -72,6 +72,7 @@ int run_run(const RunOptions& options) {
                                input.run_dir.string(), checkpoints.entries.front().name,
                                input.run_dir.string()));
       if (Exit end = run::check_resume_input(input, "run", checkpoints)) return *end;
+      input.resuming = true;  // the checkpoint, not model.init_from, gives the weights
       if (Exit end = run::check_session_input(input, "run")) return *end;
       return run::resume_session(std::move(input), "run");  // takes the lock itself
     }

@@ -8,6 +8,44 @@
 
 namespace trainctl::recipe::internal {
 
+namespace {
+
+// The description's field for each key it fixes (describe_model's names; a Hugging Face config
+// is described in the same names by ckpt::describe_hf_config).
+constexpr std::pair<const char*, const char*> kModelKeys[] = {
+    {"layers", "model.layers"},
+    {"hidden", "model.hidden"},
+    {"heads", "model.heads"},
+    {"kv_heads", "model.kv_heads"},
+    {"ffn_hidden", "model.ffn_hidden"},
+    {"vocab", "model.vocab"},
+    {"seq_len", "model.seq_len"},
+    {"norm", "model.norm"},
+    {"activation", "model.activation"},
+    {"position", "model.position"},
+    {"tied_embeddings", "model.tied_embeddings"},
+    {"bias", "model.bias"},
+    {"norm_eps", "model.norm_eps"},
+    {"experts", "moe.experts"}};
+constexpr std::pair<const char*, const char*> kRopeKey = {"rope_theta", "model.rope_theta"};
+constexpr std::pair<const char*, const char*> kMoeKeys[] = {
+    {"top_k", "moe.top_k"},
+    {"moe_every", "moe.every"},
+    {"expert_ffn_hidden", "moe.expert_ffn_hidden"},
+    {"router", "moe.router"},
+    {"capacity_factor", "moe.capacity_factor"}};
+
+}  // namespace
+
+std::vector<std::string_view> init_from_key_paths() {
+  std::vector<std::string_view> paths = {"model.arch", kRopeKey.second};
+  for (const auto& [field, key] : kModelKeys)
+    paths.push_back(key);
+  for (const auto& [field, key] : kMoeKeys)
+    paths.push_back(key);
+  return paths;
+}
+
 InitFromKeys init_from_keys(const std::string& path) {
   InitFromKeys out;
   std::unique_ptr<ckpt::WeightSource> source;

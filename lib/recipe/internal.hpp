@@ -32,6 +32,9 @@ struct InitFromKeys {
   std::string error;
 };
 InitFromKeys init_from_keys(const std::string& path);
+// Every key init_from_keys can fix. A recipe that sets them all (a run's resolved recipe.yaml)
+// does not need the source to be loaded: resuming reads the run's checkpoints instead.
+std::vector<std::string_view> init_from_key_paths();
 
 // "0.001", "1e-05", "65536": shortest text that parses back to the same double.
 std::string format_number(double x);

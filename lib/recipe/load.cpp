@@ -350,7 +350,13 @@ LoadedRecipe Loader::build() {
   if (std::find(given.begin(), given.end(), "model.init_from") != given.end() &&
       !recipe.model.init_from.empty()) {
     const internal::InitFromKeys source = internal::init_from_keys(recipe.model.init_from);
-    if (!source.error.empty()) {
+    const std::vector<std::string_view> fixed = internal::init_from_key_paths();
+    const bool complete = std::all_of(fixed.begin(), fixed.end(), [&](std::string_view p) {
+      return std::find(given.begin(), given.end(), p) != given.end();
+    });
+    // A resolved recipe (a resume's) sets every key: a source gone since is the run's business
+    // (check_session_input refuses it for a fresh run, a resume does not read it).
+    if (!source.error.empty() && !complete) {
       problems.push_back(origins.problem("model.init_from", source.error));
       bad_.push_back("model.init_from");
     }

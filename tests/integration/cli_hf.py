@@ -28,7 +28,9 @@ the model keys come from the source):
   dp2 x ZeRO-3, tp2 x pp2, ep2 and ep2 x tp2. (That the load is the export's exact inverse, bit for
   bit, is train_test's "import: trainctl -> HF -> trainctl -> HF is bit for bit".)
 `import_checkpoint`: from a trainctl run directory: the first loss is the run's final val_loss on
-  the same windows (fp32 and tp2), a bf16 run rounds the weights (within 2%).
+  the same windows (fp32 and tp2), a bf16 run rounds the weights (within 2%). A fine-tune resumes
+  after its source folder is gone, bit for bit as the run that never stopped; a fresh run from
+  its recipe.yaml without the source is refused.
 `import_bad_input`: exit 2 naming the file and the problem, no run directory: a missing path, an
   unsupported model_type, RoPE scaling, a missing tensor, a wrong shape, a tensor with no place,
   safetensors headers that lie (offsets past the end, overlapping tensors, 2^62 elements, a header
@@ -350,8 +352,23 @@ def import_checkpoint(binary, root, tmp):
         ours, _ = first_loss(binary, root, tmp, name, source, sets, ", seq_len: 16")
         check(abs(ours - want) <= tolerance * abs(want),
               f"init_from a checkpoint ({name}): first loss {ours!r}, its final val_loss {want!r}")
+    # A resume reads its own checkpoints: the source may be gone (its resolved recipe.yaml sets
+    # every model key), and continues as the run that never stopped; a fresh run from that
+    # recipe needs the source and is refused before anything is created.
+    folder = hf_folder("llama", os.path.join(tmp, "llama"))
+    _, straight = first_loss(binary, root, tmp, "straight", folder, ["training.steps=2"],
+                             ", seq_len: 16")
+    _, stopped = first_loss(binary, root, tmp, "stopped", folder, [], ", seq_len: 16")
+    os.rename(folder, folder + "-gone")
+    cli_util.run_ok(binary, ["resume", stopped, "--set", "training.steps=2"], root)
+    check([m["loss"] for m in cli_util.read_metrics(stopped)] ==
+          [m["loss"] for m in cli_util.read_metrics(straight)],
+          "the resumed fine-tune parts from the straight one")
+    cli_util.check_refused(binary, ["run", os.path.join(stopped, "recipe.yaml"), "--run-dir",
+                                    os.path.join(tmp, "fresh")], root,
+                           "no such file or directory", os.path.join(tmp, "fresh"))
     print(f"from a trainctl run: first loss equals its val_loss {want:.6f} (fp32, tp2), bf16 "
-          "within 2%")
+          "within 2%; a fine-tune resumes without its source")
 
 
 def import_bad_input(binary, root, tmp):

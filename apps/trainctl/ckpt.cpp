@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -246,7 +247,9 @@ uint64_t parse_shard_size(const std::string& text) {
   while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits])))
     ++digits;
   const auto unit = units.find(text.substr(digits));
-  if (digits == 0 || digits > 12 || unit == units.end() || std::stoull(text.substr(0, digits)) == 0)
+  if (digits == 0 || digits > 12 || unit == units.end() ||
+      std::stoull(text.substr(0, digits)) == 0 ||
+      std::stoull(text.substr(0, digits)) > std::numeric_limits<uint64_t>::max() / unit->second)
     throw BadInput(fmt::format(
         "--max-shard-size {}: not a size; write a positive number with an optional unit (B, KB, "
         "MB, GB, KiB, MiB, GiB), e.g. 5GB",
@@ -256,7 +259,19 @@ uint64_t parse_shard_size(const std::string& text) {
 
 // The tokenizer the run's data was made with, when data.json (in the run directory above the
 // step) records one and the file is still there with the recorded SHA-256; otherwise why not.
+std::optional<ckpt::HfTokenizer> recorded_tokenizer(const fs::path& step, std::string& why);
+
 std::optional<ckpt::HfTokenizer> run_tokenizer(const fs::path& step, std::string& why) {
+  try {
+    return recorded_tokenizer(step, why);
+  } catch (const nlohmann::json::exception& e) {
+    why = fmt::format("no tokenizer written: {}/data.json is not what trainctl writes: {}",
+                      step.parent_path().parent_path().string(), e.what());
+    return std::nullopt;
+  }
+}
+
+std::optional<ckpt::HfTokenizer> recorded_tokenizer(const fs::path& step, std::string& why) {
   const fs::path run_dir = step.parent_path().parent_path();
   const fs::path record = run_dir / "data.json";
   std::error_code ec;

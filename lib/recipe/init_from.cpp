@@ -19,7 +19,6 @@ constexpr std::pair<const char*, const char*> kModelKeys[] = {
     {"kv_heads", "model.kv_heads"},
     {"ffn_hidden", "model.ffn_hidden"},
     {"vocab", "model.vocab"},
-    {"seq_len", "model.seq_len"},
     {"norm", "model.norm"},
     {"activation", "model.activation"},
     {"position", "model.position"},
@@ -28,6 +27,8 @@ constexpr std::pair<const char*, const char*> kModelKeys[] = {
     {"norm_eps", "model.norm_eps"},
     {"experts", "moe.experts"}};
 constexpr std::pair<const char*, const char*> kRopeKey = {"rope_theta", "model.rope_theta"};
+// Learned positions are a table of seq_len rows; RoPE models train at any length.
+constexpr std::pair<const char*, const char*> kLearnedKey = {"seq_len", "model.seq_len"};
 constexpr std::pair<const char*, const char*> kMoeKeys[] = {
     {"top_k", "moe.top_k"},
     {"moe_every", "moe.every"},
@@ -38,7 +39,7 @@ constexpr std::pair<const char*, const char*> kMoeKeys[] = {
 }  // namespace
 
 std::vector<std::string_view> init_from_key_paths() {
-  std::vector<std::string_view> paths = {"model.arch", kRopeKey.second};
+  std::vector<std::string_view> paths = {"model.arch", kRopeKey.second, kLearnedKey.second};
   for (const auto& [field, key] : kModelKeys)
     paths.push_back(key);
   for (const auto& [field, key] : kMoeKeys)
@@ -67,28 +68,12 @@ InitFromKeys init_from_keys(const std::string& path) {
     add("arch", "model.arch");
   else if (d.contains("norm"))
     out.keys.emplace_back("model.arch", d.at("norm") == "layernorm" ? "gpt" : "llama");
-  for (const auto& [field, key] : {std::pair{"layers", "model.layers"},
-                                   {"hidden", "model.hidden"},
-                                   {"heads", "model.heads"},
-                                   {"kv_heads", "model.kv_heads"},
-                                   {"ffn_hidden", "model.ffn_hidden"},
-                                   {"vocab", "model.vocab"},
-                                   {"seq_len", "model.seq_len"},
-                                   {"norm", "model.norm"},
-                                   {"activation", "model.activation"},
-                                   {"position", "model.position"},
-                                   {"tied_embeddings", "model.tied_embeddings"},
-                                   {"bias", "model.bias"},
-                                   {"norm_eps", "model.norm_eps"},
-                                   {"experts", "moe.experts"}})
+  for (const auto& [field, key] : kModelKeys)
     add(field, key);
-  if (d.value("position", "") == "rope") add("rope_theta", "model.rope_theta");
+  if (d.value("position", "") == "rope") add(kRopeKey.first, kRopeKey.second);
+  if (d.value("position", "") == "learned") add(kLearnedKey.first, kLearnedKey.second);
   if (d.value("experts", 0) > 0)
-    for (const auto& [field, key] : {std::pair{"top_k", "moe.top_k"},
-                                     {"moe_every", "moe.every"},
-                                     {"expert_ffn_hidden", "moe.expert_ffn_hidden"},
-                                     {"router", "moe.router"},
-                                     {"capacity_factor", "moe.capacity_factor"}})
+    for (const auto& [field, key] : kMoeKeys)
       add(field, key);
   return out;
 }

@@ -462,9 +462,9 @@ def bad_input(binary, root, tmp):
     refused(nobias, "exists; a Hugging Face export writes a new folder", out=existing)
     check(os.listdir(existing) == ["keep.txt"], "the existing folder was touched")
     gpt = train(binary, root, tmp, "gpt", ["model.kv_heads=4", *SMALL])
-    for size in ("0", "5XB", "-1"):
+    for size in ("0", "5XB", "-1", "99999999999GiB"):
         refused(gpt, "--max-shard-size", extra=("--max-shard-size", size))
-    print("6 refusals, nothing written")
+    print("7 refusals, nothing written")
 
 
 if __name__ == "__main__":

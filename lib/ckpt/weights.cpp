@@ -306,9 +306,6 @@ class HfWeights final : public WeightSource {
       // Walk the overlap row-major; the piece's element index is row-major over its region's
       // extents (leading extents of 1 dropped change nothing), transposed for a 2-D piece.
       const size_t dims = region.size();
-      std::vector<int64_t> at(dims);
-      for (size_t d = 0; d < dims; ++d)
-        at[d] = overlap[d].begin;
       const bool transpose = piece.tensor.transpose;
       if (transpose) {  // 2-D: element (r, c) of the piece is element (c, r) of the file's tensor
         const int64_t rows = from[0].size();
@@ -335,6 +332,9 @@ class HfWeights final : public WeightSource {
         continue;
       }
       // Runs along the last dimension are contiguous on both sides.
+      std::vector<int64_t> at(dims);
+      for (size_t d = 0; d < dims; ++d)
+        at[d] = overlap[d].begin;
       const int64_t run = dims == 0 ? 1 : overlap[dims - 1].size();
       const int64_t runs = count_of(overlap) / run;
       for (int64_t i = 0; i < runs; ++i) {
